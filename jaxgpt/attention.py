@@ -1,0 +1,155 @@
+"""Causal self-attention: the math, the kernels that compute it, and the layer around them.
+
+Shapes use these letters: b batch, t query positions, s key positions, k key/value heads,
+g query heads per key/value head (the group), d head_dim. Query heads are numbered k * g + g',
+so query head h reads key/value head h // group — the layout of grouped-query attention
+(Ainslie et al. 2023) and of Hugging Face's `repeat_kv`. Keeping queries as (b, t, k, g, d)
+lets one einsum serve a whole group without copying the key/value heads.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
+
+
+def causal_score_bias(
+    q_len: int, kv_len: int, cache_index: jnp.ndarray | None, slopes: jnp.ndarray | None
+) -> jnp.ndarray:
+    """What is added to the attention scores: -inf above the diagonal, ALiBi's -m_h (i - j).
+
+    Query i sits at position cache_index + i (cache_index None means 0: queries and keys are
+    the same tokens); key j at position j. Key j is visible to query i when j <= its position,
+    which in decoding also hides the cache slots not yet written.
+    Returns (1, 1, q_len, kv_len), or (k, g, q_len, kv_len) with ALiBi slopes of shape (k, g).
+    """
+    offset = 0 if cache_index is None else cache_index
+    q_pos = offset + jnp.arange(q_len)[:, None]  # (t, 1)
+    kv_pos = jnp.arange(kv_len)[None, :]  # (1, s)
+    bias = jnp.where(kv_pos <= q_pos, 0.0, -jnp.inf).astype(jnp.float32)[None, None]
+    if slopes is not None:
+        distance = (q_pos - kv_pos).astype(jnp.float32)
+        bias = bias - slopes[:, :, None, None] * distance
+    return bias
+
+
+def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray) -> jnp.ndarray:
+    """softmax(q k^T / sqrt(d) + bias) over keys, in float32 whatever the inputs' dtype.
+
+    q: (b, t, k, g, d); k: (b, s, k, d); bias broadcastable to (b, k, g, t, s).
+    Returns (b, k, g, t, s) float32: bfloat16 has 8 bits of mantissa, too few to normalise
+    hundreds of exponentials without visibly biasing the weights.
+    """
+    scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
+    scores = scores / math.sqrt(q.shape[-1]) + bias
+    return jax.nn.softmax(scores, axis=-1)
+
+
+def xla_attention(q, k, v, bias, is_causal_square):
+    """The readable kernel: two einsums around a float32 softmax."""
+    weights = attention_weights(q, k, bias)
+    return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
+
+
+def dot_product_attention(q, k, v, bias, is_causal_square):
+    """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
+
+    It takes grouped-query attention natively (query heads as a multiple of key/value heads,
+    same head order as ours). A plain causal mask is passed as `is_causal`, which lets cuDNN
+    skip the masked blocks; with ALiBi or a KV cache the bias carries the mask.
+    """
+    b, t, n_kv, group, d = q.shape
+    q = q.reshape(b, t, n_kv * group, d)
+    if is_causal_square and bias.shape[:2] == (1, 1):
+        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    else:
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype))
+    return out.reshape(b, t, n_kv, group, d)
+
+
+KERNELS = {"xla": xla_attention, "dot_product": dot_product_attention}
+
+
+def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None) -> jnp.ndarray:
+    """Causal attention of q over k, v with the chosen kernel.
+
+    q: (b, t, k, g, d); k, v: (b, s, k, d) -> (b, t, k, g, d).
+    cache_index: position of the first query in a KV cache (None: queries are the keys' tokens).
+    slopes: ALiBi slopes (k, g), or None.
+    """
+    bias = causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes)
+    return KERNELS[kernel](q, k, v, bias, cache_index is None)
+
+
+class CausalSelfAttention(nn.Module):
+    """Multi-head (or grouped-/multi-query) causal self-attention with an optional KV cache.
+
+    With decode=True the layer keeps the keys and values of every position seen so far in a
+    static (batch, block_size, n_kv_head, head_dim) cache in the "cache" collection: a call
+    with t tokens writes them at [cache_index, cache_index + t) and attends over the whole
+    cache, the causal bias hiding unwritten slots. Prefill is one call with the prompt; each
+    decode step a call with one token. Static shapes mean one compilation for every step.
+    """
+
+    config: ModelConfig
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
+        c = self.config
+        n_kv, group, head_dim = c.n_kv_head, c.group_size, c.head_dim
+        dtype = jnp.dtype(c.dtype)
+        # One matmul makes all three: per key/value head, its group of queries, one key and one
+        # value. Grouping by kv head keeps a group's queries next to their keys when the head
+        # axis is split over devices.
+        qkv = nn.DenseGeneral(
+            features=(n_kv, group + 2, head_dim),
+            use_bias=c.bias,
+            dtype=dtype,
+            param_dtype=jnp.dtype(c.param_dtype),
+            kernel_init=nn.initializers.normal(c.init_std),
+            name="qkv",
+        )(x)  # (b, t, k, g + 2, d)
+        q = qkv[:, :, :, :group]  # (b, t, k, g, d)
+        k = qkv[:, :, :, group]  # (b, t, k, d)
+        v = qkv[:, :, :, group + 1]  # (b, t, k, d)
+
+        if c.position == "rope":
+            inv_freq, scale = rope_frequencies(head_dim, c.rope_theta, c.rope_scaling)
+            q = apply_rope(q, positions, inv_freq, scale)
+            k = apply_rope(k, positions, inv_freq, scale)
+
+        if self.decode:
+            k, v = self._extend_cache(k, v, cache_index)
+        slopes = None
+        if c.position == "alibi":
+            slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(n_kv, group)
+        y = attend(q, k, v, kernel=c.attention, cache_index=cache_index if self.decode else None, slopes=slopes)
+
+        # The output projection writes into the residual stream: GPT-2 scales its init by
+        # 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.
+        return nn.DenseGeneral(
+            features=c.d_model,
+            axis=(-3, -2, -1),
+            use_bias=c.bias,
+            dtype=dtype,
+            param_dtype=jnp.dtype(c.param_dtype),
+            kernel_init=nn.initializers.normal(c.init_std / math.sqrt(2 * c.n_layer)),
+            name="out",
+        )(y)
+
+    def _extend_cache(self, k, v, cache_index):
+        """Write this call's keys/values at cache_index; return the whole cache."""
+        shape = (k.shape[0], self.config.block_size, *k.shape[2:])
+        cached_k = self.variable("cache", "key", jnp.zeros, shape, k.dtype)
+        cached_v = self.variable("cache", "value", jnp.zeros, shape, v.dtype)
+        start = (0, cache_index, 0, 0)
+        cached_k.value = jax.lax.dynamic_update_slice(cached_k.value, k, start)
+        cached_v.value = jax.lax.dynamic_update_slice(cached_v.value, v, start)
+        return cached_k.value, cached_v.value

@@ -1,0 +1,210 @@
+"""The model's configuration: every architectural choice, named as the literature names it.
+
+A `ModelConfig` is frozen and validated when it is built, so a model can never be constructed
+from an inconsistent description. Defaults describe a GPT-2-style model; `configs/` and the
+tests show Llama-style settings.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+ACTIVATIONS = ("gelu", "relu", "swiglu")
+NORMS = ("layernorm", "rmsnorm")
+NORM_POSITIONS = ("pre", "post")
+POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
+ROPE_SCALINGS = ("linear", "ntk", "yarn")
+ATTENTION_KERNELS = ("xla", "dot_product")
+REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
+DTYPES = ("float32", "bfloat16", "float16")
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot describe a working model; the message says how to fix it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeScaling:
+    """How to stretch RoPE past the context length a model was trained on.
+
+    kind: "linear" — position interpolation (Chen et al. 2023): positions are divided by
+            `factor`, so a model sees its trained range of angles over a longer window.
+          "ntk" — NTK-aware scaling (bloc97, 2023): the base is raised to
+            theta * factor ** (head_dim / (head_dim - 2)), interpolating low frequencies while
+            leaving the highest almost untouched.
+          "yarn" — YaRN (Peng et al. 2023): per-frequency blend of interpolation and
+            extrapolation by wavelength relative to `original_block_size`, plus a logit
+            temperature 0.1 * ln(factor) + 1.
+    factor: how many times longer the new context is than the original (> 1 stretches).
+    original_block_size: the context length the model was trained with; YaRN needs it to
+        decide which frequencies complete a full rotation inside that window.
+    beta_fast, beta_slow: YaRN's ramp bounds in rotations per original window (paper: 32, 1).
+    """
+
+    kind: str
+    factor: float
+    original_block_size: int | None = None
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    """A decoder-only transformer.
+
+    vocab_size: number of token ids the embedding and LM head cover.
+    block_size: the longest sequence the model is built for (size of a learned position
+        table and of the KV cache).
+    n_layer: number of transformer blocks.
+    n_head: number of query heads.
+    n_kv_head: number of key/value heads (Ainslie et al. 2023): n_head gives multi-head
+        attention, 1 gives multi-query attention, anything dividing n_head in between gives
+        grouped-query attention. None means n_head.
+    d_model: width of the residual stream; head_dim = d_model // n_head.
+    mlp_hidden: hidden width of the MLP. None means 4 * d_model, or for SwiGLU the Llama rule
+        2/3 * 4 * d_model rounded up to a multiple of 64 (keeps the parameter count of a
+        4x GELU MLP while adding the gate).
+    activation: "gelu" (tanh approximation, as GPT-2), "relu", or "swiglu" (Shazeer 2020).
+    norm: "layernorm" or "rmsnorm" (Zhang & Sennrich 2019).
+    norm_position: "pre" (x + f(norm(x)), GPT-2 onwards; trains stably without warmup
+        tricks) or "post" (norm(x + f(x)), the original Transformer).
+    norm_eps: epsilon inside the norms (GPT-2 uses 1e-5, Llama 1e-5 or 1e-6).
+    position: "rope" (Su et al. 2021), "learned" (GPT-2), "sinusoidal" (Vaswani et al. 2017),
+        "alibi" (Press et al. 2022) or "none" (causal attention alone carries order).
+    rope_theta: RoPE base; frequencies are theta ** (-2i / head_dim).
+    rope_scaling: a `RopeScaling`, or None for plain RoPE.
+    bias: whether linear layers and LayerNorm have biases.
+    tie_embeddings: whether the LM head reuses the token embedding matrix (Press & Wolf 2017).
+    dropout: dropout rate on embeddings and on each residual branch (0 disables it).
+    dtype: compute dtype ("float32", "bfloat16", "float16"); softmax and the returned logits
+        are always float32.
+    param_dtype: storage dtype of the parameters.
+    attention: attention kernel, "xla" (plain einsums, readable) or "dot_product"
+        (`jax.nn.dot_product_attention`, which can use cuDNN flash attention on GPU).
+    scan_layers: run the blocks with `nn.scan`, so compile time does not grow with depth.
+    remat: rematerialisation policy for each block: "none", "full" (save nothing),
+        "dots" (save matmul outputs), "dots_no_batch" (save matmuls without batch dims).
+    init_std: standard deviation of the GPT-2 initialisation (0.02).
+    """
+
+    vocab_size: int = 256
+    block_size: int = 256
+    n_layer: int = 4
+    n_head: int = 4
+    n_kv_head: int | None = None
+    d_model: int = 128
+    mlp_hidden: int | None = None
+    activation: str = "gelu"
+    norm: str = "layernorm"
+    norm_position: str = "pre"
+    norm_eps: float = 1e-5
+    position: str = "learned"
+    rope_theta: float = 10000.0
+    rope_scaling: RopeScaling | None = None
+    bias: bool = True
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    dtype: str = "float32"
+    param_dtype: str = "float32"
+    attention: str = "xla"
+    scan_layers: bool = False
+    remat: str = "none"
+    init_std: float = 0.02
+
+    def __post_init__(self):
+        # Resolve the derived defaults first so validation sees the numbers the model uses.
+        if self.n_kv_head is None:
+            object.__setattr__(self, "n_kv_head", self.n_head)
+        if isinstance(self.rope_scaling, dict):
+            object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        problems = _problems(self)
+        if problems:
+            raise ConfigError("invalid model config: " + "; ".join(problems))
+        if self.mlp_hidden is None:
+            object.__setattr__(self, "mlp_hidden", default_mlp_hidden(self.d_model, self.activation))
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_head
+
+    @property
+    def group_size(self) -> int:
+        """Query heads per key/value head."""
+        return self.n_head // self.n_kv_head
+
+    def replace(self, **changes) -> ModelConfig:
+        return dataclasses.replace(self, **changes)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def default_mlp_hidden(d_model: int, activation: str) -> int:
+    if activation == "swiglu":
+        return 64 * math.ceil(2 * 4 * d_model / 3 / 64)
+    return 4 * d_model
+
+
+def _problems(c: ModelConfig) -> list[str]:
+    """Every way `c` is inconsistent, each phrased as what was seen and how to fix it."""
+    out = []
+
+    def one_of(field, allowed):
+        value = getattr(c, field)
+        if value not in allowed:
+            out.append(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}")
+
+    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"):
+        value = getattr(c, field)
+        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+            out.append(f"{field}={value!r} must be a positive integer")
+    if c.mlp_hidden is not None and (not isinstance(c.mlp_hidden, int) or c.mlp_hidden <= 0):
+        out.append(f"mlp_hidden={c.mlp_hidden!r} must be a positive integer or None for the default")
+    for field, allowed in (
+        ("activation", ACTIVATIONS),
+        ("norm", NORMS),
+        ("norm_position", NORM_POSITIONS),
+        ("position", POSITIONS),
+        ("attention", ATTENTION_KERNELS),
+        ("remat", REMAT_POLICIES),
+        ("dtype", DTYPES),
+        ("param_dtype", DTYPES),
+    ):
+        one_of(field, allowed)
+    if out:  # the divisibility checks below assume positive integers
+        return out
+
+    if c.d_model % c.n_head:
+        out.append(f"d_model={c.d_model} is not divisible by n_head={c.n_head}; choose d_model as a multiple of n_head")
+    if c.n_head % c.n_kv_head:
+        out.append(
+            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
+            "each key/value head must serve a whole group of query heads"
+        )
+    if c.position == "rope" and (c.d_model // c.n_head) % 2:
+        out.append(
+            f"head_dim={c.d_model // c.n_head} (d_model/n_head) is odd; RoPE rotates pairs of "
+            "dimensions, so choose d_model and n_head giving an even head_dim"
+        )
+    if c.position == "sinusoidal" and c.d_model % 2:
+        out.append(f"d_model={c.d_model} is odd; sinusoidal positions need an even d_model")
+    if not 0.0 <= c.dropout < 1.0:
+        out.append(f"dropout={c.dropout!r} must be in [0, 1)")
+    for field in ("rope_theta", "norm_eps", "init_std"):
+        if not getattr(c, field) > 0:
+            out.append(f"{field}={getattr(c, field)!r} must be positive")
+    if c.rope_scaling is not None:
+        s = c.rope_scaling
+        if c.position != "rope":
+            out.append(f"rope_scaling is set but position={c.position!r}; set position='rope' or drop rope_scaling")
+        if s.kind not in ROPE_SCALINGS:
+            out.append(f"rope_scaling.kind={s.kind!r} is not one of {', '.join(map(repr, ROPE_SCALINGS))}")
+        if not s.factor > 0:
+            out.append(f"rope_scaling.factor={s.factor!r} must be positive")
+        if s.kind == "yarn" and not (s.original_block_size or 0) > 0:
+            out.append(
+                f"rope_scaling.original_block_size={s.original_block_size!r}: YaRN needs the "
+                "positive context length the model was trained with"
+            )
+    return out

@@ -1,0 +1,187 @@
+"""The decoder: token embedding -> n_layer blocks -> final norm -> LM head.
+
+`GPT(config).apply({"params": params}, tokens)` gives float32 logits (batch, seq, vocab).
+For generation, `init_cache` makes an empty KV cache and `decode=True` reads and extends it:
+
+    cache = init_cache(config, batch_size)
+    logits, vars = model.apply({"params": params, "cache": cache}, prompt, decode=True, mutable=["cache"])
+    # then one token at a time, passing vars["cache"] back in
+"""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxgpt.attention import CausalSelfAttention
+from jaxgpt.config import ModelConfig
+from jaxgpt.layers import MLP, make_norm
+from jaxgpt.positions import sinusoidal_embedding
+
+REMAT_POLICIES = {
+    "full": jax.checkpoint_policies.nothing_saveable,
+    "dots": jax.checkpoint_policies.dots_saveable,
+    "dots_no_batch": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+}
+
+
+class Block(nn.Module):
+    """One transformer block: attention then MLP, each a residual branch.
+
+    pre-norm:  x + attn(norm(x)), then x + mlp(norm(x))
+    post-norm: norm(x + attn(x)), then norm(x + mlp(x))
+    """
+
+    config: ModelConfig
+    train: bool = False
+    decode: bool = False
+
+    @nn.compact
+    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
+        c = self.config
+        attention = CausalSelfAttention(c, decode=self.decode, name="attn")
+        mlp = MLP(c, name="mlp")
+        norm_1, norm_2 = make_norm(c, "norm_1"), make_norm(c, "norm_2")
+        dropout = nn.Dropout(c.dropout, deterministic=not self.train)
+        if c.norm_position == "pre":
+            x = x + dropout(attention(norm_1(x), positions, cache_index))
+            return x + dropout(mlp(norm_2(x)))
+        x = norm_1(x + dropout(attention(x, positions, cache_index)))
+        return norm_2(x + dropout(mlp(x)))
+
+
+def _scan_step(block: Block, x, positions, cache_index):
+    return block(x, positions, cache_index), None
+
+
+class GPT(nn.Module):
+    """Decoder-only transformer over `config`."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, tokens: jnp.ndarray, *, train: bool = False, decode: bool = False) -> jnp.ndarray:
+        """tokens (batch, seq) int -> logits (batch, seq, vocab) float32.
+
+        train: enables dropout (needs a "dropout" rng).
+        decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
+        """
+        c = self.config
+        seq = tokens.shape[1]
+        dtype, param_dtype = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
+        embed_init = nn.initializers.normal(c.init_std)
+        wte = nn.Embed(
+            c.vocab_size, c.d_model, embedding_init=embed_init, dtype=dtype, param_dtype=param_dtype, name="wte"
+        )
+
+        cache_index = None
+        if decode:
+            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+            cache_index = index.value
+            index.value = cache_index + seq
+        elif c.position == "learned" and seq > c.block_size:
+            raise ValueError(
+                f"sequence of {seq} tokens is longer than block_size={c.block_size}, the size of the "
+                "learned position table; shorten the input or use rope/alibi/sinusoidal positions"
+            )
+        positions = jnp.arange(seq) + (0 if cache_index is None else cache_index)  # (seq,)
+
+        x = wte(tokens)  # (batch, seq, d_model)
+        if c.position == "learned":
+            wpe = nn.Embed(
+                c.block_size, c.d_model, embedding_init=embed_init, dtype=dtype, param_dtype=param_dtype, name="wpe"
+            )
+            x = x + wpe(positions)
+        elif c.position == "sinusoidal":
+            x = x + sinusoidal_embedding(positions, c.d_model).astype(dtype)
+        x = nn.Dropout(c.dropout, deterministic=not train)(x)
+
+        block = Block
+        if c.remat != "none":
+            # Under scan, XLA cannot common-subexpression the recomputation away, so the
+            # guard against it (prevent_cse) only costs speed there.
+            block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+        if c.scan_layers:
+            # One block traced once and iterated: compile time independent of depth. Each
+            # parameter gains a leading n_layer axis.
+            scan = nn.scan(
+                _scan_step,
+                variable_axes={"params": 0, "cache": 0},
+                split_rngs={"params": True, "dropout": True},
+                in_axes=(nn.broadcast, nn.broadcast),
+                length=c.n_layer,
+            )
+            x, _ = scan(block(c, train=train, decode=decode, name="blocks"), x, positions, cache_index)
+        else:
+            for i in range(c.n_layer):
+                x = block(c, train=train, decode=decode, name=f"block_{i}")(x, positions, cache_index)
+
+        if c.norm_position == "pre":  # post-norm blocks already end normalised
+            x = make_norm(c, "norm_f")(x)
+        if c.tie_embeddings:
+            logits = wte.attend(x)
+        else:
+            logits = nn.Dense(
+                c.vocab_size,
+                use_bias=False,
+                kernel_init=embed_init,
+                dtype=dtype,
+                param_dtype=param_dtype,
+                name="lm_head",
+            )(x)
+        return logits.astype(jnp.float32)
+
+
+def init_params(config: ModelConfig, rng: jax.Array) -> dict:
+    """Freshly initialised parameters (the "params" collection) for `config`."""
+    tokens = jnp.zeros((1, min(config.block_size, 8)), jnp.int32)
+    return GPT(config).init(rng, tokens)["params"]
+
+
+def init_cache(config: ModelConfig, batch_size: int) -> dict:
+    """An empty KV cache (the "cache" collection) for `batch_size` sequences of up to block_size."""
+    tokens = jnp.zeros((batch_size, 1), jnp.int32)
+    shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True))["cache"]
+    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def stack_blocks(params: dict, n_layer: int) -> dict:
+    """Unscanned layout (block_0 ... block_{L-1}) -> scanned layout (blocks, leading L axis)."""
+    out = {k: v for k, v in params.items() if not k.startswith("block_")}
+    out["blocks"] = jax.tree.map(lambda *layers: jnp.stack(layers), *(params[f"block_{i}"] for i in range(n_layer)))
+    return out
+
+
+def unstack_blocks(params: dict) -> dict:
+    """Scanned layout -> unscanned layout; the inverse of stack_blocks."""
+    out = {k: v for k, v in params.items() if k != "blocks"}
+    n_layer = jax.tree.leaves(params["blocks"])[0].shape[0]
+    for i in range(n_layer):
+        out[f"block_{i}"] = jax.tree.map(lambda a, i=i: a[i], params["blocks"])
+    return out
+
+
+def count_params(params) -> int:
+    """Number of scalars in a parameter tree (arrays or shape structs)."""
+    return sum(int(p.size) for p in jax.tree.leaves(params))
+
+
+def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
+    """Training FLOPs per token, 6 N + 12 L d T (Kaplan et al. 2020; PaLM appendix B).
+
+    N counts the parameters that take part in matrix multiplies: all of them except the
+    token-embedding lookup (unless tied, when the same matrix is the LM head) and the
+    learned position table. 6 N is a forward (2 N) and backward (4 N) multiply-add per
+    parameter; 12 L d T adds attention's score and value matmuls over a context of T tokens
+    (default block_size), with d = n_head * head_dim = d_model. Norms, softmax and
+    elementwise work are not counted; MFU figures use this convention.
+    """
+    seq_len = seq_len or config.block_size
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    n = count_params(shapes)
+    if "wpe" in shapes:
+        n -= count_params(shapes["wpe"])
+    if not config.tie_embeddings:
+        n -= count_params(shapes["wte"])
+    return 6.0 * n + 12.0 * config.n_layer * config.d_model * seq_len

@@ -1,0 +1,138 @@
+"""Attention: the layer against an explicit float64 reference, ALiBi's bias, kernel agreement,
+and float32 softmax under bfloat16 compute."""
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgpt.attention import CausalSelfAttention, attend, attention_weights, causal_score_bias
+from jaxgpt.config import ModelConfig
+from jaxgpt.positions import alibi_slopes
+
+SEQ = 10
+
+
+def attention_config(n_kv_head, **changes):
+    return ModelConfig(vocab_size=32, block_size=16, n_layer=2, n_head=4, n_kv_head=n_kv_head, d_model=32, **changes)
+
+
+def reference_attention(x, params, config, alibi=None):
+    """Multi-head causal attention written out head by head in float64, sharing each key/value
+    head with its group of query heads by an explicit copy (np.repeat), as in Ainslie et al."""
+    x = np.asarray(x, np.float64)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    H, G, D = config.n_head, config.group_size, config.head_dim
+    w, b = p["qkv"]["kernel"], p["qkv"]["bias"]  # (d_model, K, G + 2, D), (K, G + 2, D)
+    q = np.einsum("btm,mkgd->btkgd", x, w[:, :, :G]) + b[:, :G]
+    q = q.reshape(*x.shape[:2], H, D)  # query head h = k * G + g
+    k = np.einsum("btm,mkd->btkd", x, w[:, :, G]) + b[:, G]
+    v = np.einsum("btm,mkd->btkd", x, w[:, :, G + 1]) + b[:, G + 1]
+    k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)  # head h reads kv head h // G
+    scores = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
+    i, j = np.arange(x.shape[1])[:, None], np.arange(x.shape[1])[None, :]
+    if alibi is not None:
+        scores = scores - alibi[None, :, None, None] * (i - j)
+    scores = np.where(j <= i, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    heads = np.einsum("bhts,bshd->bthd", weights, v)
+    wo = p["out"]["kernel"].reshape(H, D, -1)
+    return np.einsum("bthd,hdm->btm", heads, wo) + p["out"]["bias"]
+
+
+def normal(shape, seed=0, dtype=np.float32):
+    return np.random.default_rng(seed).standard_normal(shape).astype(dtype)
+
+
+def init_layer(config, seed=0):
+    """The layer, random parameters (biases too, so the reference checks where each lands), input."""
+    x = normal((2, SEQ, config.d_model), seed)
+    layer = CausalSelfAttention(config)
+    shapes = jax.eval_shape(layer.init, jax.random.key(0), x, jnp.arange(SEQ), None)["params"]
+    leaves, tree = jax.tree.flatten(shapes)
+    params = jax.tree.unflatten(tree, [0.3 * normal(a.shape, seed + 1 + i) for i, a in enumerate(leaves)])
+    return layer, params, x
+
+
+def run_layer(layer, params, x):
+    return jax.jit(layer.apply)({"params": params}, x, jnp.arange(x.shape[1]), None)
+
+
+# float32 against float64: inputs and weights O(1), sums of 32 products; float32 rounding
+# leaves ~1e-6 relative error per step, a few steps deep -> 1e-4 absolute on O(1)-O(10) outputs.
+TOL = dict(rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_layer_matches_repeat_kv_reference(n_kv_head):
+    config = attention_config(n_kv_head)
+    layer, params, x = init_layer(config)
+    ours = run_layer(layer, params, x)
+    np.testing.assert_allclose(ours, reference_attention(x, params, config), **TOL)
+
+
+def test_alibi_layer_matches_reference():
+    config = attention_config(2, position="alibi")
+    layer, params, x = init_layer(config)
+    ours = run_layer(layer, params, x)
+    np.testing.assert_allclose(ours, reference_attention(x, params, config, alibi_slopes(4)), **TOL)
+
+
+def test_alibi_bias_is_minus_slope_times_distance():
+    slopes = jnp.asarray(alibi_slopes(4)).reshape(2, 2)  # (kv heads, group)
+    bias = np.asarray(causal_score_bias(5, 5, None, slopes))  # (2, 2, 5, 5)
+    m = alibi_slopes(4).reshape(2, 2)
+    for h_kv in range(2):
+        for g in range(2):
+            for i in range(5):
+                for j in range(5):
+                    expected = -m[h_kv, g] * (i - j) if j <= i else -np.inf
+                    assert bias[h_kv, g, i, j] == pytest.approx(expected)
+
+
+def test_cache_index_shifts_the_causal_diagonal():
+    # Two queries at positions 3 and 4 of a 6-slot cache see keys 0..3 and 0..4.
+    visible = np.isfinite(np.asarray(causal_score_bias(2, 6, jnp.asarray(3), None)))[0, 0]
+    np.testing.assert_array_equal(visible, [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]])
+
+
+def random_qkv(dtype=jnp.float32, t=SEQ, s=SEQ):
+    q = normal((2, t, 2, 3, 8), 1)  # (b, t, k, g, d)
+    k, v = normal((2, s, 2, 8), 2), normal((2, s, 2, 8), 3)
+    return (jnp.asarray(a, dtype) for a in (q, k, v))
+
+
+@pytest.mark.parametrize(
+    "case",
+    ["causal", "alibi", "cache"],
+)
+def test_kernels_agree(case):
+    q, k, v = random_qkv(s=16 if case == "cache" else SEQ)
+    kw = {}
+    if case == "alibi":
+        kw["slopes"] = jnp.asarray(alibi_slopes(6)).reshape(2, 3)
+    if case == "cache":  # queries at positions 4..13 of a 16-slot cache
+        kw["cache_index"] = jnp.asarray(4)
+    xla = jax.jit(partial(attend, kernel="xla"))(q, k, v, **kw)
+    dot = jax.jit(partial(attend, kernel="dot_product"))(q, k, v, **kw)
+    # Same float32 math in a different association order: a few ulps of O(1) values.
+    np.testing.assert_allclose(xla, dot, atol=1e-5, rtol=1e-5)
+
+
+def test_weights_are_a_causal_distribution():
+    q, k, _ = random_qkv()
+    w = np.asarray(jax.jit(attention_weights)(q, k, causal_score_bias(SEQ, SEQ, None, None)))
+    np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
+    assert np.all(np.triu(w, k=1) == 0.0)
+
+
+def test_softmax_is_float32_under_bfloat16_inputs():
+    q, k, _ = random_qkv(jnp.bfloat16)
+    w = jax.jit(attention_weights)(q, k, causal_score_bias(SEQ, SEQ, None, None))
+    assert w.dtype == jnp.float32
+    # A bfloat16 softmax could only normalise to within ~2^-8 = 4e-3.
+    np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, atol=1e-6)

@@ -1,0 +1,75 @@
+"""ModelConfig: derived defaults, and one clear error per inconsistency."""
+
+import pytest
+
+from jaxgpt.config import ConfigError, ModelConfig, RopeScaling
+
+
+def test_defaults_resolve_to_the_numbers_the_model_uses():
+    c = ModelConfig(d_model=128, n_head=4)
+    assert c.n_kv_head == 4  # None means multi-head attention
+    assert c.mlp_hidden == 512  # 4 * d_model
+    assert c.head_dim == 32 and c.group_size == 1
+
+
+@pytest.mark.parametrize(
+    "d_model, expected",
+    [
+        (128, 384),  # 2/3 * 512 = 341.3 -> next multiple of 64
+        (96, 256),  # 2/3 * 384 = 256 exactly
+        (4096, 10944),  # 2/3 * 16384 = 10922.7 -> 171 * 64
+    ],
+)
+def test_swiglu_hidden_follows_the_llama_rule(d_model, expected):
+    assert ModelConfig(d_model=d_model, n_head=4, activation="swiglu").mlp_hidden == expected
+
+
+def test_explicit_mlp_hidden_is_kept():
+    assert ModelConfig(activation="swiglu", mlp_hidden=100).mlp_hidden == 100
+
+
+def test_rope_scaling_accepts_a_plain_dict():
+    c = ModelConfig(position="rope", rope_scaling={"kind": "yarn", "factor": 4.0, "original_block_size": 64})
+    assert c.rope_scaling == RopeScaling("yarn", 4.0, 64)
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(d_model=100, n_head=3), "d_model=100 is not divisible by n_head=3"),
+        (dict(n_head=4, n_kv_head=3), "n_head=4 is not divisible by n_kv_head=3"),
+        (dict(d_model=12, n_head=4, position="rope"), "head_dim=3"),
+        (dict(d_model=15, n_head=1, position="sinusoidal"), "d_model=15 is odd"),
+        (dict(vocab_size=0), "vocab_size=0 must be a positive integer"),
+        (dict(n_layer=-1), "n_layer=-1 must be a positive integer"),
+        (dict(block_size=2.5), "block_size=2.5 must be a positive integer"),
+        (dict(mlp_hidden=0), "mlp_hidden=0"),
+        (dict(activation="tanh"), "activation='tanh' is not one of"),
+        (dict(norm="batchnorm"), "norm='batchnorm'"),
+        (dict(norm_position="middle"), "norm_position='middle'"),
+        (dict(position="relative"), "position='relative'"),
+        (dict(attention="flash"), "attention='flash'"),
+        (dict(remat="some"), "remat='some'"),
+        (dict(dtype="float8"), "dtype='float8'"),
+        (dict(dropout=1.0), "dropout=1.0 must be in [0, 1)"),
+        (dict(rope_theta=0.0), "rope_theta=0.0 must be positive"),
+        (dict(init_std=-0.02), "init_std=-0.02 must be positive"),
+        (
+            dict(position="learned", rope_scaling=RopeScaling("linear", 2.0)),
+            "rope_scaling is set but position='learned'",
+        ),
+        (dict(position="rope", rope_scaling=RopeScaling("dynamic", 2.0)), "rope_scaling.kind='dynamic'"),
+        (dict(position="rope", rope_scaling=RopeScaling("yarn", 4.0)), "YaRN needs"),
+    ],
+)
+def test_bad_config_names_field_and_value(changes, message):
+    with pytest.raises(ConfigError, match="^invalid model config: ") as error:
+        ModelConfig(**changes)
+    assert message in str(error.value)
+    assert "\n" not in str(error.value)  # one line, whatever the number of problems
+
+
+def test_every_problem_is_reported_at_once():
+    with pytest.raises(ConfigError) as error:
+        ModelConfig(d_model=100, n_head=3, dropout=2.0)
+    assert "d_model=100" in str(error.value) and "dropout=2.0" in str(error.value)
