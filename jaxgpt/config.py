@@ -1,14 +1,23 @@
-"""The model's configuration: every architectural choice, named as the literature names it.
+"""Configuration: the model, the data and the training run, each a frozen, validated dataclass.
 
-A `ModelConfig` is frozen and validated when it is built, so a model can never be constructed
-from an inconsistent description. Defaults describe a GPT-2-style model; `configs/` and the
-tests show Llama-style settings.
+A `ModelConfig` is validated when it is built, so a model can never be constructed from an
+inconsistent description. Defaults describe a GPT-2-style model.
+
+Config files (`configs/*.py`) start from `base_config()`, an `ml_collections.ConfigDict` with
+sections `model`, `data` and `train` whose keys are exactly the dataclasses' fields, so
+command-line overrides like `--config.train.lr=1e-3` are type-checked against the defaults.
+`resolve` turns such a dict into a `RunConfig`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import math
+
+import ml_collections
+
+from jaxgpt.errors import UserError
 
 ACTIVATIONS = ("gelu", "relu", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
@@ -20,7 +29,7 @@ REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A configuration that cannot describe a working model; the message says how to fix it."""
 
 
@@ -208,3 +217,181 @@ def _problems(c: ModelConfig) -> list[str]:
                 "positive context length the model was trained with"
             )
     return out
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where text comes from and how it becomes tokens.
+
+    source: builtin:python-docs | text:PATH | hf:NAME[:CONFIG] (see the module docstring).
+    tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base.
+    val_fraction: share of the token stream, taken from its end, held out for validation.
+    text_column: the column holding text in .jsonl/.parquet files and Hub datasets.
+    max_tokens: stop preparing after this many tokens (0: the whole corpus); for sampling a
+        slice of a huge streamed corpus.
+    cache_dir: where prepared token files live ("" means $JAXGPT_CACHE or ~/.cache/jaxgpt).
+    """
+
+    source: str = "builtin:python-docs"
+    tokenizer: str = "char"
+    val_fraction: float = 0.1
+    text_column: str = "text"
+    max_tokens: int = 0
+    cache_dir: str = ""
+
+    def __post_init__(self):
+        if not 0.0 < self.val_fraction < 1.0:
+            raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1 (exclusive)")
+        if self.max_tokens < 0:
+            raise ConfigError(f"data.max_tokens={self.max_tokens} must be >= 0 (0 means all)")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation and its cadence.
+
+    steps: optimizer steps in the run (raise it to extend a finished run).
+    batch_size: sequences of model.block_size tokens per step.
+    lr, min_lr: peak learning rate, reached after warmup_steps of linear warmup, then cosine
+        decay to min_lr at `steps` (Loshchilov & Hutter 2017).
+    weight_decay: AdamW's decoupled decay, on matrices only: norms and biases are never
+        decayed, embeddings only with decay_embeddings.
+    beta1, beta2: Adam moments; beta2 = 0.95 as in GPT-3 and nanoGPT, steadier than 0.999 for
+        large transformers.
+    grad_clip: clip the global gradient norm to this (0 disables).
+    eval_every, eval_batches: evaluate train and val loss on eval_batches fixed batches.
+    log_every: write a metrics line and refresh the progress bar.
+    checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
+        the newest keep_checkpoints.
+    seed: seeds initialisation, dropout and every batch.
+    microbatches: split each batch into this many sequential microbatches and accumulate
+        their gradients inside the compiled step (same result, less activation memory).
+    dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
+        float32: mixed precision).
+    decay_embeddings: also apply weight decay to the token/position embeddings.
+    """
+
+    steps: int = 2000
+    batch_size: int = 12
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_batches: int = 20
+    log_every: int = 50
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    seed: int = 0
+    microbatches: int = 1
+    dtype: str = "float32"
+    decay_embeddings: bool = False
+
+    def __post_init__(self):
+        problems = []
+        for field in ("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"):
+            if getattr(self, field) <= 0:
+                problems.append(f"train.{field}={getattr(self, field)} must be positive")
+        if self.keep_checkpoints <= 0:
+            problems.append(f"train.keep_checkpoints={self.keep_checkpoints} must be positive")
+        if self.microbatches <= 0 or self.batch_size % max(self.microbatches, 1):
+            problems.append(
+                f"train.batch_size={self.batch_size} is not divisible by train.microbatches={self.microbatches}; "
+                "choose microbatches dividing the batch"
+            )
+        if not self.lr > 0:
+            problems.append(f"train.lr={self.lr} must be positive")
+        if not 0 <= self.min_lr <= self.lr:
+            problems.append(f"train.min_lr={self.min_lr} must be between 0 and train.lr={self.lr}")
+        if not 0 <= self.warmup_steps < self.steps:
+            problems.append(f"train.warmup_steps={self.warmup_steps} must be >= 0 and below train.steps={self.steps}")
+        for field in ("beta1", "beta2"):
+            if not 0 <= getattr(self, field) < 1:
+                problems.append(f"train.{field}={getattr(self, field)} must be in [0, 1)")
+        for field in ("weight_decay", "grad_clip"):
+            if getattr(self, field) < 0:
+                problems.append(f"train.{field}={getattr(self, field)} must be >= 0")
+        if self.dtype not in ("float32", "bfloat16"):
+            problems.append(f"train.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
+        if problems:
+            raise ConfigError("invalid config: " + "; ".join(problems))
+
+
+# Set by the run, not by the config: compute dtype comes from train.dtype, and parameters are
+# always stored in float32 for training (mixed precision).
+_RUN_OWNED_MODEL_FIELDS = ("dtype", "param_dtype")
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every key a config file may set, with its default; config files change some of them."""
+
+    def section(cls, skip=()):
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            default = f.default
+            if default is None and f.name != "rope_scaling":  # typed placeholders keep CLI overrides typed
+                default = ml_collections.config_dict.placeholder(int)
+            out[f.name] = default
+        return ml_collections.ConfigDict(out)
+
+    config = ml_collections.ConfigDict()
+    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS)
+    config.model.vocab_size = ml_collections.config_dict.placeholder(int)  # from the tokenizer
+    config.data = section(DataConfig)
+    config.train = section(TrainConfig)
+    return config
+
+
+def _checked_section(values: dict, cls, section: str, skip=()) -> dict:
+    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+    for key in values:
+        if key not in allowed:
+            guess = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {section}.{guess[0]}?" if guess else f"known keys: {', '.join(allowed)}"
+            raise ConfigError(f"unknown config key {section}.{key}; {hint}")
+    return values
+
+
+def resolve(config, vocab_size: int | None = None) -> RunConfig:
+    """A ConfigDict (or plain nested dict) -> validated RunConfig.
+
+    model.vocab_size is taken from `vocab_size` (the tokenizer's) when the config leaves it
+    unset; a config value smaller than the tokenizer's vocabulary is an error.
+    """
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    for section in raw:
+        if section not in ("model", "data", "train"):
+            raise ConfigError(f"unknown config section {section!r}; a config has model, data and train")
+    model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
+    data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
+    train = TrainConfig(**_checked_section(dict(raw.get("train", {})), TrainConfig, "train"))
+    if model.get("vocab_size") is None:
+        model["vocab_size"] = vocab_size or 1  # 1: a stand-in to validate the rest before the tokenizer exists
+    elif vocab_size and model["vocab_size"] < vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} tokens; "
+            "leave it unset or raise it"
+        )
+    model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
+    return RunConfig(model, data, train)
+
+
+def run_config_from_dict(d: dict) -> RunConfig:
+    """Inverse of RunConfig.to_dict (reads a run's config.json)."""
+    model = {k: v for k, v in d["model"].items()}
+    return RunConfig(ModelConfig(**model), DataConfig(**d["data"]), TrainConfig(**d["train"]))

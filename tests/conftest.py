@@ -1,10 +1,32 @@
-"""Shared test setup: eight fake CPU devices, float32, fixed seeds.
+"""Shared test setup: eight fake CPU devices, a private data cache, the shared tiktoken cache.
 
 XLA reads XLA_FLAGS once, when jax is first imported, so this must run before any test
 module imports jax; pytest imports conftest.py first.
 """
 
 import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import pytest
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
+
+# Prepared token files go to a throwaway cache, never the user's ~/.cache.
+os.environ["JAXGPT_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
+os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-datasets")
+
+SHARED_TIKTOKEN_CACHE = Path(__file__).resolve().parents[2] / "shared" / "tiktoken_cache"
+
+
+@pytest.fixture
+def gpt2_bpe(tmp_path, monkeypatch):
+    """tiktoken's GPT-2 files from ../shared (offline), copied where tiktoken may write."""
+    if not SHARED_TIKTOKEN_CACHE.is_dir():
+        pytest.skip(f"needs the offline tiktoken cache at {SHARED_TIKTOKEN_CACHE} (../shared is absent)")
+    cache = tmp_path / "tiktoken_cache"
+    shutil.copytree(SHARED_TIKTOKEN_CACHE, cache)
+    monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
+    return cache

@@ -1,0 +1,25 @@
+"""A character-level model of the Python language reference: trains in a few minutes on a
+laptop CPU, offline (the text ships with CPython)."""
+
+from jaxgpt.config import base_config
+
+
+def get_config():
+    config = base_config()
+    config.data.source = "builtin:python-docs"
+    config.data.tokenizer = "char"
+    config.model.n_layer = 4
+    config.model.n_head = 4
+    config.model.d_model = 128
+    config.model.block_size = 64
+    config.model.dropout = 0.0
+    config.train.steps = 2000
+    config.train.batch_size = 12
+    config.train.lr = 2e-3
+    config.train.min_lr = 2e-4
+    config.train.warmup_steps = 100
+    config.train.eval_every = 250
+    config.train.eval_batches = 20
+    config.train.log_every = 50
+    config.train.checkpoint_every = 500
+    return config

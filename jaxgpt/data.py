@@ -1,0 +1,276 @@
+"""Data: read a corpus, tokenize it once into a flat token file, and cut batches from it.
+
+Sources (`data.source`):
+  builtin:python-docs  the Python language reference shipped inside CPython (`pydoc_data`),
+                       ~465 KB of English: the offline default.
+  text:PATH            a file, a directory, or a glob of .txt / .jsonl / .parquet files,
+                       read with `datasets`' local builders (.txt: one document per file).
+  hf:NAME[:CONFIG]     a Hugging Face Hub dataset, streamed, using its text column.
+
+Preparation writes every document's tokens end to end into `tokens.bin` (uint16 when the
+vocabulary fits, else uint32) under a cache folder named by a hash of (source, tokenizer,
+split): the last `val_fraction` of the tokens is validation. Later runs memory-map it.
+
+Batches are a pure function of (seed, step): a resumed run sees exactly the batches it would
+have seen, with no iterator state to save.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import hashlib
+import json
+import os
+import queue
+import shutil
+import socket
+import sys
+import tempfile
+import threading
+from collections.abc import Callable, Iterable, Iterator
+from pathlib import Path
+
+import numpy as np
+from tqdm import tqdm
+
+from jaxgpt.config import DataConfig
+from jaxgpt.errors import UserError
+from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer
+
+TEXT_SUFFIXES = {".txt": "text", ".jsonl": "json", ".parquet": "parquet"}
+PREPARATION_VERSION = 1  # bump when the token file format or splitting changes
+
+
+@dataclasses.dataclass
+class Dataset:
+    """A prepared corpus: its tokenizer and the train/validation token streams (memory-mapped)."""
+
+    tokenizer: object
+    train: np.ndarray
+    val: np.ndarray
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def read_documents(config: DataConfig) -> tuple[Iterable[str], int | None]:
+    """The corpus as an iterable of documents, with their number when it is known."""
+    kind, _, rest = config.source.partition(":")
+    if kind == "builtin" and rest == "python-docs":
+        from pydoc_data.topics import topics
+
+        docs = [topics[name] for name in sorted(topics)]
+        return docs, len(docs)
+    if kind == "text" and rest:
+        return _read_local(rest, config.text_column)
+    if kind == "hf" and rest:
+        return _read_hub(rest, config.text_column), None
+    raise UserError(
+        f"unknown data.source {config.source!r}; use builtin:python-docs, text:PATH (file, directory or glob) "
+        "or hf:NAME[:CONFIG]"
+    )
+
+
+def _local_files(pattern: str) -> list[Path]:
+    path = Path(pattern).expanduser()
+    if path.is_file():
+        files = [path]
+    elif path.is_dir():
+        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+    else:
+        files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
+        if not files:
+            raise UserError(f"data.source text:{pattern}: no such file, directory or glob match")
+    supported = [f for f in files if f.suffix in TEXT_SUFFIXES]
+    if not supported:
+        raise UserError(f"data.source text:{pattern}: found no .txt, .jsonl or .parquet files")
+    return supported
+
+
+def _read_local(pattern: str, text_column: str) -> tuple[Iterable[str], int]:
+    import datasets
+
+    files = _local_files(pattern)
+    builders: dict[str, list[str]] = {}
+    for f in files:
+        builders.setdefault(TEXT_SUFFIXES[f.suffix], []).append(str(f))
+    parts = []
+    for builder, data_files in builders.items():
+        options = {"sample_by": "document"} if builder == "text" else {}
+        try:
+            part = datasets.load_dataset(builder, data_files=data_files, split="train", **options)
+        except Exception as error:  # datasets raises many types for unreadable files
+            raise UserError(f"could not read {', '.join(data_files[:3])}: {str(error).splitlines()[0]}") from None
+        if text_column not in part.column_names:
+            raise UserError(
+                f"{data_files[0]} has no column {text_column!r} (columns: {', '.join(part.column_names)}); "
+                "set data.text_column"
+            )
+        part = part.select_columns([text_column])
+        parts.append(part if text_column == "text" else part.rename_column(text_column, "text"))
+    corpus = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
+    return _column(corpus), len(corpus)
+
+
+def _column(dataset, batch: int = 1000) -> Iterator[str]:
+    for start in range(0, len(dataset), batch):
+        yield from dataset[start : start + batch]["text"]
+
+
+def _hub_reachable(timeout: float = 3.0) -> bool:
+    try:
+        socket.create_connection(("huggingface.co", 443), timeout=timeout).close()
+        return True
+    except OSError:
+        return False
+
+
+def _read_hub(spec: str, text_column: str) -> Iterator[str]:
+    import datasets
+    import huggingface_hub.constants
+
+    name, _, subset = spec.partition(":")
+    if not _hub_reachable():
+        # Without this, datasets retries the network for ~20 s before failing; offline mode
+        # fails at once, or reads the local Hub cache if the dataset was fetched before.
+        datasets.config.HF_HUB_OFFLINE = huggingface_hub.constants.HF_HUB_OFFLINE = True
+    try:
+        stream = datasets.load_dataset(name, subset or None, split="train", streaming=True)
+    except (ConnectionError, OSError) as error:
+        raise UserError(
+            f"cannot load hf:{spec} ({str(error).splitlines()[0]}); offline, download it where you have a network "
+            "(datasets.load_dataset(...).to_json('corpus.jsonl')) and use data.source=text:corpus.jsonl"
+        ) from None
+    except Exception as error:  # unknown names, bad configs: datasets' own message says which
+        raise UserError(f"cannot load hf:{spec}: {str(error).splitlines()[0]}") from None
+    for example in stream:
+        if text_column not in example:
+            raise UserError(f"hf:{spec} has no column {text_column!r} ({', '.join(example)}); set data.text_column")
+        yield example[text_column]
+
+
+# ----------------------------------------------------------------------------- preparing
+
+
+def cache_root(config: DataConfig) -> Path:
+    return Path(config.cache_dir or os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt") / "data"
+
+
+def _fingerprint(config: DataConfig) -> str:
+    """Names the prepared data: same inputs, same folder; any change, a new one."""
+    key = {
+        "version": PREPARATION_VERSION,
+        "source": config.source,
+        "tokenizer": config.tokenizer,
+        "val_fraction": config.val_fraction,
+        "text_column": config.text_column,
+        "max_tokens": config.max_tokens,
+    }
+    kind, _, rest = config.source.partition(":")
+    if kind == "text":  # local files can change under the same name
+        key["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in _local_files(rest)]
+    if kind == "builtin":  # pydoc_data differs between Python versions
+        key["python"] = sys.version.split()[0]
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare(config: DataConfig, progress: bool = True) -> Dataset:
+    """Tokenize the corpus once (or reuse the cached result) and memory-map it."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
+    folder = cache_root(config) / f"{slug}-{config.tokenizer}-{_fingerprint(config)}"
+    if not (folder / "meta.json").exists():
+        _build(config, folder, progress)
+    meta = json.loads((folder / "meta.json").read_text())
+    tokens = np.memmap(folder / "tokens.bin", dtype=meta["dtype"], mode="r")
+    split = meta["train_tokens"]
+    return Dataset(load_tokenizer(folder / "tokenizer.json"), tokens[:split], tokens[split:])
+
+
+def _build(config: DataConfig, folder: Path, progress: bool) -> None:
+    """Write tokens.bin, tokenizer.json and meta.json into a temp folder, then rename it into
+    place: an interrupted preparation leaves no half-written cache behind."""
+    docs, count = read_documents(config)
+    if config.tokenizer == "char":  # the vocabulary is the corpus's character set
+        docs = list(docs)
+        tokenizer = make_tokenizer("char", "".join(sorted(set("".join(docs)))) + "\n")
+    else:
+        tokenizer = make_tokenizer(config.tokenizer)
+    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+    separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(prefix=".preparing-", dir=folder.parent))
+    total = 0
+    bar = tqdm(docs, total=count, desc=f"tokenizing {config.source}", unit="doc", disable=not progress)
+    with open(staging / "tokens.bin", "wb") as out:
+        for doc in bar:
+            ids = np.asarray(tokenizer.encode(doc) + separator, dtype)
+            if config.max_tokens:
+                ids = ids[: config.max_tokens - total]
+            out.write(ids.tobytes())
+            total += len(ids)
+            if config.max_tokens and total >= config.max_tokens:
+                break
+    bar.close()
+    if total == 0 or total == len(separator) * (count or 0):
+        shutil.rmtree(staging)
+        raise UserError(f"data.source {config.source!r} holds no text; point it at a non-empty corpus")
+    val = max(1, int(total * config.val_fraction))
+    save_tokenizer(tokenizer, staging / "tokenizer.json")
+    meta = {"source": config.source, "tokenizer": config.tokenizer, "dtype": np.dtype(dtype).name}
+    meta |= {"tokens": total, "train_tokens": total - val, "val_tokens": val}
+    (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+    try:
+        staging.rename(folder)
+    except OSError:  # another process prepared the same data first: keep theirs
+        shutil.rmtree(staging, ignore_errors=True)
+
+
+# ----------------------------------------------------------------------------- batching
+
+TRAIN_STREAM, EVAL_VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
+
+
+def batch_at(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, stream: int, index: int) -> np.ndarray:
+    """Batch number `index` of a stream: (batch_size, seq_len + 1) int32 windows at random
+    offsets drawn from (seed, stream, index) alone. Inputs are [:, :-1], targets [:, 1:]."""
+    rng = np.random.default_rng([seed, stream, index])
+    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
+    return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
+
+
+def check_long_enough(dataset: Dataset, seq_len: int) -> None:
+    for split, tokens in (("train", dataset.train), ("val", dataset.val)):
+        if len(tokens) < seq_len + 1:
+            raise UserError(
+                f"the {split} split has {len(tokens)} tokens, fewer than model.block_size + 1 = {seq_len + 1}; "
+                "use a longer corpus, a smaller model.block_size, or another data.val_fraction"
+            )
+
+
+def prefetch(make: Callable[[int], object], indices: Iterable[int], depth: int = 2) -> Iterator[object]:
+    """make(i) for each index, computed `depth` ahead on a host thread so the device never
+    waits for numpy slicing or host-to-device copies."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work():
+        try:
+            for i in indices:
+                if stop.is_set():
+                    return
+                q.put(make(i))
+        except BaseException as error:  # re-raised in the consumer
+            q.put(error)
+        q.put(done)
+
+    threading.Thread(target=work, daemon=True).start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()

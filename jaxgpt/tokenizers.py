@@ -1,0 +1,126 @@
+"""Text <-> token ids: characters, bytes, or a tiktoken BPE.
+
+Every tokenizer serialises to a small dict (`to_dict`), saved as `tokenizer.json` in a run's
+workdir, so sampling rebuilds exactly the tokenizer training used.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from jaxgpt.errors import UserError
+
+TIKTOKEN_ENCODINGS = ("gpt2", "r50k_base", "cl100k_base", "o200k_base")
+TOKENIZERS = ("char", "byte", *TIKTOKEN_ENCODINGS)
+
+
+class CharTokenizer:
+    """One id per distinct character of the training corpus, in sorted order (nanoGPT's
+    shakespeare_char). Small vocabularies make tiny models learn spelling fast."""
+
+    name = "char"
+    eot_id = None
+
+    def __init__(self, chars: str):
+        self.chars = chars
+        self._ids = {ch: i for i, ch in enumerate(chars)}
+
+    @classmethod
+    def from_text(cls, text: str) -> CharTokenizer:
+        return cls("".join(sorted(set(text))))
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.chars)
+
+    def encode(self, text: str) -> list[int]:
+        try:
+            return [self._ids[ch] for ch in text]
+        except KeyError as missing:
+            raise UserError(
+                f"character {missing.args[0]!r} is not in this model's {self.vocab_size}-character vocabulary; "
+                "use only characters from the training text"
+            ) from None
+
+    def decode(self, ids) -> str:
+        return "".join(self.chars[i] for i in ids)
+
+    def to_dict(self) -> dict:
+        return {"name": "char", "chars": self.chars}
+
+
+class ByteTokenizer:
+    """The 256 byte values of the UTF-8 encoding: any text, no vocabulary to build."""
+
+    name = "byte"
+    eot_id = None
+    vocab_size = 256
+
+    def encode(self, text: str) -> list[int]:
+        return list(text.encode("utf-8"))
+
+    def decode(self, ids) -> str:
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def to_dict(self) -> dict:
+        return {"name": "byte"}
+
+
+class TiktokenTokenizer:
+    """A tiktoken BPE (`gpt2` is GPT-2's 50,257-token vocabulary). Special tokens in the text
+    are encoded as ordinary text; documents are separated by the end-of-text token."""
+
+    def __init__(self, name: str):
+        import tiktoken
+
+        self.name = name
+        try:
+            self._encoding = tiktoken.get_encoding(name)
+        except (OSError, ValueError) as error:  # requests' ConnectionError is an OSError
+            cache = os.environ.get("TIKTOKEN_CACHE_DIR", "(unset)")
+            raise UserError(
+                f"tiktoken could not load its '{name}' BPE file ({type(error).__name__}); it downloads it once and "
+                f"caches it in TIKTOKEN_CACHE_DIR (now {cache}). Offline, point TIKTOKEN_CACHE_DIR at a writable "
+                "folder holding the cached file, or use data.tokenizer=char or byte"
+            ) from None
+        self.eot_id = self._encoding.eot_token
+        self.vocab_size = self._encoding.n_vocab
+
+    def encode(self, text: str) -> list[int]:
+        return self._encoding.encode_ordinary(text)
+
+    def decode(self, ids) -> str:
+        return self._encoding.decode([int(i) for i in ids])
+
+    def to_dict(self) -> dict:
+        return {"name": self.name}
+
+
+def make_tokenizer(name: str, corpus: str | None = None):
+    """The tokenizer called `name`; a char tokenizer needs the corpus to build its vocabulary."""
+    if name == "char":
+        return CharTokenizer.from_text(corpus or "")
+    if name == "byte":
+        return ByteTokenizer()
+    if name in TIKTOKEN_ENCODINGS:
+        return TiktokenTokenizer(name)
+    raise UserError(f"unknown tokenizer {name!r}; data.tokenizer must be one of {', '.join(TOKENIZERS)}")
+
+
+def tokenizer_from_dict(d: dict):
+    if d.get("name") == "char":
+        return CharTokenizer(d["chars"])
+    return make_tokenizer(d.get("name", "?"))
+
+
+def save_tokenizer(tokenizer, path: Path) -> None:
+    Path(path).write_text(json.dumps(tokenizer.to_dict(), ensure_ascii=False))
+
+
+def load_tokenizer(path: Path):
+    try:
+        return tokenizer_from_dict(json.loads(Path(path).read_text()))
+    except FileNotFoundError:
+        raise UserError(f"no tokenizer at {path}; is this a jaxgpt run directory?") from None

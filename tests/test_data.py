@@ -1,0 +1,111 @@
+"""Data: preparation from each source, the cache, deterministic batches, clear errors."""
+
+import json
+import time
+
+import numpy as np
+import pytest
+
+from jaxgpt import data
+from jaxgpt.config import DataConfig
+from jaxgpt.errors import UserError
+
+
+def test_builtin_corpus_prepares_offline_into_a_char_stream():
+    dataset = data.prepare(DataConfig(source="builtin:python-docs"), progress=False)
+    tok = dataset.tokenizer
+    total = len(dataset.train) + len(dataset.val)
+    assert total > 400_000  # the Python reference is ~465 KB of text
+    assert len(dataset.val) == int(total * 0.1)  # the last 10% is validation
+    assert "assert" in tok.decode(dataset.train[:20_000])
+    assert dataset.train.dtype == np.uint16 and int(dataset.train.max()) < tok.vocab_size
+
+
+def test_text_file_round_trips_through_preparation(tmp_path):
+    text = "hello world, " * 50
+    (tmp_path / "corpus.txt").write_text(text)
+    dataset = data.prepare(DataConfig(source=f"text:{tmp_path / 'corpus.txt'}", val_fraction=0.2), progress=False)
+    stream = np.concatenate([dataset.train, dataset.val])
+    assert dataset.tokenizer.decode(stream) == text + "\n"  # one document, newline-terminated
+
+
+def test_directory_and_glob_sources_read_every_document(tmp_path, gpt2_bpe):
+    (tmp_path / "a.txt").write_text("first document")
+    (tmp_path / "b.jsonl").write_text(json.dumps({"text": "second one"}) + "\n" + json.dumps({"text": "third"}) + "\n")
+    for source in (f"text:{tmp_path}", f"text:{tmp_path}/*"):
+        dataset = data.prepare(DataConfig(source=source, tokenizer="gpt2", val_fraction=0.1), progress=False)
+        stream = np.concatenate([dataset.train, dataset.val])
+        docs = dataset.tokenizer.decode(stream).split("<|endoftext|>")
+        assert sorted(docs) == sorted(["first document", "second one", "third", ""])
+
+
+def test_preparation_is_cached_and_reused(tmp_path):
+    (tmp_path / "c.txt").write_text("abcdefgh" * 100)
+    config = DataConfig(source=f"text:{tmp_path / 'c.txt'}", cache_dir=str(tmp_path / "cache"))
+    data.prepare(config, progress=False)
+    (folder,) = (tmp_path / "cache" / "data").iterdir()
+    stamp = (folder / "tokens.bin").stat().st_mtime_ns
+    time.sleep(0.01)
+    data.prepare(config, progress=False)
+    assert (folder / "tokens.bin").stat().st_mtime_ns == stamp  # not rewritten
+    data.prepare(DataConfig(source=config.source, cache_dir=config.cache_dir, tokenizer="byte"), progress=False)
+    assert len(list((tmp_path / "cache" / "data").iterdir())) == 2  # another tokenizer, another entry
+
+
+def test_batches_are_a_pure_function_of_seed_and_step():
+    tokens = np.arange(1000, dtype=np.uint16)
+    later_first = data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 7)
+    for step in range(7):
+        data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, step)
+    np.testing.assert_array_equal(data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 7), later_first)
+    assert not np.array_equal(data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 8), later_first)
+    assert not np.array_equal(data.batch_at(tokens, 16, 4, 1, data.TRAIN_STREAM, 7), later_first)
+    # Each row is a contiguous window: consecutive token ids here.
+    assert later_first.shape == (4, 17) and np.all(np.diff(later_first, axis=1) == 1)
+
+
+def test_prefetch_yields_in_order_and_reraises():
+    assert list(data.prefetch(lambda i: i * i, range(6))) == [0, 1, 4, 9, 16, 25]
+
+    def broken(i):
+        if i == 3:
+            raise RuntimeError("bad batch")
+        return i
+
+    with pytest.raises(RuntimeError, match="bad batch"):
+        list(data.prefetch(broken, range(6)))
+
+
+@pytest.mark.parametrize(
+    "source, message",
+    [
+        ("text:/no/such/file.txt", "no such file, directory or glob match"),
+        ("ftp:somewhere", "unknown data.source 'ftp:somewhere'"),
+        ("builtin:wikipedia", "unknown data.source"),
+    ],
+)
+def test_bad_sources_are_clear_errors(source, message):
+    with pytest.raises(UserError, match=message):
+        data.prepare(DataConfig(source=source), progress=False)
+
+
+def test_empty_corpus_is_a_clear_error(tmp_path):
+    (tmp_path / "empty.txt").write_text("")
+    with pytest.raises(UserError, match="holds no text"):
+        data.prepare(DataConfig(source=f"text:{tmp_path / 'empty.txt'}"), progress=False)
+    assert not any(p.name.startswith(".preparing") for p in data.cache_root(DataConfig()).iterdir())
+
+
+def test_corpus_shorter_than_a_window_is_a_clear_error(tmp_path):
+    (tmp_path / "short.txt").write_text("just a few words")
+    dataset = data.prepare(DataConfig(source=f"text:{tmp_path / 'short.txt'}"), progress=False)
+    with pytest.raises(UserError, match="fewer than model.block_size \\+ 1 = 65"):
+        data.check_long_enough(dataset, 64)
+
+
+def test_hub_source_offline_fails_at_once_with_advice(monkeypatch):
+    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)  # as offline, whatever the machine
+    start = time.perf_counter()
+    with pytest.raises(UserError, match="cannot load hf:someone/corpus.*data.source=text:"):
+        data.prepare(DataConfig(source="hf:someone/corpus"), progress=False)
+    assert time.perf_counter() - start < 5

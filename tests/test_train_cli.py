@@ -1,0 +1,89 @@
+"""train.py as a user runs it: bad input is one line on stderr, exit status 2, nothing written."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+FAST = [
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.train.steps=4",
+    "--config.train.warmup_steps=1",
+    "--config.train.batch_size=2",
+    "--config.train.eval_batches=1",
+    "--quiet",
+]
+
+
+def train(*args, cwd=ROOT):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+
+
+def the_error(result) -> str:
+    """The one error line, which must close stderr (progress bars may come before it)."""
+    lines = result.stderr.strip().splitlines()
+    errors = [line for line in lines if line.startswith("error: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], result.stderr
+    return errors[0]
+
+
+def test_a_short_run_from_the_command_line(tmp_path):
+    result = train("--config", "configs/tiny.py", f"--workdir={tmp_path / 'run'}", *FAST)
+    assert result.returncode == 0, result.stderr
+    metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    assert metrics[-1]["step"] == 4 and "val_loss" in metrics[-1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--config", "configs/missing.py"], "config file configs/missing.py not found"),
+        (
+            ["--config", "configs/tiny.py", "--config.model.n_layr=2"],
+            "unknown config key model.n_layr; did you mean model.n_layer?",
+        ),
+        (["--config", "configs/tiny.py", "--config.train.steps=many"], "--config.train.steps=many"),
+        (["--config", "configs/tiny.py", "--config.data.tokenizer=wordpiece"], "unknown tokenizer 'wordpiece'"),
+        (["--config", "configs/tiny.py", "--config.data.source=s3:bucket"], "unknown data.source 's3:bucket'"),
+        (["--config", "configs/tiny.py", "--config.data.source=text:/no/such.txt"], "no such file"),
+        (["--config", "configs/tiny.py", "--config.model.n_head=3"], "d_model=128 is not divisible by n_head=3"),
+        (["--config", "configs/tiny.py", "--config.train.microbatches=5"], "not divisible by train.microbatches=5"),
+    ],
+)
+def test_bad_input_is_one_clear_line(tmp_path, args, message):
+    result = train(*args, f"--workdir={tmp_path / 'run'}")
+    assert result.returncode == 2 and message in the_error(result)
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("content, message", [("", "holds no text"), ("tiny", "fewer than model.block_size + 1")])
+def test_unusable_corpus_is_one_clear_line(tmp_path, content, message):
+    (tmp_path / "corpus.txt").write_text(content)
+    result = train(
+        "--config",
+        "configs/tiny.py",
+        f"--config.data.source=text:{tmp_path / 'corpus.txt'}",
+        f"--workdir={tmp_path / 'run'}",
+    )
+    assert result.returncode == 2 and message in the_error(result)
+    assert not (tmp_path / "run").exists()
+
+
+def test_workdir_that_is_a_file_is_left_alone(tmp_path):
+    (tmp_path / "notes.txt").write_text("precious")
+    result = train("--config", "configs/tiny.py", f"--workdir={tmp_path / 'notes.txt'}")
+    assert result.returncode == 2 and "is a file" in the_error(result)
+    assert (tmp_path / "notes.txt").read_text() == "precious"

@@ -1,0 +1,112 @@
+"""Training end to end in a temp workdir: the loss falls, the files are well-formed, and the
+same config and seed give the same numbers bit for bit."""
+
+import json
+import math
+
+import pytest
+
+from jaxgpt.config import base_config, resolve, run_config_from_dict
+from jaxgpt.errors import UserError
+from jaxgpt.trainer import train_and_evaluate
+
+
+def small_config(**train):
+    config = base_config()
+    config.model.update(n_layer=2, n_head=2, d_model=32, block_size=32)
+    config.train.update(
+        dict(
+            steps=30,
+            batch_size=8,
+            lr=3e-3,
+            warmup_steps=5,
+            log_every=5,
+            eval_every=15,
+            eval_batches=2,
+            checkpoint_every=10,
+        )
+        | train
+    )
+    return config
+
+
+def read_metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("run")
+    last = train_and_evaluate(small_config(), workdir, progress=False)
+    return workdir, last
+
+
+def test_loss_falls(trained):
+    workdir, last = trained
+    metrics = read_metrics(workdir)
+    assert metrics[0]["train_loss"] > 3.5  # near ln(vocab ~ 90 characters) = 4.5 at the start
+    assert last["val_loss"] < metrics[0]["train_loss"] - 0.8
+
+
+def test_metrics_lines_are_complete(trained):
+    workdir, _ = trained
+    metrics = read_metrics(workdir)
+    assert [m["step"] for m in metrics] == [5, 10, 15, 20, 25, 30]
+    for m in metrics:
+        assert {"train_loss", "lr", "grad_norm", "tokens_per_sec", "mfu", "elapsed_sec"} <= m.keys()
+        assert all(math.isfinite(v) for v in m.values())
+    assert {"val_loss", "eval_train_loss"} <= metrics[2].keys() and "val_loss" not in metrics[1]
+
+
+def test_workdir_holds_config_tokenizer_and_checkpoints(trained):
+    workdir, _ = trained
+    run = run_config_from_dict(json.loads((workdir / "config.json").read_text()))
+    assert run.model.n_layer == 2 and run.model.vocab_size > 50 and run.train.steps == 30
+    assert json.loads((workdir / "tokenizer.json").read_text())["name"] == "char"
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir()) == [10, 20, 30]
+
+
+def test_same_seed_same_losses_bit_for_bit(trained, tmp_path):
+    workdir, _ = trained
+    train_and_evaluate(small_config(), tmp_path, progress=False)
+    keys = ("train_loss", "grad_norm", "val_loss", "eval_train_loss")
+    first = [[m.get(k) for k in keys] for m in read_metrics(workdir)]
+    assert [[m.get(k) for k in keys] for m in read_metrics(tmp_path)] == first
+
+
+def test_another_seed_other_losses(trained, tmp_path):
+    workdir, _ = trained
+    train_and_evaluate(small_config(seed=1, steps=5, warmup_steps=1), tmp_path, progress=False)
+    assert read_metrics(tmp_path)[0]["train_loss"] != read_metrics(workdir)[0]["train_loss"]
+
+
+def test_rerun_resumes_from_the_checkpoint_and_extends(trained, tmp_path):
+    train_and_evaluate(small_config(steps=10), tmp_path, progress=False)
+    train_and_evaluate(small_config(steps=20), tmp_path, progress=False)
+    assert [m["step"] for m in read_metrics(tmp_path)] == [5, 10, 15, 20]
+
+
+def test_bfloat16_training_runs_and_learns(tmp_path):
+    last = train_and_evaluate(small_config(dtype="bfloat16", steps=15), tmp_path, progress=False)
+    assert last["val_loss"] < read_metrics(tmp_path)[0]["train_loss"]
+
+
+def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_path):
+    # A learning rate of 1e4 blows the weights up within a few steps.
+    with pytest.raises(UserError, match=r"loss became (nan|inf) at step \d+; the last good checkpoint"):
+        train_and_evaluate(
+            small_config(lr=1e4, min_lr=0.0, grad_clip=0.0, steps=30, checkpoint_every=1), tmp_path, progress=False
+        )
+
+
+def test_vocab_size_below_the_tokenizer_is_refused(tmp_path):
+    config = small_config()
+    config.model.vocab_size = 10
+    with pytest.raises(UserError, match="model.vocab_size=10 is smaller than the tokenizer's"):
+        train_and_evaluate(config, tmp_path, progress=False)
+    assert not (tmp_path / "config.json").exists()
+
+
+def test_resolved_config_round_trips():
+    run = resolve(small_config(), vocab_size=77)
+    assert run_config_from_dict(json.loads(json.dumps(run.to_dict()))) == run

@@ -1,0 +1,30 @@
+"""Train a model: python train.py --config configs/tiny.py [--config.train.steps=500] [--workdir DIR]
+
+A thin shell over jaxgpt.trainer.train_and_evaluate, which notebooks can call directly.
+"""
+
+import sys
+from pathlib import Path
+
+from absl import flags
+from ml_collections import config_flags
+
+from jaxgpt import cli
+
+CONFIG = config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
+WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
+QUIET = flags.DEFINE_bool("quiet", False, "No progress bar or status lines.")
+
+
+def main() -> None:
+    cli.parse_flags(sys.argv)
+    if CONFIG.value is None:
+        cli.fail("no config given; pass --config configs/tiny.py (or another file in configs/)")
+    from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
+
+    workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
+    train_and_evaluate(CONFIG.value, workdir, progress=not QUIET.value)
+
+
+if __name__ == "__main__":
+    cli.run(main)
