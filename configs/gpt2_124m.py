@@ -1,0 +1,30 @@
+"""GPT-2 small (124M) on FineWeb's 10B-token sample, streamed from the Hub, with the GPT-2 BPE.
+For a GPU or TPU: bfloat16 compute, scanned layers, 64 x 1024 tokens per step."""
+
+from jaxgpt.config import base_config
+
+
+def get_config():
+    config = base_config()
+    config.data.source = "hf:HuggingFaceFW/fineweb:sample-10BT"
+    config.data.tokenizer = "gpt2"
+    config.data.val_fraction = 0.005
+    config.data.max_tokens = 1_000_000_000  # prepare the first 1B tokens (one pass, ~2 GB on disk)
+    config.model.update(n_layer=12, n_head=12, d_model=768, block_size=1024, dropout=0.0, scan_layers=True)
+    # 50,257 tokens padded to 50,304 = 64 * 786: matmuls tile evenly on GPUs and TPUs.
+    config.model.vocab_size = 50304
+    config.train.update(
+        steps=20000,
+        batch_size=64,
+        microbatches=1,
+        lr=6e-4,
+        min_lr=6e-5,
+        warmup_steps=700,
+        weight_decay=0.1,
+        dtype="bfloat16",
+        eval_every=500,
+        eval_batches=20,
+        log_every=20,
+        checkpoint_every=1000,
+    )
+    return config
