@@ -89,9 +89,8 @@ def main() -> None:
 
     peak, source = peak_flops()
     device = jax.devices()[0]
-    print(
-        f"{jax.device_count()} x {device.device_kind} ({platform.processor() or platform.machine()}); peak {peak / 1e9:,.0f} GFLOP/s ({source})"
-    )
+    machine = platform.processor() or platform.machine()
+    print(f"{jax.device_count()} x {device.device_kind} ({machine}); peak {peak / 1e9:,.0f} GFLOP/s ({source})")
     rows = [measure(name, shape, batch, args.steps, args.repeats) for name, shape, batch in CASES]
     header = f"{'case':32} {'params':>10} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'compile s':>10} {'temp MB':>8}"
     print(header)

@@ -50,3 +50,29 @@ class Checkpoints:
 
     def close(self) -> None:
         self._manager.close()
+
+
+def load_latest(workdir: Path):
+    """(run config, params, tokenizer, step) of a workdir's newest checkpoint: all that
+    sampling needs, read from the checkpoint alone."""
+    from functools import partial
+
+    from jaxgpt.config import run_config_from_dict
+    from jaxgpt.errors import UserError
+    from jaxgpt.optimizer import make_optimizer
+    from jaxgpt.tokenizers import tokenizer_from_dict
+    from jaxgpt.train_step import create_train_state
+
+    directory = Path(workdir) / "checkpoints"
+    if not directory.is_dir():
+        raise UserError(f"no checkpoints in {workdir}; train first (python train.py --config ... --workdir {workdir})")
+    checkpoints = Checkpoints(directory)
+    step = checkpoints.latest_step()
+    if step is None:
+        raise UserError(f"no complete checkpoint in {directory}; train first or point --workdir at a finished run")
+    record = checkpoints.read_record(step)
+    run = run_config_from_dict(record["config"])
+    like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
+    state = checkpoints.restore(step, like)
+    checkpoints.close()
+    return run, state.params, tokenizer_from_dict(record["tokenizer"]), step

@@ -1,0 +1,153 @@
+"""Generation with the KV cache: prefill the prompt in one pass, then one token per step.
+
+`generate` compiles the whole decode loop (`lax.while_loop`) into one program; `generate_stream`
+runs the same step from Python to hand each token over as it is made. Both draw step i's
+randomness from fold_in(rng, i), so for one seed they produce the same tokens.
+
+Sampling order is the usual one: temperature, then top-k, then top-p (nucleus; Holtzman et al.
+2020). Temperature 0 is greedy decoding.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterator
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.errors import UserError
+from jaxgpt.model import GPT, init_cache
+
+
+@dataclasses.dataclass(frozen=True)
+class SamplingConfig:
+    """temperature: 0 is greedy; < 1 sharpens, > 1 flattens the distribution.
+    top_k: keep only the k most likely tokens (None: all).
+    top_p: keep the smallest set of most likely tokens whose probability reaches p (1: all)."""
+
+    temperature: float = 0.8
+    top_k: int | None = None
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        if self.temperature < 0:
+            raise UserError(f"temperature={self.temperature} must be >= 0 (0 means greedy)")
+        if self.top_k is not None and self.top_k <= 0:
+            raise UserError(f"top_k={self.top_k} must be a positive number of tokens (leave it unset to keep all)")
+        if not 0 < self.top_p <= 1:
+            raise UserError(f"top_p={self.top_p} must be in (0, 1] (1 keeps every token)")
+
+
+def filter_logits(logits: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """Scaled logits (..., vocab) with the tokens top-k and top-p exclude set to -inf."""
+    logits = logits / sampling.temperature
+    if sampling.top_k is not None and sampling.top_k < logits.shape[-1]:
+        kth_largest = jax.lax.top_k(logits, sampling.top_k)[0][..., -1:]
+        logits = jnp.where(logits < kth_largest, -jnp.inf, logits)
+    if sampling.top_p < 1.0:
+        order = jnp.argsort(-logits, axis=-1)
+        sorted_probs = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), order, axis=-1)
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        # A token stays if the more likely tokens before it have not yet reached p: that is
+        # the smallest prefix whose mass is >= p (the most likely token always stays).
+        keep_sorted = mass_before < sampling.top_p
+        keep = jnp.take_along_axis(keep_sorted, jnp.argsort(order, axis=-1), axis=-1)  # undo the sort
+        logits = jnp.where(keep, logits, -jnp.inf)
+    return logits
+
+
+def sample_token(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig) -> jax.Array:
+    """One token id per row of logits (batch, vocab)."""
+    if sampling.temperature == 0:
+        return jnp.argmax(logits, axis=-1).astype(jnp.int32)
+    return jax.random.categorical(rng, filter_logits(logits, sampling), axis=-1).astype(jnp.int32)
+
+
+def check_length(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> None:
+    if prompt_len < 1:
+        raise UserError("the prompt has no tokens; give at least one (sample.py starts empty prompts from a newline)")
+    if max_new_tokens < 1:
+        raise UserError(f"max_new_tokens={max_new_tokens} must be at least 1")
+    if prompt_len + max_new_tokens > config.block_size:
+        raise UserError(
+            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's block_size "
+            f"{config.block_size} (the KV cache's length); shorten the prompt or ask for fewer tokens"
+        )
+
+
+def _prefill(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig):
+    apply = partial(GPT(config).apply, decode=True, mutable=["cache"])
+    logits, state = apply({"params": params, "cache": init_cache(config, prompt.shape[0])}, prompt)
+    return sample_token(logits[:, -1], jax.random.fold_in(rng, 0), sampling), state["cache"]
+
+
+def _decode_step(config: ModelConfig, params, cache, token: jax.Array, rng: jax.Array, i, sampling: SamplingConfig):
+    """Feed `token` (batch,), made at step i - 1, and sample step i's token."""
+    apply = partial(GPT(config).apply, decode=True, mutable=["cache"])
+    logits, state = apply({"params": params, "cache": cache}, token[:, None])
+    return sample_token(logits[:, -1], jax.random.fold_in(rng, i), sampling), state["cache"]
+
+
+@partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling", "eot_id"))
+def generate(
+    config: ModelConfig,
+    params,
+    prompt: jax.Array,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eot_id: int | None = None,
+) -> jax.Array:
+    """prompt (batch, prompt_len) int32 -> (batch, max_new_tokens) new tokens, one compiled loop.
+
+    After a row emits eot_id the rest of it is eot_id (callers cut there); the loop ends early
+    once every row has ended.
+    """
+    batch = prompt.shape[0]
+    token, cache = _prefill(config, params, prompt, rng, sampling)
+    out = jnp.full((batch, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
+    finished = token == eot_id if eot_id is not None else jnp.zeros((batch,), bool)
+
+    def keep_going(carry):
+        i, _, _, _, finished = carry
+        return (i < max_new_tokens) & ~finished.all()
+
+    def step(carry):
+        i, token, cache, out, finished = carry
+        new, cache = _decode_step(config, params, cache, token, rng, i, sampling)
+        if eot_id is not None:
+            new = jnp.where(finished, eot_id, new)
+            finished = finished | (new == eot_id)
+        return i + 1, new, cache, out.at[:, i].set(new), finished
+
+    return jax.lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, out, finished))[3]
+
+
+def generate_stream(
+    config: ModelConfig,
+    params,
+    prompt: jax.Array,
+    rng: jax.Array,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eot_id: int | None = None,
+) -> Iterator[jax.Array]:
+    """The same tokens as `generate`, yielded one step (batch,) at a time as they are made."""
+    prefill = jax.jit(_prefill, static_argnames=("config", "sampling"))
+    step = jax.jit(_decode_step, static_argnames=("config", "sampling"), donate_argnums=(2,))
+    token, cache = prefill(config, params, prompt, rng, sampling=sampling)
+    finished = jnp.zeros(prompt.shape[0], bool)
+    for i in range(max_new_tokens):
+        if i:
+            token, cache = step(config, params, cache, token, rng, i, sampling=sampling)
+        if eot_id is not None:
+            token = jnp.where(finished, eot_id, token)
+            finished = finished | (token == eot_id)
+        yield token
+        if eot_id is not None and bool(finished.all()):
+            return

@@ -1,0 +1,86 @@
+"""Sample from a trained run: python sample.py --workdir runs/tiny --prompt "The assert statement"
+
+Loads the newest checkpoint of the workdir with its config and tokenizer; a thin shell over
+jaxgpt.sampling.generate.
+"""
+
+import sys
+from pathlib import Path
+
+from absl import flags
+
+from jaxgpt import cli
+
+WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
+PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (empty: start from a newline or end-of-text token).")
+PROMPT_FILE = flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
+MAX_NEW_TOKENS = flags.DEFINE_integer(
+    "max_new_tokens", None, "Tokens to generate (default: all the context has room for)."
+)
+TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
+TOP_K = flags.DEFINE_integer("top_k", None, "Keep only the k most likely tokens.")
+TOP_P = flags.DEFINE_float("top_p", 1.0, "Keep the smallest set of tokens with probability >= p.")
+NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Samples, decoded together as one batch.")
+SEED = flags.DEFINE_integer("seed", 0, "Random seed: the same seed gives the same text.")
+STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are generated (first sample).")
+
+
+def main() -> None:
+    cli.parse_flags(sys.argv)
+    if not WORKDIR.value:
+        cli.fail("no run given; pass --workdir DIR of a run trained with train.py")
+    if NUM_SAMPLES.value < 1:
+        cli.fail(f"num_samples={NUM_SAMPLES.value} must be at least 1")
+    if PROMPT_FILE.value:
+        try:
+            prompt = Path(PROMPT_FILE.value).read_text()
+        except OSError as error:
+            cli.fail(f"cannot read --prompt_file {PROMPT_FILE.value}: {error.strerror}")
+    else:
+        prompt = PROMPT.value
+
+    import jax
+    import jax.numpy as jnp
+
+    from jaxgpt.checkpoint import load_latest
+    from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
+
+    sampling = SamplingConfig(TEMPERATURE.value, TOP_K.value, TOP_P.value)
+    run, params, tokenizer, _ = load_latest(Path(WORKDIR.value))
+    ids = (
+        tokenizer.encode(prompt)
+        if prompt
+        else [tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]]
+    )
+    max_new_tokens = MAX_NEW_TOKENS.value or run.model.block_size - len(ids)
+    check_length(run.model, len(ids), max_new_tokens)
+    tokens = jnp.asarray([ids] * NUM_SAMPLES.value, jnp.int32)
+    # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
+    model = run.model.replace(dtype="float32")
+    args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
+    rng = jax.random.key(SEED.value)
+
+    def text(new_ids):
+        new_ids = list(new_ids)
+        if tokenizer.eot_id in new_ids:
+            new_ids = new_ids[: new_ids.index(tokenizer.eot_id)]
+        return tokenizer.decode(new_ids)
+
+    if STREAM.value:
+        print(prompt, end="", flush=True)
+        made = []
+        for token in generate_stream(model, params, tokens, rng, **args):
+            made.append(int(token[0]))
+            if made[-1] == tokenizer.eot_id:
+                break
+            print(tokenizer.decode([made[-1]]), end="", flush=True)
+        print()
+        return
+    for i, row in enumerate(generate(model, params, tokens, rng, **args).tolist()):
+        if NUM_SAMPLES.value > 1:
+            print(f"--- sample {i + 1}")
+        print(prompt + text(row))
+
+
+if __name__ == "__main__":
+    cli.run(main)

@@ -1,0 +1,193 @@
+"""Sampling: cached greedy decoding against the uncached model, the filters against
+hand-built distributions, seeds, and sample.py end to end."""
+
+import os
+import subprocess
+import sys
+from functools import partial
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgpt.config import ModelConfig, base_config
+from jaxgpt.errors import UserError
+from jaxgpt.model import GPT, init_params
+from jaxgpt.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token
+from jaxgpt.trainer import train_and_evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+GREEDY = SamplingConfig(temperature=0.0)
+
+
+def model(**changes):
+    config = ModelConfig(**{**dict(vocab_size=48, block_size=24, n_layer=2, n_head=4, d_model=32), **changes})
+    return config, jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
+
+
+def greedy_without_cache(config, params, prompt, n):
+    """The definition of greedy decoding: run the full model on everything so far, take the argmax.
+    Sequences are zero-padded to one length (one compilation); causality makes the padding
+    invisible to the position read."""
+    forward = jax.jit(lambda p, t: GPT(config).apply({"params": p}, t))
+    length = prompt.shape[1]
+    tokens = jnp.zeros((prompt.shape[0], length + n), jnp.int32).at[:, :length].set(prompt)
+    for t in range(length, length + n):
+        tokens = tokens.at[:, t].set(jnp.argmax(forward(params, tokens)[:, t - 1], axis=-1))
+    return tokens[:, length:]
+
+
+@pytest.mark.parametrize("position", ["rope", "learned"])
+@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+def test_cached_greedy_equals_argmax_of_the_full_forward(n_kv_head, position):
+    config, params = model(n_kv_head=n_kv_head, position=position)
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, 48, (2, 5)), jnp.int32)
+    ours = generate(config, params, prompt, jax.random.key(0), max_new_tokens=12, sampling=GREEDY)
+    np.testing.assert_array_equal(ours, greedy_without_cache(config, params, prompt, 12))
+
+
+PROBS = np.array([0.5, 0.3, 0.15, 0.05])
+LOGITS = jnp.log(jnp.asarray(PROBS, jnp.float32))
+
+
+def kept(sampling):
+    return np.isfinite(np.asarray(filter_logits(LOGITS, sampling)))
+
+
+@pytest.mark.parametrize(
+    "p, expected",
+    [
+        (0.5, [1, 0, 0, 0]),  # the top token alone has mass 0.5 >= 0.5
+        (0.8, [1, 1, 0, 0]),  # 0.5 + 0.3 = 0.8 reaches p exactly
+        (0.81, [1, 1, 1, 0]),  # 0.8 falls short: the third token is needed
+        (0.1, [1, 0, 0, 0]),  # the most likely token always stays
+        (1.0, [1, 1, 1, 1]),
+    ],
+)
+def test_top_p_keeps_the_smallest_set_reaching_p(p, expected):
+    assert kept(SamplingConfig(temperature=1.0, top_p=p)).tolist() == [bool(x) for x in expected]
+
+
+def test_top_p_works_on_unsorted_rows_of_a_batch():
+    logits = jnp.log(jnp.asarray([[0.05, 0.5, 0.15, 0.3], [0.3, 0.05, 0.15, 0.5]], jnp.float32))
+    keep = np.isfinite(np.asarray(filter_logits(logits, SamplingConfig(temperature=1.0, top_p=0.8))))
+    assert keep.tolist() == [[False, True, False, True], [True, False, False, True]]
+
+
+def test_top_k_never_emits_a_token_outside_the_k_most_likely():
+    sampling = SamplingConfig(temperature=1.0, top_k=2)
+    draws = jax.vmap(lambda key: sample_token(LOGITS[None], key, sampling))(jax.random.split(jax.random.key(0), 4000))
+    counts = np.bincount(np.asarray(draws).ravel(), minlength=4)
+    assert counts[2] == counts[3] == 0
+    # Renormalised over the top two: 0.5/0.8 = 0.625; 4000 draws give a std of 0.008.
+    assert abs(counts[0] / 4000 - 0.625) < 0.04
+
+
+def test_low_temperature_is_greedy():
+    config, params = model()
+    prompt = jnp.zeros((3, 2), jnp.int32)
+    cold = generate(
+        config, params, prompt, jax.random.key(5), max_new_tokens=10, sampling=SamplingConfig(temperature=1e-4)
+    )
+    np.testing.assert_array_equal(
+        cold, generate(config, params, prompt, jax.random.key(5), max_new_tokens=10, sampling=GREEDY)
+    )
+
+
+def test_a_seed_fixes_the_sample_and_another_seed_changes_it():
+    config, params = model()
+    prompt = jnp.zeros((2, 2), jnp.int32)
+    hot = SamplingConfig(temperature=1.5)
+    sample = partial(generate, config, params, prompt, max_new_tokens=16, sampling=hot)
+    np.testing.assert_array_equal(sample(jax.random.key(1)), sample(jax.random.key(1)))
+    assert not np.array_equal(sample(jax.random.key(1)), sample(jax.random.key(2)))
+
+
+def test_streaming_yields_the_same_tokens_as_the_compiled_loop():
+    config, params = model()
+    prompt = jnp.ones((2, 3), jnp.int32)
+    args = dict(max_new_tokens=10, sampling=SamplingConfig(temperature=1.0, top_k=10, top_p=0.9))
+    streamed = np.stack([np.asarray(t) for t in generate_stream(config, params, prompt, jax.random.key(3), **args)], 1)
+    np.testing.assert_array_equal(streamed, generate(config, params, prompt, jax.random.key(3), **args))
+
+
+def test_rows_stop_at_the_end_token():
+    config, params = model()
+    prompt = jnp.zeros((2, 2), jnp.int32)
+    free = np.asarray(generate(config, params, prompt, jax.random.key(0), max_new_tokens=8, sampling=GREEDY))
+    eot = int(free[0, 2])  # pretend the third greedy token of row 0 ends its text
+    ended = np.asarray(
+        generate(config, params, prompt, jax.random.key(0), max_new_tokens=8, sampling=GREEDY, eot_id=eot)
+    )
+    first = list(free[0]).index(eot)
+    assert list(ended[0, : first + 1]) == list(free[0, : first + 1]) and set(ended[0, first:]) == {eot}
+
+
+@pytest.mark.parametrize(
+    "make, message",
+    [
+        (lambda: SamplingConfig(top_k=0), "top_k=0 must be a positive"),
+        (lambda: SamplingConfig(top_p=0.0), "top_p=0.0 must be in \\(0, 1\\]"),
+        (lambda: SamplingConfig(top_p=1.5), "top_p=1.5"),
+        (lambda: SamplingConfig(temperature=-1.0), "temperature=-1.0"),
+        (lambda: check_length(model()[0], 20, 5), "exceeds the model's block_size 24"),
+    ],
+)
+def test_bad_sampling_requests_are_clear_errors(make, message):
+    with pytest.raises(UserError, match=message):
+        make()
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory):
+    config = base_config()
+    config.model.update(n_layer=1, n_head=2, d_model=32, block_size=48)
+    config.train.update(steps=10, batch_size=4, warmup_steps=1, eval_batches=1, checkpoint_every=5)
+    path = tmp_path_factory.mktemp("run")
+    train_and_evaluate(config, path, progress=False)
+    return path
+
+
+def sample_cli(*args):
+    return subprocess.run(
+        [sys.executable, str(ROOT / "sample.py"), *args],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+        timeout=300,
+    )
+
+
+def test_sample_py_writes_from_a_trained_workdir(workdir):
+    result = sample_cli(f"--workdir={workdir}", "--prompt=The ", "--max_new_tokens=20", "--num_samples=2", "--seed=4")
+    assert result.returncode == 0, result.stderr
+    samples = result.stdout.split("--- sample ")[1:]
+    assert len(samples) == 2 and all(s.split("\n", 1)[1].startswith("The ") for s in samples)
+    again = sample_cli(f"--workdir={workdir}", "--prompt=The ", "--max_new_tokens=20", "--num_samples=2", "--seed=4")
+    assert again.stdout == result.stdout
+    streamed = sample_cli(f"--workdir={workdir}", "--prompt=The ", "--max_new_tokens=20", "--temperature=0", "--stream")
+    greedy = sample_cli(f"--workdir={workdir}", "--prompt=The ", "--max_new_tokens=20", "--temperature=0")
+    assert streamed.returncode == 0 and streamed.stdout == greedy.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--top_k=0"], "top_k=0"),
+        (["--top_p=1.5"], "top_p=1.5"),
+        (["--prompt=\u2603"], "character '\u2603' is not in"),
+        (["--max_new_tokens=100"], "exceeds the model's block_size 48"),
+    ],
+)
+def test_sample_py_bad_input_is_one_line(workdir, args, message):
+    result = sample_cli(f"--workdir={workdir}", *args)
+    assert result.returncode == 2 and result.stderr.strip().splitlines() == [result.stderr.strip()]
+    assert message in result.stderr
+
+
+def test_sample_py_without_a_checkpoint_is_one_line(tmp_path):
+    result = sample_cli(f"--workdir={tmp_path}")
+    assert result.returncode == 2 and "no checkpoints in" in result.stderr
