@@ -34,6 +34,7 @@ from jaxgpt.train_step import create_train_state, train_step  # noqa: E402
 # (name, model shape, batch size): the shapes nanoGPT's figures in docs/benchmarks.md use.
 CASES = [
     ("tiny 4L/4H/128d, T=64, B=12", dict(n_layer=4, n_head=4, d_model=128, block_size=64), 12),
+    ("configs/tiny.py: T=128, B=12", dict(n_layer=4, n_head=4, d_model=128, block_size=128), 12),
     ("char 6L/6H/384d, T=256, B=16", dict(n_layer=6, n_head=6, d_model=384, block_size=256), 16),
 ]
 VOCAB = 96  # a character vocabulary's size

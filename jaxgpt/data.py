@@ -17,10 +17,13 @@ have seen, with no iterator state to save.
 
 from __future__ import annotations
 
+import collections
 import dataclasses
 import glob
 import hashlib
+import itertools
 import json
+import multiprocessing
 import os
 import queue
 import shutil
@@ -29,6 +32,8 @@ import sys
 import tempfile
 import threading
 from collections.abc import Callable, Iterable, Iterator
+from concurrent.futures import ProcessPoolExecutor
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -36,9 +41,11 @@ from tqdm import tqdm
 
 from jaxgpt.config import DataConfig
 from jaxgpt.errors import UserError
-from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer
+from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
 
 TEXT_SUFFIXES = {".txt": "text", ".jsonl": "json", ".parquet": "parquet"}
+# Below this many documents, starting worker processes costs more than tokenizing serially.
+PARALLEL_MIN_DOCS = 5000
 PREPARATION_VERSION = 1  # bump when the token file format or splitting changes
 
 
@@ -55,7 +62,8 @@ class Dataset:
 
 
 def read_documents(config: DataConfig) -> tuple[Iterable[str], int | None]:
-    """The corpus as an iterable of documents, with their number when it is known."""
+    """The corpus, with its number of documents when known: a list or stream of strings, or
+    (local files) a `datasets.Dataset` with a "text" column."""
     kind, _, rest = config.source.partition(":")
     if kind == "builtin" and rest == "python-docs":
         from pydoc_data.topics import topics
@@ -110,12 +118,41 @@ def _read_local(pattern: str, text_column: str) -> tuple[Iterable[str], int]:
         part = part.select_columns([text_column])
         parts.append(part if text_column == "text" else part.rename_column(text_column, "text"))
     corpus = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
-    return _column(corpus), len(corpus)
+    return corpus, len(corpus)
 
 
-def _column(dataset, batch: int = 1000) -> Iterator[str]:
-    for start in range(0, len(dataset), batch):
-        yield from dataset[start : start + batch]["text"]
+def _texts(docs) -> Iterator[str]:
+    if hasattr(docs, "column_names"):  # a datasets.Dataset: read its column in slices
+        for start in range(0, len(docs), 1000):
+            yield from docs[start : start + 1000]["text"]
+    else:
+        yield from docs
+
+
+def _encoded(docs, count: int | None, tokenizer, separator: list[int]) -> Iterator[list[int]]:
+    """Each document's token ids followed by the separator; a large local corpus is
+    tokenized by one worker process per core, in order."""
+    workers = os.cpu_count() or 1
+    if (count or 0) < PARALLEL_MIN_DOCS or workers < 2:
+        for text in _texts(docs):
+            yield tokenizer.encode(text) + separator
+        return
+    # "spawn", not fork: forking a process whose JAX runtime threads are running can deadlock.
+    encode = partial(_encode_chunk, tokenizer.to_dict(), separator)
+    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+        in_flight: collections.deque = collections.deque()
+        texts = _texts(docs)
+        for chunk in iter(lambda: tuple(itertools.islice(texts, 500)), ()):
+            in_flight.append(pool.submit(encode, chunk))
+            if len(in_flight) > 2 * workers:  # bounded: never the whole corpus in memory
+                yield from in_flight.popleft().result()
+        while in_flight:
+            yield from in_flight.popleft().result()
+
+
+def _encode_chunk(tokenizer_dict: dict, separator: list[int], texts: tuple[str, ...]) -> list[list[int]]:
+    tokenizer = tokenizer_from_dict(tokenizer_dict)
+    return [tokenizer.encode(text) + separator for text in texts]
 
 
 def _hub_reachable(timeout: float = 3.0) -> bool:
@@ -192,8 +229,10 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> None:
     place: an interrupted preparation leaves no half-written cache behind."""
     docs, count = read_documents(config)
     if config.tokenizer == "char":  # the vocabulary is the corpus's character set
-        docs = list(docs)
-        tokenizer = make_tokenizer("char", "".join(sorted(set("".join(docs)))) + "\n")
+        characters = set("\n")
+        for text in _texts(docs):
+            characters.update(text)
+        tokenizer = make_tokenizer("char", "".join(characters))
     else:
         tokenizer = make_tokenizer(config.tokenizer)
     dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
@@ -202,10 +241,11 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> None:
     folder.parent.mkdir(parents=True, exist_ok=True)
     staging = Path(tempfile.mkdtemp(prefix=".preparing-", dir=folder.parent))
     total = 0
-    bar = tqdm(docs, total=count, desc=f"tokenizing {config.source}", unit="doc", disable=not progress)
+    encoded = _encoded(docs, count, tokenizer, separator)
+    bar = tqdm(encoded, total=count, desc=f"tokenizing {config.source}", unit="doc", disable=not progress)
     with open(staging / "tokens.bin", "wb") as out:
-        for doc in bar:
-            ids = np.asarray(tokenizer.encode(doc) + separator, dtype)
+        for doc_ids in bar:
+            ids = np.asarray(doc_ids, dtype)
             if config.max_tokens:
                 ids = ids[: config.max_tokens - total]
             out.write(ids.tobytes())

@@ -109,3 +109,17 @@ def test_hub_source_offline_fails_at_once_with_advice(monkeypatch):
     with pytest.raises(UserError, match="cannot load hf:someone/corpus.*data.source=text:"):
         data.prepare(DataConfig(source="hf:someone/corpus"), progress=False)
     assert time.perf_counter() - start < 5
+
+
+def test_parallel_tokenization_writes_the_same_tokens_as_serial(tmp_path, monkeypatch):
+    lines = [json.dumps({"text": f"document number {i}: " + "words " * (i % 7)}) for i in range(60)]
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+
+    def prepared(min_docs, cache):
+        monkeypatch.setattr(data, "PARALLEL_MIN_DOCS", min_docs)
+        config = DataConfig(source=f"text:{tmp_path / 'docs.jsonl'}", tokenizer="byte", cache_dir=str(tmp_path / cache))
+        dataset = data.prepare(config, progress=False)
+        return np.concatenate([dataset.train, dataset.val])
+
+    monkeypatch.setattr(data.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
+    np.testing.assert_array_equal(prepared(1, "parallel"), prepared(10**9, "serial"))
