@@ -14,6 +14,12 @@ from jaxgpt import cli
 CONFIG = config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 QUIET = flags.DEFINE_bool("quiet", False, "No progress bar or status lines.")
+FRESH = flags.DEFINE_bool(
+    "fresh", False, "Start from step 0 in a used workdir; the old run is moved aside, not deleted."
+)
+STOP_AT = flags.DEFINE_integer(
+    "stop_at", None, "Stop after this step with a checkpoint, as on SIGTERM; rerun to resume."
+)
 
 
 def main() -> None:
@@ -23,7 +29,7 @@ def main() -> None:
     from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
 
     workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
-    train_and_evaluate(CONFIG.value, workdir, progress=not QUIET.value)
+    train_and_evaluate(CONFIG.value, workdir, progress=not QUIET.value, fresh=FRESH.value, stop_at=STOP_AT.value)
 
 
 if __name__ == "__main__":

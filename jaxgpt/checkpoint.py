@@ -2,15 +2,23 @@
 step, elapsed time), written asynchronously and atomically.
 
 Orbax writes each step into a `<step>.orbax-checkpoint-tmp-*` folder and renames it when
-complete, so a crash mid-save never leaves a checkpoint that looks finished.
+complete, so a crash mid-save never leaves a checkpoint that looks finished; the manager
+removes such leftovers when it opens the directory. A complete checkpoint that still cannot be
+read (a truncated file, a bad disk) is skipped for the one before it, and moved aside to
+`<step>.unreadable` — never deleted.
 """
 
 from __future__ import annotations
 
+import logging
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+
+from jaxgpt.errors import UserError
+
+log = logging.getLogger(__name__)
 
 
 class Checkpoints:
@@ -18,10 +26,10 @@ class Checkpoints:
 
     def __init__(self, directory: Path, keep: int = 3):
         self.directory = Path(directory).absolute()
-        options = ocp.CheckpointManagerOptions(
+        self._options = ocp.CheckpointManagerOptions(
             max_to_keep=keep, enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=options)
+        self._manager = ocp.CheckpointManager(self.directory, options=self._options)
 
     def save(self, step: int, state, record: dict) -> None:
         """Start writing `state` and `record` for `step`; training goes on while it writes."""
@@ -44,12 +52,52 @@ class Checkpoints:
         restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
         return restored["state"]
 
+    def restore_latest_readable(self, like, check_record=None, warn=print) -> tuple[int, object, dict] | None:
+        """(step, state, record) of the newest checkpoint that reads back whole, or None if
+        there are none. `check_record(record)` runs before the arrays are read and may raise to
+        refuse a checkpoint of another run (a mismatch is not damage). Unreadable newer
+        checkpoints are reported through `warn` and moved aside; if none can be read, a
+        UserError says so and nothing is moved."""
+        failures = []
+        for step in reversed(self.steps()):
+            try:
+                record = self.read_record(step)
+            except Exception as error:  # orbax/TensorStore raise many types for damaged files
+                failures.append((step, error))
+                continue
+            if check_record is not None:
+                check_record(record)
+            try:
+                state = self.restore(step, like)
+            except Exception as error:
+                failures.append((step, error))
+                continue
+            for bad, error in failures:
+                reason = _brief(error)
+                warn(f"checkpoint {bad} cannot be read ({reason}); moved to {bad}.unreadable, resuming from {step}")
+                (self.directory / str(bad)).rename(self.directory / f"{bad}.unreadable")
+            if failures:  # the manager caches the step list
+                self._manager.close()
+                self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+            return step, state, record
+        if failures:
+            raise UserError(
+                f"none of the {len(failures)} checkpoints in {self.directory} can be read (newest: step "
+                f"{failures[0][0]}, {_brief(failures[0][1])}); nothing was changed. Restore them from a backup, or "
+                "start afresh with --fresh (the old run is kept aside)"
+            )
+        return None
+
     def wait(self) -> None:
         """Block until every started save is on disk."""
         self._manager.wait_until_finished()
 
     def close(self) -> None:
         self._manager.close()
+
+
+def _brief(error: Exception) -> str:
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
 
 
 def load_latest(workdir: Path):

@@ -69,3 +69,6 @@ def run(main: Callable[[], None]) -> None:
         main()
     except UserError as error:
         fail(str(error))
+    except KeyboardInterrupt:  # a second Ctrl-C: stop without waiting for the step
+        print("interrupted; the last complete checkpoint is kept", file=sys.stderr)
+        sys.exit(130)

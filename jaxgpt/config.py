@@ -395,3 +395,36 @@ def run_config_from_dict(d: dict) -> RunConfig:
     """Inverse of RunConfig.to_dict (reads a run's config.json)."""
     model = {k: v for k, v in d["model"].items()}
     return RunConfig(ModelConfig(**model), DataConfig(**d["data"]), TrainConfig(**d["train"]))
+
+
+# What a resumed run may change: how long it runs (raising steps also moves the end of the
+# cosine schedule), where the schedule ends, how often it logs, evaluates and saves, and how
+# the same math is laid out (microbatches, attention kernel, rematerialisation). Anything else
+# changes the model, the data or the batches, and a checkpoint of another run cannot continue it.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "train.steps",
+        "train.min_lr",
+        "train.eval_every",
+        "train.eval_batches",
+        "train.log_every",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.microbatches",
+        "model.attention",
+        "model.remat",
+        "data.cache_dir",
+    }
+)
+
+
+def resume_conflicts(saved: dict, current: dict) -> list[str]:
+    """'key: saved -> current' for every difference between two RunConfig dicts outside
+    RESUMABLE_FIELDS."""
+    conflicts = []
+    for section in ("model", "data", "train"):
+        for key in sorted(set(saved.get(section, {})) | set(current.get(section, {}))):
+            before, after = saved.get(section, {}).get(key), current.get(section, {}).get(key)
+            if before != after and f"{section}.{key}" not in RESUMABLE_FIELDS:
+                conflicts.append(f"{section}.{key}: {before!r} -> {after!r}")
+    return conflicts

@@ -1,6 +1,6 @@
 """The training loop: the stateful shell around the pure `train_step`.
 
-`train_and_evaluate(config, workdir)` prepares data, builds (or restores) the state, and runs
+`train_and_evaluate(config, workdir)` prepares data, builds or restores the state, and runs
 the compiled step, fetching metrics from the device only at log, eval and checkpoint steps so
 the accelerator is never stalled by the host.
 
@@ -9,12 +9,22 @@ A workdir holds everything of a run:
   tokenizer.json    the tokenizer, so sampling needs nothing else
   metrics.jsonl     one JSON object per logged step
   checkpoints/      orbax checkpoints, each with the state and a record of the run
+
+Resuming is exact. Batches are a pure function of (seed, step), so the step is the whole data
+position; the dropout key is in the state; the per-step losses of an unfinished logging
+interval travel in the checkpoint's record, so metrics.jsonl comes out the same as an
+uninterrupted run's. SIGTERM or Ctrl-C finishes the current step, checkpoints, and returns; a
+second Ctrl-C stops at once.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
+import signal
+import sys
+import threading
 import time
 from functools import partial
 from pathlib import Path
@@ -25,7 +35,7 @@ from tqdm import tqdm
 
 from jaxgpt import data
 from jaxgpt.checkpoint import Checkpoints
-from jaxgpt.config import RunConfig, resolve
+from jaxgpt.config import RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops
 from jaxgpt.model import GPT, count_params, flops_per_token
@@ -34,9 +44,17 @@ from jaxgpt.tokenizers import save_tokenizer
 from jaxgpt.train_step import create_train_state, eval_step, train_step
 
 
-def train_and_evaluate(config, workdir: str | Path, *, progress: bool = True) -> dict:
-    """Train the model `config` describes (a ConfigDict, nested dict or RunConfig), writing
-    the run into `workdir`. Returns the last metrics record."""
+def train_and_evaluate(
+    config, workdir: str | Path, *, progress: bool = True, fresh: bool = False, stop_at: int | None = None
+) -> dict:
+    """Train the model `config` describes (a ConfigDict, nested dict or RunConfig) in
+    `workdir`, resuming from its checkpoints if it has any. Returns the last metrics record.
+
+    fresh: start from step 0 even if the workdir holds a run; the old run is moved aside to
+        `<workdir>.previous-<n>`, never deleted.
+    stop_at: stop once this step is done, checkpointed as on SIGTERM (for time-boxed
+        sessions); rerunning continues.
+    """
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
@@ -46,15 +64,24 @@ def train_and_evaluate(config, workdir: str | Path, *, progress: bool = True) ->
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
 
+    say = tqdm.write if progress else (lambda message: None)
+    if fresh and workdir.exists() and any(workdir.iterdir()):
+        aside = next(
+            p for n in range(1, 10_000) if not (p := workdir.with_name(f"{workdir.name}.previous-{n}")).exists()
+        )
+        workdir.rename(aside)
+        say(f"--fresh: moved the earlier run to {aside}")
     workdir.mkdir(parents=True, exist_ok=True)
+    trainer = Trainer(run, dataset, workdir, say)
+    trainer.restore_or_start()  # refuses an incompatible run before anything is written
     (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
     save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
-    return Trainer(run, dataset, workdir, progress).run()
+    return trainer.run(progress=progress, stop_at=stop_at)
 
 
 class Trainer:
-    def __init__(self, run: RunConfig, dataset: data.Dataset, workdir: Path, progress: bool):
-        self.config, self.dataset, self.workdir, self.progress = run, dataset, workdir, progress
+    def __init__(self, run: RunConfig, dataset: data.Dataset, workdir: Path, say):
+        self.config, self.dataset, self.workdir, self.say = run, dataset, workdir, say
         self.model = GPT(run.model)
         optimizer = make_optimizer(run.train)
         self.schedule = learning_rate_schedule(run.train)
@@ -67,16 +94,89 @@ class Trainer:
         self.checkpoints = Checkpoints(workdir / "checkpoints", run.train.keep_checkpoints)
         self.metrics_path = workdir / "metrics.jsonl"
         self.tokens_per_step = run.train.batch_size * run.model.block_size
-        self.flops_per_step = flops_per_token(run.model, run.model.block_size) * self.tokens_per_step
+        self.flops_per_token = flops_per_token(run.model, run.model.block_size)
         self.peak_flops, self.peak_source = peak_flops()
+        self.start_step, self.elapsed_before = 0, 0.0
+        self.carried_losses: list[float] = []  # an unfinished logging interval's losses, from a checkpoint
+        self.stop_reason: str | None = None
+
+    # ------------------------------------------------------------------ resuming
+
+    def restore_or_start(self) -> None:
+        """Continue from the newest readable checkpoint, or start at step 0 if there is none."""
+        found = self.checkpoints.restore_latest_readable(self.state, check_record=self._check_same_run, warn=_warn)
+        if found is None:
+            self.metrics_path.write_text("")
+            return
+        step, self.state, record = found
+        self.start_step = step
+        self.elapsed_before = record.get("elapsed_sec", 0.0)
+        self.carried_losses = record.get("pending_losses", [])
+        self._truncate_metrics(step)
+        self.say(f"resuming from step {step} of {self.config.train.steps}")
+
+    def _check_same_run(self, record: dict) -> None:
+        conflicts = resume_conflicts(record["config"], self.config.to_dict())
+        if record["tokenizer"] != self.dataset.tokenizer.to_dict():
+            conflicts.append("the tokenizer's vocabulary")
+        if conflicts:
+            raise UserError(
+                f"cannot resume {self.workdir}: its checkpoints come from another run ({'; '.join(conflicts)}). "
+                f"Use the original config, or start afresh with --fresh (the old run is kept aside). "
+                f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
+            )
+
+    def _truncate_metrics(self, step: int) -> None:
+        """Drop lines past the restored step: the resumed run writes them again."""
+        if not self.metrics_path.exists():
+            return
+        lines = self.metrics_path.read_text().splitlines()
+        kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+        tmp = self.metrics_path.with_suffix(".tmp")
+        tmp.write_text("".join(line + "\n" for line in kept))
+        tmp.replace(self.metrics_path)
+
+    def save(self, step: int, elapsed: float, pending_losses: list[float]) -> None:
+        record = {
+            "step": step,
+            "elapsed_sec": elapsed,
+            "pending_losses": pending_losses,
+            "config": self.config.to_dict(),
+            "tokenizer": self.dataset.tokenizer.to_dict(),
+        }
+        self.checkpoints.save(step, self.state, record)
+
+    # ------------------------------------------------------------------ stopping
+
+    @contextlib.contextmanager
+    def _stop_on_signals(self):
+        """SIGTERM/SIGINT ask the loop to stop after the current step; a second SIGINT
+        interrupts at once. Only the main thread may install handlers (not so in a notebook
+        cell run from a thread): elsewhere signals keep their defaults."""
+        if threading.current_thread() is not threading.main_thread():
+            yield
+            return
+
+        def request_stop(signum, _frame):
+            self.stop_reason = signal.Signals(signum).name
+            self.say(f"{self.stop_reason}: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+
+        previous = {s: signal.signal(s, request_stop) for s in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for s, handler in previous.items():
+                signal.signal(s, handler)
+
+    # ------------------------------------------------------------------ the loop
 
     def batch(self, step: int) -> jax.Array:
         t = self.config.train
-        return jax.device_put(
-            data.batch_at(
-                self.dataset.train, self.config.model.block_size, t.batch_size, t.seed, data.TRAIN_STREAM, step
-            )
+        windows = data.batch_at(
+            self.dataset.train, self.config.model.block_size, t.batch_size, t.seed, data.TRAIN_STREAM, step
         )
+        return jax.device_put(windows)
 
     def evaluate(self) -> dict:
         t, seq = self.config.train, self.config.model.block_size
@@ -92,109 +192,82 @@ class Trainer:
             out[name] = float(np.mean(jax.device_get(losses)))
         return out
 
-    def record(self, step: int, elapsed: float) -> dict:
-        """What a checkpoint carries besides the arrays: enough to resume and to sample."""
-        return {
-            "step": step,
-            "elapsed_sec": elapsed,
-            "config": self.config.to_dict(),
-            "tokenizer": self.dataset.tokenizer.to_dict(),
-        }
-
-    def restore_or_start(self) -> tuple[int, float]:
-        step = self.checkpoints.latest_step()
-        if step is None:
-            self.metrics_path.write_text("")
-            return 0, 0.0
-        self.state = self.checkpoints.restore(step, self.state)
-        elapsed = self.checkpoints.read_record(step).get("elapsed_sec", 0.0)
-        self._truncate_metrics(step)
-        self.say(f"resuming from step {step} of {self.config.train.steps}")
-        return step, elapsed
-
-    def _truncate_metrics(self, step: int) -> None:
-        """Drop metrics past the restored step: the resumed run writes them again."""
-        if not self.metrics_path.exists():
-            return
-        kept = [
-            line for line in self.metrics_path.read_text().splitlines() if line and json.loads(line)["step"] <= step
-        ]
-        tmp = self.metrics_path.with_suffix(".tmp")
-        tmp.write_text("".join(line + "\n" for line in kept))
-        tmp.replace(self.metrics_path)
-
-    def say(self, message: str) -> None:
-        if self.progress:
-            tqdm.write(message)
-
-    def run(self) -> dict:
+    def run(self, progress: bool = True, stop_at: int | None = None) -> dict:
         t = self.config.train
-        start, elapsed_before = self.restore_or_start()
-        n_params = count_params(self.state.params)
+        start = self.start_step
         self.say(
-            f"model: {n_params:,} parameters, {self.tokens_per_step:,} tokens/step; devices: {jax.device_count()} x "
-            f"{jax.devices()[0].device_kind}; peak {self.peak_flops / 1e9:,.0f} GFLOP/s ({self.peak_source})"
+            f"model: {count_params(self.state.params):,} parameters, {self.tokens_per_step:,} tokens/step; devices: "
+            f"{jax.device_count()} x {jax.devices()[0].device_kind}; peak {self.peak_flops / 1e9:,.0f} GFLOP/s "
+            f"({self.peak_source})"
         )
-        last: dict = {"step": start}
         if start >= t.steps:
             self.say(f"already trained to step {start}; raise train.steps to continue")
             self.checkpoints.close()
-            return last
+            return {"step": start}
 
         compile_start = time.perf_counter()
         first = self.batch(start)
         step_fn = self.train_step.lower(self.state, first).compile()
         self.say(f"compiled train_step in {time.perf_counter() - compile_start:.1f} s")
 
-        bar = tqdm(total=t.steps, initial=start, desc="train", unit="step", disable=not self.progress)
+        bar = tqdm(total=t.steps, initial=start, desc="train", unit="step", disable=not progress)
         batches = data.prefetch(self.batch, range(start + 1, t.steps))
-        pending: list[dict] = []  # device-side metrics since the last record
+        pending: list[dict] = []  # device-side metrics since the last fetch
+        losses = list(self.carried_losses)  # host-side losses of the current logging interval
+        last: dict = {"step": start}
         clock = interval_start = time.perf_counter()
-        interval_first_step = start
-        with self.metrics_path.open("a") as metrics_file:
+        interval_steps = 0
+        with self._stop_on_signals(), self.metrics_path.open("a") as metrics_file:
             for step in range(start, t.steps):
                 self.state, metrics = step_fn(self.state, first if step == start else next(batches))
                 pending.append(metrics)
+                interval_steps += 1
                 done = step + 1
                 bar.update(1)
                 is_last = done == t.steps
+                stopping = self.stop_reason is not None or done == stop_at
                 logs = done % t.log_every == 0 or is_last
                 evals = done % t.eval_every == 0 or is_last
-                saves = done % t.checkpoint_every == 0 or is_last
+                saves = done % t.checkpoint_every == 0 or is_last or stopping
                 if not (logs or evals or saves):
                     continue
                 fetched = jax.device_get(pending)  # the only host sync in the loop
-                losses = [float(m["loss"]) for m in fetched]
-                if not all(map(math.isfinite, losses)):
-                    bad = interval_first_step + 1 + next(i for i, x in enumerate(losses) if not math.isfinite(x))
+                pending = []
+                new_losses = [float(m["loss"]) for m in fetched]
+                self._check_finite(new_losses, done - len(new_losses) + 1, bar)
+                losses += new_losses
+                now = time.perf_counter()
+                elapsed = self.elapsed_before + now - clock
+                if logs or evals:
+                    tokens_per_sec = self.tokens_per_step * interval_steps / (now - interval_start)
+                    last = {
+                        "step": done,
+                        "train_loss": float(np.mean(losses)),
+                        "lr": float(self.schedule(step)),
+                        "grad_norm": float(fetched[-1]["grad_norm"]),
+                        "tokens_per_sec": tokens_per_sec,
+                        "mfu": tokens_per_sec * self.flops_per_token / self.peak_flops,
+                        "elapsed_sec": elapsed,
+                    }
+                    if evals:
+                        last |= self.evaluate()
+                        self.say(f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f}")
+                    metrics_file.write(json.dumps(last) + "\n")
+                    metrics_file.flush()
+                    bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
+                    losses = []
+                if saves:
+                    self.save(done, elapsed, losses)
+                if stopping and not is_last:
                     bar.close()
                     self.checkpoints.wait()
-                    raise UserError(
-                        f"loss became {losses[bad - interval_first_step - 1]} at step {bad}; the last good checkpoint "
-                        f"(step {self.checkpoints.latest_step()}) is kept. Lower train.lr or raise train.warmup_steps"
+                    self.say(
+                        f"stopped at step {done} ({self.stop_reason or f'stop_at={stop_at}'}); checkpoint written. "
+                        "Rerun the same command to resume"
                     )
-                now = time.perf_counter()
-                tokens_per_sec = self.tokens_per_step * len(fetched) / (now - interval_start)
-                last = {
-                    "step": done,
-                    "train_loss": float(np.mean(losses)),
-                    "lr": float(self.schedule(step)),
-                    "grad_norm": float(fetched[-1]["grad_norm"]),
-                    "tokens_per_sec": tokens_per_sec,
-                    "mfu": tokens_per_sec * self.flops_per_step / self.tokens_per_step / self.peak_flops,
-                    "elapsed_sec": elapsed_before + now - clock,
-                }
-                if evals:
-                    last |= self.evaluate()
-                metrics_file.write(json.dumps(last) + "\n")
-                metrics_file.flush()
-                bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
-                if evals:
-                    self.say(f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f}")
-                if saves:
-                    self.checkpoints.save(done, self.state, self.record(done, last["elapsed_sec"]))
-                pending, interval_first_step = [], done
-                interval_start = time.perf_counter()  # eval and checkpoint time is not training time
+                    self.checkpoints.close()
+                    return last | {"step": done, "stopped": True}
+                interval_start, interval_steps = time.perf_counter(), 0  # eval/checkpoint time is not training
         bar.close()
         self.checkpoints.wait()
         self.checkpoints.close()
@@ -204,3 +277,18 @@ class Trainer:
             f"checkpoints in {self.checkpoints.directory}"
         )
         return last
+
+    def _check_finite(self, losses: list[float], first_step: int, bar) -> None:
+        for offset, loss in enumerate(losses):
+            if not math.isfinite(loss):
+                bar.close()
+                self.checkpoints.wait()
+                raise UserError(
+                    f"loss became {loss} at step {first_step + offset}; the last good checkpoint (step "
+                    f"{self.checkpoints.latest_step()}) is kept. Lower train.lr or raise train.warmup_steps"
+                )
+
+
+def _warn(message: str) -> None:
+    """Warnings print even with progress output off: they report something the user must know."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)

@@ -30,3 +30,16 @@ def gpt2_bpe(tmp_path, monkeypatch):
     shutil.copytree(SHARED_TIKTOKEN_CACHE, cache)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     return cache
+
+
+def small_run_config(**train):
+    """A run that trains in seconds: 2 layers x 32 wide on the built-in corpus."""
+    from jaxgpt.config import base_config
+
+    config = base_config()
+    config.model.update(n_layer=2, n_head=2, d_model=32, block_size=32)
+    defaults = dict(
+        steps=30, batch_size=8, lr=3e-3, warmup_steps=5, log_every=5, eval_every=15, eval_batches=2, checkpoint_every=10
+    )
+    config.train.update(defaults | train)
+    return config

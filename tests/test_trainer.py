@@ -5,29 +5,11 @@ import json
 import math
 
 import pytest
+from conftest import small_run_config as small_config
 
-from jaxgpt.config import base_config, resolve, run_config_from_dict
+from jaxgpt.config import resolve, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.trainer import train_and_evaluate
-
-
-def small_config(**train):
-    config = base_config()
-    config.model.update(n_layer=2, n_head=2, d_model=32, block_size=32)
-    config.train.update(
-        dict(
-            steps=30,
-            batch_size=8,
-            lr=3e-3,
-            warmup_steps=5,
-            log_every=5,
-            eval_every=15,
-            eval_batches=2,
-            checkpoint_every=10,
-        )
-        | train
-    )
-    return config
 
 
 def read_metrics(workdir):

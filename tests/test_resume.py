@@ -1,0 +1,186 @@
+"""Resuming: exact after a stop, SIGTERM or kill -9; safe against damaged checkpoints and
+configs from another run. "Exact" means bit-identical parameters and metrics."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import small_run_config
+
+from jaxgpt.checkpoint import load_latest
+from jaxgpt.errors import UserError
+from jaxgpt.trainer import train_and_evaluate
+
+ROOT = Path(__file__).resolve().parents[1]
+TIMING_KEYS = {"tokens_per_sec", "mfu", "elapsed_sec"}  # wall-clock figures differ run to run
+
+
+def metrics(workdir):
+    lines = (Path(workdir) / "metrics.jsonl").read_text().splitlines()
+    return [{k: v for k, v in json.loads(line).items() if k not in TIMING_KEYS} for line in lines]
+
+
+def assert_same_run(a, b):
+    assert metrics(a) == metrics(b)
+    _, params_a, _, step_a = load_latest(a)
+    _, params_b, _, step_b = load_latest(b)
+    assert step_a == step_b
+    jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    """The reference: 20 steps without interruption."""
+    workdir = tmp_path_factory.mktemp("straight")
+    train_and_evaluate(small_run_config(steps=20), workdir, progress=False)
+    return workdir
+
+
+def test_stop_then_resume_equals_the_straight_run(straight, tmp_path):
+    # Step 7 is neither a logging nor a checkpoint step: its interval's losses must travel.
+    stopped = train_and_evaluate(small_run_config(steps=20), tmp_path, progress=False, stop_at=7)
+    assert stopped["stopped"] and stopped["step"] == 7
+    train_and_evaluate(small_run_config(steps=20), tmp_path, progress=False)
+    assert_same_run(tmp_path, straight)
+
+
+def test_rerunning_a_finished_run_changes_nothing(straight, capsys):
+    before = (straight / "metrics.jsonl").read_text()
+    train_and_evaluate(small_run_config(steps=20), straight, progress=True)
+    assert "already trained to step 20" in capsys.readouterr().out
+    assert (straight / "metrics.jsonl").read_text() == before
+
+
+def test_cadence_fields_may_change_on_resume(tmp_path):
+    train_and_evaluate(small_run_config(steps=10), tmp_path, progress=False)
+    train_and_evaluate(
+        small_run_config(steps=20, log_every=2, eval_every=4, checkpoint_every=4), tmp_path, progress=False
+    )
+    steps = [m["step"] for m in metrics(tmp_path)]
+    assert steps == [5, 10, 12, 14, 16, 18, 20] and len(set(steps)) == len(steps)
+
+
+def test_another_model_is_refused_and_nothing_is_touched(straight):
+    listing = sorted((p.name, p.stat().st_mtime_ns) for p in (straight / "checkpoints").iterdir())
+    config_json = (straight / "config.json").read_text()
+    other = small_run_config(steps=20)
+    other.model.n_layer = 3
+    with pytest.raises(UserError, match=r"cannot resume .*model\.n_layer: 2 -> 3.*--fresh"):
+        train_and_evaluate(other, straight, progress=False)
+    assert sorted((p.name, p.stat().st_mtime_ns) for p in (straight / "checkpoints").iterdir()) == listing
+    assert (straight / "config.json").read_text() == config_json
+
+
+def test_fresh_moves_the_old_run_aside(tmp_path):
+    run = tmp_path / "run"
+    train_and_evaluate(small_run_config(steps=10), run, progress=False)
+    other = small_run_config(steps=5, warmup_steps=1)
+    other.model.n_layer = 1
+    train_and_evaluate(other, run, progress=False, fresh=True)
+    assert [m["step"] for m in metrics(run)] == [5]
+    assert (tmp_path / "run.previous-1" / "checkpoints" / "10").is_dir()  # kept, not deleted
+
+
+def truncate_largest_file(checkpoint: Path) -> None:
+    largest = max((p for p in checkpoint.rglob("*") if p.is_file()), key=lambda p: p.stat().st_size)
+    with open(largest, "r+b") as f:
+        f.truncate(largest.stat().st_size // 2)
+
+
+def test_an_unreadable_latest_checkpoint_falls_back_to_the_previous(tmp_path, capsys):
+    train_and_evaluate(small_run_config(steps=20, checkpoint_every=5), tmp_path, progress=False)
+    truncate_largest_file(tmp_path / "checkpoints" / "20")
+    last = train_and_evaluate(small_run_config(steps=25, checkpoint_every=5), tmp_path, progress=False)
+    assert "checkpoint 20 cannot be read" in capsys.readouterr().err
+    assert (tmp_path / "checkpoints" / "20.unreadable").is_dir()  # moved aside, not deleted
+    assert last["step"] == 25
+    assert [m["step"] for m in metrics(tmp_path)] == [5, 10, 15, 20, 25]
+
+
+def test_no_readable_checkpoint_is_an_error_and_nothing_is_changed(tmp_path):
+    train_and_evaluate(small_run_config(steps=20, checkpoint_every=10), tmp_path, progress=False)
+    for step in ("10", "20"):
+        truncate_largest_file(tmp_path / "checkpoints" / step)
+    listing = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    with pytest.raises(UserError, match="none of the 2 checkpoints .* can be read .*nothing was changed"):
+        train_and_evaluate(small_run_config(steps=20, checkpoint_every=10), tmp_path, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == listing
+
+
+# ---------------------------------------------------------------------------- real processes
+
+CLI_RUN = dict(steps=120, log_every=1, eval_every=60, checkpoint_every=10)
+
+
+def cli_args(workdir, **train):
+    overrides = [f"--config.model.{k}={v}" for k, v in dict(n_layer=2, n_head=2, d_model=32, block_size=32).items()]
+    train = dict(batch_size=8, lr=3e-3, warmup_steps=5, eval_batches=2) | train
+    overrides += [f"--config.train.{k}={v}" for k, v in train.items()]
+    return [
+        sys.executable,
+        str(ROOT / "train.py"),
+        "--config",
+        "configs/tiny.py",
+        f"--workdir={workdir}",
+        "--quiet",
+    ] + overrides
+
+
+def start(workdir, **train):
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(cli_args(workdir, **train), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for_step(workdir, step, process, timeout=120):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        path = Path(workdir) / "metrics.jsonl"
+        if path.exists() and any(json.loads(line)["step"] >= step for line in path.read_text().splitlines() if line):
+            return
+        assert process.poll() is None, process.stderr.read()
+        time.sleep(0.01)
+    raise TimeoutError(f"step {step} not reached")
+
+
+@pytest.fixture(scope="module")
+def cli_reference(tmp_path_factory):
+    """The same command, never interrupted."""
+    workdir = tmp_path_factory.mktemp("cli_reference")
+    assert start(workdir, **CLI_RUN).wait(timeout=300) == 0
+    return workdir
+
+
+@pytest.mark.slow
+def test_sigterm_checkpoints_and_exits_zero_then_resumes_exactly(cli_reference, tmp_path):
+    process = start(tmp_path, **CLI_RUN)
+    wait_for_step(tmp_path, 15, process)
+    process.send_signal(signal.SIGTERM)
+    _, err = process.communicate(timeout=120)
+    assert process.returncode == 0, err
+    stopped_at = max(json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines())
+    assert stopped_at < CLI_RUN["steps"]
+    assert max(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) >= stopped_at
+    assert start(tmp_path, **CLI_RUN).wait(timeout=300) == 0
+    assert_same_run(tmp_path, cli_reference)
+
+
+@pytest.mark.slow
+def test_kill_9_at_any_moment_loses_nothing(cli_reference, tmp_path):
+    # A checkpoint every step keeps an asynchronous save in flight almost all the time, so
+    # each kill lands in or between saves.
+    run = CLI_RUN | {"checkpoint_every": 1}
+    for kill_after in (7, 45):
+        process = start(tmp_path, **run)
+        wait_for_step(tmp_path, kill_after, process)
+        process.kill()
+        process.wait()
+    assert start(tmp_path, **run).wait(timeout=300) == 0
+    assert not [p.name for p in (tmp_path / "checkpoints").iterdir() if "tmp" in p.name]
+    assert_same_run(tmp_path, cli_reference)
