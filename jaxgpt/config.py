@@ -320,6 +320,33 @@ class TrainConfig:
             raise ConfigError("invalid config: " + "; ".join(problems))
 
 
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh (see jaxgpt/sharding.py): sizes of the data, fsdp and tensor axes.
+    -1 takes all the devices the other axes leave (at most one -1); the default puts every
+    device on `data`. The product must divide the device count (a smaller mesh uses the first
+    devices)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+
+    def shape(self, n_devices: int) -> tuple[int, int, int]:
+        sizes = [self.data, self.fsdp, self.tensor]
+        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
+            raise ConfigError(f"mesh {self._text()}: sizes must be positive, with at most one -1 (all the rest)")
+        fixed = math.prod(s for s in sizes if s != -1)
+        if n_devices % fixed:
+            raise ConfigError(
+                f"mesh {self._text()} does not divide the {n_devices} devices; choose sizes whose product divides "
+                f"{n_devices} (mesh.data, mesh.fsdp, mesh.tensor)"
+            )
+        return tuple(n_devices // fixed if s == -1 else s for s in sizes)
+
+    def _text(self) -> str:
+        return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}"
+
+
 # Set by the run, not by the config: compute dtype comes from train.dtype, and parameters are
 # always stored in float32 for training (mixed precision).
 _RUN_OWNED_MODEL_FIELDS = ("dtype", "param_dtype")
@@ -330,6 +357,7 @@ class RunConfig:
     model: ModelConfig
     data: DataConfig
     train: TrainConfig
+    mesh: MeshConfig = MeshConfig()
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)
@@ -354,6 +382,7 @@ def base_config() -> ml_collections.ConfigDict:
     config.model.vocab_size = ml_collections.config_dict.placeholder(int)  # from the tokenizer
     config.data = section(DataConfig)
     config.train = section(TrainConfig)
+    config.mesh = section(MeshConfig)
     return config
 
 
@@ -375,8 +404,8 @@ def resolve(config, vocab_size: int | None = None) -> RunConfig:
     """
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for section in raw:
-        if section not in ("model", "data", "train"):
-            raise ConfigError(f"unknown config section {section!r}; a config has model, data and train")
+        if section not in ("model", "data", "train", "mesh"):
+            raise ConfigError(f"unknown config section {section!r}; a config has model, data, train and mesh")
     model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
     data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
     train = TrainConfig(**_checked_section(dict(raw.get("train", {})), TrainConfig, "train"))
@@ -387,14 +416,16 @@ def resolve(config, vocab_size: int | None = None) -> RunConfig:
             f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} tokens; "
             "leave it unset or raise it"
         )
+    mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
     model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
-    return RunConfig(model, data, train)
+    return RunConfig(model, data, train, mesh)
 
 
 def run_config_from_dict(d: dict) -> RunConfig:
     """Inverse of RunConfig.to_dict (reads a run's config.json)."""
-    model = {k: v for k, v in d["model"].items()}
-    return RunConfig(ModelConfig(**model), DataConfig(**d["data"]), TrainConfig(**d["train"]))
+    return RunConfig(
+        ModelConfig(**d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), MeshConfig(**d.get("mesh", {}))
+    )
 
 
 # What a resumed run may change: how long it runs (raising steps also moves the end of the
@@ -414,6 +445,9 @@ RESUMABLE_FIELDS = frozenset(
         "model.attention",
         "model.remat",
         "data.cache_dir",
+        "mesh.data",  # a checkpoint restores onto any device layout
+        "mesh.fsdp",
+        "mesh.tensor",
     }
 )
 
@@ -422,7 +456,7 @@ def resume_conflicts(saved: dict, current: dict) -> list[str]:
     """'key: saved -> current' for every difference between two RunConfig dicts outside
     RESUMABLE_FIELDS."""
     conflicts = []
-    for section in ("model", "data", "train"):
+    for section in ("model", "data", "train", "mesh"):
         for key in sorted(set(saved.get(section, {})) | set(current.get(section, {}))):
             before, after = saved.get(section, {}).get(key), current.get(section, {}).get(key)
             if before != after and f"{section}.{key}" not in RESUMABLE_FIELDS:

@@ -272,11 +272,15 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> None:
 TRAIN_STREAM, EVAL_VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
 
 
-def batch_at(tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, stream: int, index: int) -> np.ndarray:
+def batch_at(
+    tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, stream: int, index: int, rows: slice = slice(None)
+) -> np.ndarray:
     """Batch number `index` of a stream: (batch_size, seq_len + 1) int32 windows at random
-    offsets drawn from (seed, stream, index) alone. Inputs are [:, :-1], targets [:, 1:]."""
+    offsets drawn from (seed, stream, index) alone. Inputs are [:, :-1], targets [:, 1:].
+    `rows` reads only part of the batch (one process's share): the offsets of the whole batch
+    are drawn, so every process agrees on them, but only those rows are read."""
     rng = np.random.default_rng([seed, stream, index])
-    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)
+    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)[rows]
     return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
 
 

@@ -33,7 +33,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jaxgpt import data
+from jaxgpt import data, sharding
 from jaxgpt.checkpoint import Checkpoints
 from jaxgpt.config import RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
 from jaxgpt.errors import UserError
@@ -83,19 +83,32 @@ class Trainer:
     def __init__(self, run: RunConfig, dataset: data.Dataset, workdir: Path, say):
         self.config, self.dataset, self.workdir, self.say = run, dataset, workdir, say
         self.model = GPT(run.model)
+        self.mesh = sharding.make_mesh(run.mesh)
+        _check_batch_fits_mesh(run, self.mesh)
         optimizer = make_optimizer(run.train)
         self.schedule = learning_rate_schedule(run.train)
+        create = partial(create_train_state, run.model, optimizer, run.train.seed)
+        # The state is born sharded (jit with out_shardings): no device ever holds all of it.
+        state_shardings = sharding.shardings_like(jax.eval_shape(create), self.mesh)
+        self.state = jax.jit(create, out_shardings=state_shardings)()
+        batch_sharding = sharding.batch_sharding(self.mesh)
+        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
         self.train_step = jax.jit(
             partial(train_step, model=self.model, optimizer=optimizer, microbatches=run.train.microbatches),
+            in_shardings=(state_shardings, batch_sharding),
+            out_shardings=(state_shardings, replicated),
             donate_argnums=0,
         )
-        self.eval_step = jax.jit(partial(eval_step, model=self.model))
-        self.state = jax.jit(partial(create_train_state, run.model, optimizer, run.train.seed))()
+        self.eval_step = jax.jit(
+            partial(eval_step, model=self.model),
+            in_shardings=(state_shardings.params, batch_sharding),
+            out_shardings=replicated,
+        )
         self.checkpoints = Checkpoints(workdir / "checkpoints", run.train.keep_checkpoints)
         self.metrics_path = workdir / "metrics.jsonl"
         self.tokens_per_step = run.train.batch_size * run.model.block_size
         self.flops_per_token = flops_per_token(run.model, run.model.block_size)
-        self.peak_flops, self.peak_source = peak_flops()
+        self.peak_flops, self.peak_source = peak_flops(self.mesh.devices.flatten().tolist())
         self.start_step, self.elapsed_before = 0, 0.0
         self.carried_losses: list[float] = []  # an unfinished logging interval's losses, from a checkpoint
         self.stop_reason: str | None = None
@@ -171,34 +184,39 @@ class Trainer:
 
     # ------------------------------------------------------------------ the loop
 
-    def batch(self, step: int) -> jax.Array:
-        t = self.config.train
-        windows = data.batch_at(
-            self.dataset.train, self.config.model.block_size, t.batch_size, t.seed, data.TRAIN_STREAM, step
-        )
-        return jax.device_put(windows)
+    def batch(self, step: int, tokens=None, stream: int = data.TRAIN_STREAM) -> jax.Array:
+        """Batch `step` of a stream as one array sharded over the mesh; this process reads
+        only its own rows."""
+        t, tokens = self.config.train, self.dataset.train if tokens is None else tokens
+
+        def rows(start, stop):
+            return data.batch_at(
+                tokens, self.config.model.block_size, t.batch_size, t.seed, stream, step, slice(start, stop)
+            )
+
+        return sharding.global_batch(self.mesh, rows, t.batch_size)
 
     def evaluate(self) -> dict:
-        t, seq = self.config.train, self.config.model.block_size
         out = {}
         for name, tokens, stream in (
             ("val_loss", self.dataset.val, data.EVAL_VAL_STREAM),
             ("eval_train_loss", self.dataset.train, data.EVAL_TRAIN_STREAM),
         ):
-            losses = [
-                self.eval_step(self.state.params, data.batch_at(tokens, seq, t.batch_size, t.seed, stream, i))
-                for i in range(t.eval_batches)
-            ]
+            batches = (self.batch(i, tokens, stream) for i in range(self.config.train.eval_batches))
+            losses = [self.eval_step(self.state.params, batch) for batch in batches]
             out[name] = float(np.mean(jax.device_get(losses)))
         return out
 
     def run(self, progress: bool = True, stop_at: int | None = None) -> dict:
         t = self.config.train
         start = self.start_step
+        mesh = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items())
         self.say(
-            f"model: {count_params(self.state.params):,} parameters, {self.tokens_per_step:,} tokens/step; devices: "
-            f"{jax.device_count()} x {jax.devices()[0].device_kind}; peak {self.peak_flops / 1e9:,.0f} GFLOP/s "
-            f"({self.peak_source})"
+            f"model: {count_params(self.state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
+            f"mesh {mesh} over {self.mesh.size} x {jax.devices()[0].device_kind}; per device: params "
+            f"{sharding.bytes_per_device(self.state.params) / 2**20:,.1f} MiB, optimizer state "
+            f"{sharding.bytes_per_device(self.state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
+            f"GFLOP/s ({self.peak_source})"
         )
         if start >= t.steps:
             self.say(f"already trained to step {start}; raise train.steps to continue")
@@ -246,6 +264,7 @@ class Trainer:
                         "lr": float(self.schedule(step)),
                         "grad_norm": float(fetched[-1]["grad_norm"]),
                         "tokens_per_sec": tokens_per_sec,
+                        "tokens_per_sec_per_device": tokens_per_sec / self.mesh.size,
                         "mfu": tokens_per_sec * self.flops_per_token / self.peak_flops,
                         "elapsed_sec": elapsed,
                     }
@@ -292,3 +311,14 @@ class Trainer:
 def _warn(message: str) -> None:
     """Warnings print even with progress output off: they report something the user must know."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def _check_batch_fits_mesh(run: RunConfig, mesh) -> None:
+    parallel = sharding.data_parallel_size(mesh)
+    per_microbatch = run.train.batch_size // run.train.microbatches
+    if per_microbatch % parallel or run.train.batch_size % jax.process_count():
+        raise UserError(
+            f"train.batch_size={run.train.batch_size} (over {run.train.microbatches} microbatches) does not split "
+            f"over the {parallel} data-parallel devices of mesh {dict(mesh.shape)}; make batch_size / microbatches "
+            f"a multiple of {parallel}, or set mesh.data / mesh.fsdp smaller"
+        )

@@ -144,7 +144,7 @@ def test_bad_sampling_requests_are_clear_errors(make, message):
 def workdir(tmp_path_factory):
     config = base_config()
     config.model.update(n_layer=1, n_head=2, d_model=32, block_size=48)
-    config.train.update(steps=10, batch_size=4, warmup_steps=1, eval_batches=1, checkpoint_every=5)
+    config.train.update(steps=10, batch_size=8, warmup_steps=1, eval_batches=1, checkpoint_every=5)
     path = tmp_path_factory.mktemp("run")
     train_and_evaluate(config, path, progress=False)
     return path

@@ -15,7 +15,7 @@ FAST = [
     "--config.model.n_head=2",
     "--config.train.steps=4",
     "--config.train.warmup_steps=1",
-    "--config.train.batch_size=2",
+    "--config.train.batch_size=8",
     "--config.train.eval_batches=1",
     "--quiet",
 ]

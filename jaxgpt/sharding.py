@@ -1,0 +1,103 @@
+"""Where arrays live: the device mesh and the rules that place parameters, optimizer state and
+batches on it.
+
+The mesh has three axes:
+  data    pure data parallelism: each slice holds every parameter, sees its part of the batch;
+  fsdp    data parallelism with parameters and optimizer state sharded across the axis
+          (ZeRO-3 / FSDP): each large weight is split along one dimension, gathered for use;
+  tensor  tensor parallelism (Megatron): attention heads and the MLP hidden dimension split.
+The batch is split over data x fsdp. `train_step` never changes: jit compiles it for whatever
+shardings its inputs have, and XLA (GSPMD) inserts the collectives.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+from jaxgpt.config import MeshConfig
+
+AXES = ("data", "fsdp", "tensor")
+BATCH = ("data", "fsdp")
+
+# Per parameter (module name, parameter name): the mesh axis each dimension is split over.
+# Layer-scanned parameters have an extra leading layer axis, never split.
+RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
+    ("wte", "embedding"): ("tensor", "fsdp"),  # (vocab, d_model)
+    ("wpe", "embedding"): (None, "fsdp"),  # (block_size, d_model)
+    ("qkv", "kernel"): ("fsdp", "tensor", None, None),  # (d_model, kv_heads, group + 2, head_dim)
+    ("qkv", "bias"): ("tensor", None, None),
+    ("out", "kernel"): ("tensor", None, None, "fsdp"),  # (kv_heads, group, head_dim, d_model)
+    ("up", "kernel"): ("fsdp", "tensor"),  # (d_model, hidden), or (d_model, 2, hidden) for SwiGLU
+    ("up", "bias"): ("tensor",),
+    ("down", "kernel"): ("tensor", "fsdp"),  # (hidden, d_model)
+    ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
+}
+SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
+
+
+def make_mesh(config: MeshConfig, devices=None) -> Mesh:
+    """The one mesh of a run. Auto axis types: linen modules do not annotate shardings, so
+    GSPMD propagates them from the inputs (Explicit axes would make nn.Embed fail)."""
+    devices = devices if devices is not None else jax.devices()
+    shape = config.shape(len(devices))
+    used = devices[: math.prod(shape)]  # a mesh may use a divisor of the devices, e.g. one
+    return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=used)
+
+
+def partition_spec(path, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
+    """The rule for one array, found by the last two names on its path (the same names in
+    the params tree and in the optimizer's moment trees). A dimension the axis size does not
+    divide stays whole; anything without a rule (norms, scalars, biases of d_model) is replicated."""
+    names = [getattr(k, "key", getattr(k, "name", None)) for k in path]
+    if len(names) < 2:
+        return PartitionSpec()
+    module, param = names[-2], names[-1]
+    axes = RULES.get((module, param))
+    if module == "up" and len(shape) >= 2 and shape[-2] == 2:  # SwiGLU's fused (..., 2, hidden)
+        axes = SWIGLU_UP[param]
+    if axes is None or len(shape) < len(axes):
+        return PartitionSpec()
+    axes = (None,) * (len(shape) - len(axes)) + axes  # a scanned layer axis stays whole
+    splits = lambda axis, dim: axis is not None and mesh.shape[axis] > 1 and dim % mesh.shape[axis] == 0  # noqa: E731
+    return PartitionSpec(*(axis if splits(axis, dim) else None for axis, dim in zip(axes, shape, strict=True)))
+
+
+def shardings_like(tree, mesh: Mesh):
+    """NamedShardings for every leaf of `tree` (arrays or shape structs) by the rules."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, leaf: NamedSharding(mesh, partition_spec(path, tuple(leaf.shape), mesh)), tree
+    )
+
+
+def batch_sharding(mesh: Mesh) -> NamedSharding:
+    """Batch rows split over data x fsdp; sequence positions whole."""
+    return NamedSharding(mesh, PartitionSpec(BATCH, None))
+
+
+def data_parallel_size(mesh: Mesh) -> int:
+    return mesh.shape["data"] * mesh.shape["fsdp"]
+
+
+def global_batch(mesh: Mesh, make_rows, batch_size: int) -> jax.Array:
+    """The (batch, ...) array sharded over data x fsdp, each process supplying only its rows:
+    make_rows(start, stop) builds rows [start, stop) of the global batch."""
+    sharding = batch_sharding(mesh)
+    per_process = batch_size // jax.process_count()
+    start = jax.process_index() * per_process
+    local = make_rows(start, start + per_process)
+    return jax.make_array_from_process_local_data(sharding, local, (batch_size, *local.shape[1:]))
+
+
+def bytes_per_device(tree) -> int:
+    """Bytes of `tree`'s arrays held by the first device (its shards, or whole copies)."""
+    device = jax.devices()[0]
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            if shard.device == device:
+                total += int(np.prod(shard.data.shape)) * leaf.dtype.itemsize
+    return total
