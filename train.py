@@ -20,13 +20,19 @@ FRESH = flags.DEFINE_bool(
 STOP_AT = flags.DEFINE_integer(
     "stop_at", None, "Stop after this step with a checkpoint, as on SIGTERM; rerun to resume."
 )
+COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process runs: host:port of process 0.")
+NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
+PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0-based.")
 
 
 def main() -> None:
     cli.parse_flags(sys.argv)
     if CONFIG.value is None:
         cli.fail("no config given; pass --config configs/tiny.py (or another file in configs/)")
+    from jaxgpt import distributed
     from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
+
+    distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
 
     workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
     train_and_evaluate(CONFIG.value, workdir, progress=not QUIET.value, fresh=FRESH.value, stop_at=STOP_AT.value)

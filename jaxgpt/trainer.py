@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 import json
 import math
+import os
 import signal
 import sys
 import threading
@@ -31,11 +32,13 @@ from pathlib import Path
 
 import jax
 import numpy as np
+from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from jaxgpt import data, sharding
 from jaxgpt.checkpoint import Checkpoints
 from jaxgpt.config import RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
+from jaxgpt.distributed import is_main_process
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops
 from jaxgpt.model import GPT, count_params, flops_per_token
@@ -64,19 +67,23 @@ def train_and_evaluate(
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
 
-    say = tqdm.write if progress else (lambda message: None)
-    if fresh and workdir.exists() and any(workdir.iterdir()):
+    main = is_main_process()  # in a multi-process run, process 0 prints and writes the run's files
+    say = tqdm.write if progress and main else (lambda message: None)
+    if fresh and main and workdir.exists() and any(workdir.iterdir()):
         aside = next(
             p for n in range(1, 10_000) if not (p := workdir.with_name(f"{workdir.name}.previous-{n}")).exists()
         )
         workdir.rename(aside)
         say(f"--fresh: moved the earlier run to {aside}")
+    if fresh and jax.process_count() > 1:
+        multihost_utils.sync_global_devices("jaxgpt: workdir moved aside")
     workdir.mkdir(parents=True, exist_ok=True)
     trainer = Trainer(run, dataset, workdir, say)
     trainer.restore_or_start()  # refuses an incompatible run before anything is written
-    (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
-    save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
-    return trainer.run(progress=progress, stop_at=stop_at)
+    if main:
+        (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
+        save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
+    return trainer.run(progress=progress and main, stop_at=stop_at)
 
 
 class Trainer:
@@ -119,7 +126,8 @@ class Trainer:
         """Continue from the newest readable checkpoint, or start at step 0 if there is none."""
         found = self.checkpoints.restore_latest_readable(self.state, check_record=self._check_same_run, warn=_warn)
         if found is None:
-            self.metrics_path.write_text("")
+            if is_main_process():
+                self.metrics_path.write_text("")
             return
         step, self.state, record = found
         self.start_step = step
@@ -141,7 +149,7 @@ class Trainer:
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop lines past the restored step: the resumed run writes them again."""
-        if not self.metrics_path.exists():
+        if not is_main_process() or not self.metrics_path.exists():
             return
         lines = self.metrics_path.read_text().splitlines()
         kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
@@ -235,7 +243,8 @@ class Trainer:
         last: dict = {"step": start}
         clock = interval_start = time.perf_counter()
         interval_steps = 0
-        with self._stop_on_signals(), self.metrics_path.open("a") as metrics_file:
+        metrics_out = self.metrics_path.open("a") if is_main_process() else open(os.devnull, "w")
+        with self._stop_on_signals(), metrics_out as metrics_file:
             for step in range(start, t.steps):
                 self.state, metrics = step_fn(self.state, first if step == start else next(batches))
                 pending.append(metrics)
