@@ -15,6 +15,7 @@ from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
+from jax.experimental import multihost_utils
 
 from jaxgpt.errors import UserError
 
@@ -72,13 +73,8 @@ class Checkpoints:
             except Exception as error:
                 failures.append((step, error))
                 continue
-            for bad, error in failures:
-                reason = _brief(error)
-                warn(f"checkpoint {bad} cannot be read ({reason}); moved to {bad}.unreadable, resuming from {step}")
-                (self.directory / str(bad)).rename(self.directory / f"{bad}.unreadable")
-            if failures:  # the manager caches the step list
-                self._manager.close()
-                self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+            if failures:
+                self._move_aside(failures, step, warn)
             return step, state, record
         if failures:
             raise UserError(
@@ -87,6 +83,17 @@ class Checkpoints:
                 "start afresh with --fresh (the old run is kept aside)"
             )
         return None
+
+    def _move_aside(self, failures: list, good: int, warn) -> None:
+        if jax.process_index() == 0:  # one process renames; the others wait for it
+            for bad, error in failures:
+                reason = _brief(error)
+                warn(f"checkpoint {bad} cannot be read ({reason}); moved to {bad}.unreadable, resuming from {good}")
+                (self.directory / str(bad)).rename(self.directory / f"{bad}.unreadable")
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("jaxgpt: unreadable checkpoints moved aside")
+        self._manager.close()  # the manager caches the step list
+        self._manager = ocp.CheckpointManager(self.directory, options=self._options)
 
     def wait(self) -> None:
         """Block until every started save is on disk."""

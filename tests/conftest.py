@@ -43,3 +43,21 @@ def small_run_config(**train):
     )
     config.train.update(defaults | train)
     return config
+
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_script(name: str, *args: str, devices: int | None = None, background: bool = False):
+    """Run one of the repository's scripts as a user would: a fresh Python at the repository
+    root. `devices` sets the number of fake CPU devices; `background` returns the Popen."""
+    import subprocess
+    import sys
+
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    if devices is not None:
+        env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+    command = [sys.executable, str(ROOT / name), *args]
+    if background:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -2,17 +2,14 @@
 configs from another run. "Exact" means bit-identical parameters and metrics."""
 
 import json
-import os
 import signal
-import subprocess
-import sys
 import time
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import small_run_config
+from conftest import run_script, small_run_config
 
 from jaxgpt.checkpoint import load_latest
 from jaxgpt.errors import UserError
@@ -127,21 +124,13 @@ def cli_args(workdir, **train):
     overrides = [f"--config.model.{k}={v}" for k, v in dict(n_layer=2, n_head=2, d_model=32, block_size=32).items()]
     train = dict(batch_size=8, lr=3e-3, warmup_steps=5, eval_batches=2) | train
     overrides += [f"--config.train.{k}={v}" for k, v in train.items()]
-    return [
-        sys.executable,
-        str(ROOT / "train.py"),
-        "--config",
-        "configs/tiny.py",
-        f"--workdir={workdir}",
-        "--quiet",
-    ] + overrides
+    return ["--config", "configs/tiny.py", f"--workdir={workdir}", "--quiet", *overrides]
 
 
 def start(workdir, **train):
     # One device: these tests are about crashes, not layouts (test_sharding covers those), and
     # a save per step of state split over 8 fake devices is slow.
-    env = os.environ | {"PYTHONPATH": str(ROOT), "XLA_FLAGS": "--xla_force_host_platform_device_count=1"}
-    return subprocess.Popen(cli_args(workdir, **train), cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
+    return run_script("train.py", *cli_args(workdir, **train), devices=1, background=True)
 
 
 def wait_for_step(workdir, step, process, timeout=120):

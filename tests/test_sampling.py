@@ -1,9 +1,6 @@
 """Sampling: cached greedy decoding against the uncached model, the filters against
 hand-built distributions, seeds, and sample.py end to end."""
 
-import os
-import subprocess
-import sys
 from functools import partial
 from pathlib import Path
 
@@ -11,6 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import run_script
 
 from jaxgpt.config import ModelConfig, base_config
 from jaxgpt.errors import UserError
@@ -151,14 +149,7 @@ def workdir(tmp_path_factory):
 
 
 def sample_cli(*args):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "sample.py"), *args],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
+    return run_script("sample.py", *args)
 
 
 def test_sample_py_writes_from_a_trained_workdir(workdir):

@@ -8,7 +8,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import small_run_config
+from conftest import run_script, small_run_config
 
 from jaxgpt import data, sharding
 from jaxgpt.config import ConfigError, MeshConfig, resolve
@@ -116,11 +116,6 @@ def free_port() -> int:
 
 @pytest.mark.slow
 def test_two_processes_of_four_devices_train_like_one_process_of_eight(tmp_path):
-    import os
-    import subprocess
-    import sys
-
-    root = Path(__file__).resolve().parents[1]
     overrides = [
         "--config.model.n_layer=2",
         "--config.model.n_head=2",
@@ -133,19 +128,9 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(tmp_path)
         "--config.train.eval_batches=2",
     ]
 
-    def train(workdir, devices, extra=(), **env):
-        command = [
-            sys.executable,
-            str(root / "train.py"),
-            "--config",
-            "configs/tiny.py",
-            f"--workdir={workdir}",
-            "--quiet",
-            *overrides,
-            *extra,
-        ]
-        env = os.environ | {"PYTHONPATH": str(root), "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}"}
-        return subprocess.Popen(command, cwd=root, env=env, stderr=subprocess.PIPE, text=True)
+    def train(workdir, devices, extra=()):
+        args = ["--config", "configs/tiny.py", f"--workdir={workdir}", "--quiet", *overrides, *extra]
+        return run_script("train.py", *args, devices=devices, background=True)
 
     assert train(tmp_path / "one", 8).wait(timeout=300) == 0
     port = free_port()

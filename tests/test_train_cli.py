@@ -1,12 +1,10 @@
 """train.py as a user runs it: bad input is one line on stderr, exit status 2, nothing written."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_script
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = [
@@ -21,15 +19,8 @@ FAST = [
 ]
 
 
-def train(*args, cwd=ROOT):
-    return subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        env=os.environ | {"PYTHONPATH": str(ROOT)},
-        timeout=300,
-    )
+def train(*args):
+    return run_script("train.py", *args)
 
 
 def the_error(result) -> str:
