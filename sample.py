@@ -12,6 +12,9 @@ from absl import flags
 from jaxgpt import cli
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
+INIT_FROM = flags.DEFINE_string(
+    "init_from", None, "Sample from Hugging Face weights instead: a local directory, or a Hub name such as gpt2."
+)
 PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (empty: start from a newline or end-of-text token).")
 PROMPT_FILE = flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
 MAX_NEW_TOKENS = flags.DEFINE_integer(
@@ -27,8 +30,8 @@ STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are generated 
 
 def main() -> None:
     cli.parse_flags(sys.argv)
-    if not WORKDIR.value:
-        cli.fail("no run given; pass --workdir DIR of a run trained with train.py")
+    if not WORKDIR.value and not INIT_FROM.value:
+        cli.fail("no model given; pass --workdir DIR of a run trained with train.py, or --init_from gpt2 (or a path)")
     if NUM_SAMPLES.value < 1:
         cli.fail(f"num_samples={NUM_SAMPLES.value} must be at least 1")
     if PROMPT_FILE.value:
@@ -46,17 +49,24 @@ def main() -> None:
     from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
 
     sampling = SamplingConfig(TEMPERATURE.value, TOP_K.value, TOP_P.value)
-    run, params, tokenizer, _ = load_latest(Path(WORKDIR.value))
+    if INIT_FROM.value:
+        from jaxgpt.hf import load_pretrained, pretrained_tokenizer
+
+        model_config, params, family = load_pretrained(INIT_FROM.value)
+        tokenizer = pretrained_tokenizer(INIT_FROM.value, family)
+    else:
+        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value))
+        model_config = run.model
     ids = (
         tokenizer.encode(prompt)
         if prompt
         else [tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]]
     )
-    max_new_tokens = MAX_NEW_TOKENS.value or run.model.block_size - len(ids)
-    check_length(run.model, len(ids), max_new_tokens)
+    max_new_tokens = MAX_NEW_TOKENS.value or model_config.block_size - len(ids)
+    check_length(model_config, len(ids), max_new_tokens)
     tokens = jnp.asarray([ids] * NUM_SAMPLES.value, jnp.int32)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
-    model = run.model.replace(dtype="float32")
+    model = model_config.replace(dtype="float32")
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
     rng = jax.random.key(SEED.value)
 

@@ -269,6 +269,8 @@ class TrainConfig:
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).
     decay_embeddings: also apply weight decay to the token/position embeddings.
+    init_from: start from Hugging Face weights (a directory, or a Hub name such as "gpt2")
+        instead of a random init; the model section must describe the same architecture.
     """
 
     steps: int = 2000
@@ -289,6 +291,7 @@ class TrainConfig:
     microbatches: int = 1
     dtype: str = "float32"
     decay_embeddings: bool = False
+    init_from: str = ""
 
     def __post_init__(self):
         problems = []

@@ -98,6 +98,33 @@ class TiktokenTokenizer:
         return {"name": self.name}
 
 
+class HuggingFaceTokenizer:
+    """A pretrained checkpoint's own tokenizer.json (e.g. Llama's), read with `tokenizers`."""
+
+    def __init__(self, directory: Path):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UserError("reading tokenizer.json needs `tokenizers`: pip install -r requirements-hf.txt") from None
+        path = Path(directory) / "tokenizer.json"
+        if not path.exists():
+            raise UserError(f"{directory} has no tokenizer.json; this checkpoint's text cannot be encoded")
+        self.name, self.directory = "huggingface", str(directory)
+        self._tokenizer = Tokenizer.from_file(str(path))
+        config = json.loads((Path(directory) / "config.json").read_text())
+        self.eot_id = config.get("eos_token_id") if isinstance(config.get("eos_token_id"), int) else None
+        self.vocab_size = self._tokenizer.get_vocab_size()
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        return self._tokenizer.decode([int(i) for i in ids])
+
+    def to_dict(self) -> dict:
+        return {"name": "huggingface", "directory": self.directory}
+
+
 def make_tokenizer(name: str, corpus: str | None = None):
     """The tokenizer called `name`; a char tokenizer needs the corpus to build its vocabulary."""
     if name == "char":
@@ -112,6 +139,8 @@ def make_tokenizer(name: str, corpus: str | None = None):
 def tokenizer_from_dict(d: dict):
     if d.get("name") == "char":
         return CharTokenizer(d["chars"])
+    if d.get("name") == "huggingface":
+        return HuggingFaceTokenizer(Path(d["directory"]))
     return make_tokenizer(d.get("name", "?"))
 
 

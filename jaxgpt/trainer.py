@@ -126,6 +126,8 @@ class Trainer:
         """Continue from the newest readable checkpoint, or start at step 0 if there is none."""
         found = self.checkpoints.restore_latest_readable(self.state, check_record=self._check_same_run, warn=_warn)
         if found is None:
+            if self.config.train.init_from:
+                self._start_from_pretrained(self.config.train.init_from)
             if is_main_process():
                 self.metrics_path.write_text("")
             return
@@ -135,6 +137,27 @@ class Trainer:
         self.carried_losses = record.get("pending_losses", [])
         self._truncate_metrics(step)
         self.say(f"resuming from step {step} of {self.config.train.steps}")
+
+    def _start_from_pretrained(self, source: str) -> None:
+        """Replace the random init by Hugging Face weights (the optimizer's zero moments do
+        not depend on the parameters' values)."""
+        from jaxgpt.hf import load_pretrained
+        from jaxgpt.model import stack_blocks
+
+        pretrained, params, _ = load_pretrained(source)
+        ours = self.config.model
+        differ = [
+            f"model.{f}={getattr(ours, f)!r} but the checkpoint has {getattr(pretrained, f)!r}"
+            for f in ARCHITECTURE_FIELDS
+            if getattr(ours, f) != getattr(pretrained, f)
+        ]
+        if differ:
+            raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
+        if ours.scan_layers:
+            params = stack_blocks(params, ours.n_layer)
+        shardings = jax.tree.map(lambda a: a.sharding, self.state.params)
+        self.state = self.state.replace(params=jax.device_put(params, shardings))
+        self.say(f"initialised from {source}")
 
     def _check_same_run(self, record: dict) -> None:
         conflicts = resume_conflicts(record["config"], self.config.to_dict())
@@ -315,6 +338,27 @@ class Trainer:
                     f"loss became {loss} at step {first_step + offset}; the last good checkpoint (step "
                     f"{self.checkpoints.latest_step()}) is kept. Lower train.lr or raise train.warmup_steps"
                 )
+
+
+# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "d_model",
+    "mlp_hidden",
+    "activation",
+    "norm",
+    "norm_position",
+    "norm_eps",
+    "position",
+    "rope_theta",
+    "rope_scaling",
+    "bias",
+    "tie_embeddings",
+)
 
 
 def _warn(message: str) -> None:

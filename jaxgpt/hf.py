@@ -1,0 +1,336 @@
+"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel and LlamaForCausalLM.
+
+    config, params = load_pretrained("path/to/dir")     # or a Hub name such as "gpt2", online
+    save_pretrained(config, params, "out/dir")          # safetensors + config.json for transformers
+
+Weights are read and written with safetensors' numpy API, so converting needs neither torch nor
+transformers (the parity tests use them as the reference). Two layout facts matter:
+  - GPT-2's `Conv1D` stores kernels as (in, out), already the orientation of a flax kernel;
+    torch `nn.Linear` (Llama) stores (out, in) and is transposed.
+  - Llama's q/k projections are laid out for the "rotate half" RoPE (pairs i and i + head_dim/2),
+    which is jaxgpt's layout too, so they load without permutation; query head h reads key/value
+    head h // group in both.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import numpy as np
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.errors import UserError
+from jaxgpt.model import init_params
+
+# ----------------------------------------------------------------------------- GPT-2
+
+
+def _gpt2_config(hf: dict) -> ModelConfig:
+    if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
+        raise UserError(f"GPT-2 activation {hf['activation_function']!r} is not supported (jaxgpt's GELU is tanh)")
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["n_positions"],
+        n_layer=hf["n_layer"],
+        n_head=hf["n_head"],
+        d_model=hf["n_embd"],
+        mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"],
+        norm_eps=hf.get("layer_norm_epsilon", 1e-5),
+        position="learned",
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+    )
+
+
+def _gpt2_params(c: ModelConfig, w: dict) -> dict:
+    H, hd, D = c.n_head, c.head_dim, c.d_model
+
+    def layer(i):
+        p = f"transformer.h.{i}."
+        qkv = w[p + "attn.c_attn.weight"].reshape(D, 3, H, hd).transpose(0, 2, 1, 3)  # (D, H, q/k/v, hd)
+        return {
+            "attn": {
+                "qkv": {"kernel": qkv, "bias": w[p + "attn.c_attn.bias"].reshape(3, H, hd).transpose(1, 0, 2)},
+                "out": {"kernel": w[p + "attn.c_proj.weight"].reshape(H, 1, hd, D), "bias": w[p + "attn.c_proj.bias"]},
+            },
+            "mlp": {
+                "up": {"kernel": w[p + "mlp.c_fc.weight"], "bias": w[p + "mlp.c_fc.bias"]},
+                "down": {"kernel": w[p + "mlp.c_proj.weight"], "bias": w[p + "mlp.c_proj.bias"]},
+            },
+            "norm_1": {"scale": w[p + "ln_1.weight"], "bias": w[p + "ln_1.bias"]},
+            "norm_2": {"scale": w[p + "ln_2.weight"], "bias": w[p + "ln_2.bias"]},
+        }
+
+    params = {f"block_{i}": layer(i) for i in range(c.n_layer)}
+    params["wte"] = {"embedding": w["transformer.wte.weight"]}
+    params["wpe"] = {"embedding": w["transformer.wpe.weight"]}
+    params["norm_f"] = {"scale": w["transformer.ln_f.weight"], "bias": w["transformer.ln_f.bias"]}
+    if not c.tie_embeddings:
+        params["lm_head"] = {"kernel": w["lm_head.weight"].T}
+    return params
+
+
+def _gpt2_weights(c: ModelConfig, params: dict) -> dict:
+    D = c.d_model
+    w = {
+        "transformer.wte.weight": params["wte"]["embedding"],
+        "transformer.wpe.weight": params["wpe"]["embedding"],
+        "transformer.ln_f.weight": params["norm_f"]["scale"],
+        "transformer.ln_f.bias": params["norm_f"]["bias"],
+    }
+    if not c.tie_embeddings:
+        w["lm_head.weight"] = params["lm_head"]["kernel"].T
+    for i in range(c.n_layer):
+        b, p = params[f"block_{i}"], f"transformer.h.{i}."
+        w[p + "attn.c_attn.weight"] = b["attn"]["qkv"]["kernel"].transpose(0, 2, 1, 3).reshape(D, 3 * D)
+        w[p + "attn.c_attn.bias"] = b["attn"]["qkv"]["bias"].transpose(1, 0, 2).reshape(3 * D)
+        w[p + "attn.c_proj.weight"] = b["attn"]["out"]["kernel"].reshape(D, D)
+        w[p + "attn.c_proj.bias"] = b["attn"]["out"]["bias"]
+        w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = b["mlp"]["up"]["kernel"], b["mlp"]["up"]["bias"]
+        w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = b["mlp"]["down"]["kernel"], b["mlp"]["down"]["bias"]
+        for ours, theirs in (("norm_1", "ln_1"), ("norm_2", "ln_2")):
+            w[p + theirs + ".weight"], w[p + theirs + ".bias"] = b[ours]["scale"], b[ours]["bias"]
+    return w
+
+
+def _gpt2_hf_config(c: ModelConfig) -> dict:
+    return {
+        "model_type": "gpt2",
+        "architectures": ["GPT2LMHeadModel"],
+        "vocab_size": c.vocab_size,
+        "n_positions": c.block_size,
+        "n_embd": c.d_model,
+        "n_layer": c.n_layer,
+        "n_head": c.n_head,
+        "n_inner": c.mlp_hidden,
+        "activation_function": "gelu_new",
+        "layer_norm_epsilon": c.norm_eps,
+        "tie_word_embeddings": c.tie_embeddings,
+    }
+
+
+# ----------------------------------------------------------------------------- Llama
+
+
+def _llama_config(hf: dict) -> ModelConfig:
+    rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta", 10000.0), "rope_type": "default"}
+    rope_type = rope.get("rope_type", rope.get("type", "default"))
+    if rope_type != "default" or hf.get("rope_scaling"):
+        raise UserError(
+            f"Llama RoPE scaling {rope_type!r} is not supported by the converter yet; use a checkpoint without it"
+        )
+    if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False) != hf.get("mlp_bias", False):
+        raise UserError("this Llama variant (activation or mixed biases) does not map onto jaxgpt's Llama recipe")
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["max_position_embeddings"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=hf["num_attention_heads"],
+        n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        d_model=hf["hidden_size"],
+        mlp_hidden=hf["intermediate_size"],
+        activation="swiglu",
+        norm="rmsnorm",
+        norm_eps=hf.get("rms_norm_eps", 1e-6),
+        position="rope",
+        rope_theta=rope["rope_theta"],
+        bias=hf.get("attention_bias", False),
+        tie_embeddings=hf.get("tie_word_embeddings", False),
+    )
+
+
+def _llama_params(c: ModelConfig, w: dict) -> dict:
+    K, G, hd, D = c.n_kv_head, c.group_size, c.head_dim, c.d_model
+
+    def layer(i):
+        p = f"model.layers.{i}."
+        q = w[p + "self_attn.q_proj.weight"].T.reshape(D, K, G, hd)  # query head h = k * G + g
+        k = w[p + "self_attn.k_proj.weight"].T.reshape(D, K, 1, hd)
+        v = w[p + "self_attn.v_proj.weight"].T.reshape(D, K, 1, hd)
+        gate, up = w[p + "mlp.gate_proj.weight"].T, w[p + "mlp.up_proj.weight"].T
+        return {
+            "attn": {
+                "qkv": {"kernel": np.concatenate([q, k, v], axis=2)},
+                "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)},
+            },
+            "mlp": {
+                "up": {"kernel": np.stack([gate, up], axis=1)},
+                "down": {"kernel": w[p + "mlp.down_proj.weight"].T},
+            },
+            "norm_1": {"scale": w[p + "input_layernorm.weight"]},
+            "norm_2": {"scale": w[p + "post_attention_layernorm.weight"]},
+        }
+
+    params = {f"block_{i}": layer(i) for i in range(c.n_layer)}
+    params["wte"] = {"embedding": w["model.embed_tokens.weight"]}
+    params["norm_f"] = {"scale": w["model.norm.weight"]}
+    if not c.tie_embeddings:
+        params["lm_head"] = {"kernel": w["lm_head.weight"].T}
+    return params
+
+
+def _llama_weights(c: ModelConfig, params: dict) -> dict:
+    K, G, hd, D = c.n_kv_head, c.group_size, c.head_dim, c.d_model
+    w = {"model.embed_tokens.weight": params["wte"]["embedding"], "model.norm.weight": params["norm_f"]["scale"]}
+    if not c.tie_embeddings:
+        w["lm_head.weight"] = params["lm_head"]["kernel"].T
+    for i in range(c.n_layer):
+        b, p = params[f"block_{i}"], f"model.layers.{i}."
+        qkv = b["attn"]["qkv"]["kernel"]  # (D, K, G + 2, hd)
+        w[p + "self_attn.q_proj.weight"] = qkv[:, :, :G].reshape(D, K * G * hd).T
+        w[p + "self_attn.k_proj.weight"] = qkv[:, :, G].reshape(D, K * hd).T
+        w[p + "self_attn.v_proj.weight"] = qkv[:, :, G + 1].reshape(D, K * hd).T
+        w[p + "self_attn.o_proj.weight"] = b["attn"]["out"]["kernel"].reshape(K * G * hd, D).T
+        w[p + "mlp.gate_proj.weight"] = b["mlp"]["up"]["kernel"][:, 0].T
+        w[p + "mlp.up_proj.weight"] = b["mlp"]["up"]["kernel"][:, 1].T
+        w[p + "mlp.down_proj.weight"] = b["mlp"]["down"]["kernel"].T
+        w[p + "input_layernorm.weight"] = b["norm_1"]["scale"]
+        w[p + "post_attention_layernorm.weight"] = b["norm_2"]["scale"]
+    return w
+
+
+def _llama_hf_config(c: ModelConfig) -> dict:
+    return {
+        "model_type": "llama",
+        "architectures": ["LlamaForCausalLM"],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.mlp_hidden,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.n_kv_head,
+        "max_position_embeddings": c.block_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
+        "attention_bias": c.bias,
+        "mlp_bias": c.bias,
+        "tie_word_embeddings": c.tie_embeddings,
+    }
+
+
+FAMILIES = {
+    "gpt2": (_gpt2_config, _gpt2_params, _gpt2_weights, _gpt2_hf_config),
+    "llama": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),
+}
+
+
+def _family_of(c: ModelConfig) -> str:
+    """Which Hugging Face architecture a jaxgpt config is, if any."""
+    if (c.position, c.norm, c.activation, c.norm_position, c.bias) == ("learned", "layernorm", "gelu", "pre", True):
+        if c.n_kv_head == c.n_head:
+            return "gpt2"
+    if (c.position, c.norm, c.activation, c.norm_position, c.rope_scaling) == (
+        "rope",
+        "rmsnorm",
+        "swiglu",
+        "pre",
+        None,
+    ):
+        return "llama"
+    raise UserError(
+        "this model is neither GPT-2 (learned positions, LayerNorm, GELU, biases, multi-head) nor Llama (RoPE, "
+        "RMSNorm, SwiGLU): Hugging Face has no matching architecture to export it to"
+    )
+
+
+# ----------------------------------------------------------------------------- files
+
+
+def _read_weights(directory: Path) -> dict[str, np.ndarray]:
+    from safetensors.numpy import load_file
+
+    single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
+    if single.exists():
+        return load_file(single)
+    if index.exists():
+        weights = {}
+        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
+            weights |= load_file(directory / shard)
+        return weights
+    if (directory / "pytorch_model.bin").exists():
+        try:
+            import torch
+        except ImportError:
+            raise UserError(
+                f"{directory} holds PyTorch weights: pip install -r requirements-hf.txt to read them"
+            ) from None
+        state = torch.load(directory / "pytorch_model.bin", map_location="cpu", weights_only=True)
+        return {k: v.float().numpy() for k, v in state.items()}
+    raise UserError(f"{directory} has no model.safetensors, sharded safetensors or pytorch_model.bin")
+
+
+def _local_directory(path_or_name: str) -> Path:
+    path = Path(path_or_name).expanduser()
+    if path.is_dir():
+        return path
+    try:
+        from huggingface_hub import snapshot_download
+
+        patterns = ["*.json", "*.safetensors"]
+        return Path(snapshot_download(path_or_name, allow_patterns=patterns))
+    except Exception as error:  # offline, unknown name, gated repo
+        raise UserError(
+            f"{path_or_name!r} is not a local directory and could not be fetched from the Hub "
+            f"({type(error).__name__}); download it where you have a network and pass its directory"
+        ) from None
+
+
+def pretrained_tokenizer(path_or_name: str, family: str):
+    """The tokenizer that goes with a checkpoint: tiktoken's GPT-2 BPE for GPT-2 models, the
+    directory's tokenizer.json (Hugging Face `tokenizers`) otherwise."""
+    from jaxgpt.tokenizers import HuggingFaceTokenizer, make_tokenizer
+
+    if family == "gpt2":
+        return make_tokenizer("gpt2")
+    return HuggingFaceTokenizer(_local_directory(path_or_name))
+
+
+def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
+    """(config, params, family) from a Hugging Face directory (or Hub name, online)."""
+    directory = _local_directory(path_or_name)
+    hf = json.loads((directory / "config.json").read_text())
+    family = hf.get("model_type")
+    if family not in FAMILIES:
+        raise UserError(f"{directory}: model_type {family!r} is not supported; jaxgpt converts gpt2 and llama")
+    to_config, to_params, _, _ = FAMILIES[family]
+    config = to_config(hf)
+    weights = {k: np.asarray(v, np.float32) for k, v in _read_weights(directory).items()}
+    try:
+        params = to_params(config, weights)
+    except KeyError as missing:
+        raise UserError(f"{directory}: weight {missing.args[0]} is missing for a {family} model") from None
+    except ValueError as error:  # a reshape that does not fit
+        raise UserError(f"{directory}: weights do not fit config.json ({error})") from None
+    _check_shapes(config, params, directory)
+    return config, params, family
+
+
+def _check_shapes(config: ModelConfig, params: dict, source) -> None:
+    expected = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    got = jax.tree_util.tree_flatten_with_path(params)[0]
+    want = dict(jax.tree_util.tree_flatten_with_path(expected)[0])
+    if len(got) != len(want):
+        raise UserError(f"{source}: {len(got)} weights for a model of {len(want)} parameters")
+    for path, array in got:
+        if path not in want or tuple(want[path].shape) != array.shape:
+            name = "/".join(k.key for k in path)
+            shape = tuple(want[path].shape) if path in want else None
+            raise UserError(f"{source}: weight {name} has shape {array.shape}, but config.json implies {shape}")
+
+
+def save_pretrained(config: ModelConfig, params: dict, directory: str | Path) -> Path:
+    """Write a directory transformers loads: config.json and model.safetensors."""
+    from safetensors.numpy import save_file
+
+    family = _family_of(config)
+    _, _, to_weights, to_hf_config = FAMILIES[family]
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    numpy_params = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
+    weights = {k: np.ascontiguousarray(v) for k, v in to_weights(config, numpy_params).items()}
+    save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
+    (directory / "config.json").write_text(json.dumps(to_hf_config(config), indent=2))
+    return directory

@@ -1,0 +1,204 @@
+"""Hugging Face interop against transformers itself: logits, greedy generation, export, round trip.
+
+Needs the optional extras (pip install -r requirements-hf.txt); skipped without them.
+"""
+
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch", reason="the parity tests need torch: pip install -r requirements-hf.txt")
+transformers = pytest.importorskip(
+    "transformers", reason="the parity tests need transformers: pip install -r requirements-hf.txt"
+)
+
+from jaxgpt.config import ModelConfig  # noqa: E402
+from jaxgpt.errors import UserError  # noqa: E402
+from jaxgpt.hf import load_pretrained, save_pretrained  # noqa: E402
+from jaxgpt.model import GPT, init_params  # noqa: E402
+from jaxgpt.sampling import SamplingConfig, generate  # noqa: E402
+
+VOCAB = 64
+
+
+def reference_model(kind: str):
+    """A small random transformers model. Weights are drawn with std 0.3, not the 0.02 of a fresh
+    init, so logits vary by whole units and any misplaced weight shows."""
+    torch.manual_seed(0)
+    if kind == "gpt2":
+        config = transformers.GPT2Config(
+            vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
+        )
+        model = transformers.GPT2LMHeadModel(config)
+    else:  # grouped-query attention: 4 query heads share 2 key/value heads
+        config = transformers.LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            max_position_embeddings=32,
+            rope_theta=500.0,
+            rms_norm_eps=1e-6,
+            tie_word_embeddings=False,
+            bos_token_id=0,
+            eos_token_id=0,
+        )
+        model = transformers.LlamaForCausalLM(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
+def tokens(shape=(2, 16), seed=0):
+    return np.random.default_rng(seed).integers(0, VOCAB, shape)
+
+
+@pytest.fixture(scope="module", params=["gpt2", "llama"])
+def saved(request, tmp_path_factory):
+    model = reference_model(request.param)
+    directory = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(directory)
+    return request.param, model, directory
+
+
+def test_logits_equal_transformers(saved):
+    _, model, directory = saved
+    config, params, _ = load_pretrained(str(directory))
+    ids = tokens()
+    ours = np.asarray(jax.jit(GPT(config).apply)({"params": params}, jnp.asarray(ids)))
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+    assert np.abs(theirs).max() > 1.0  # logits that really vary
+    # Two float32 implementations of the same math: O(1e-6) relative apart on logits of O(10).
+    assert np.abs(ours - theirs).max() < 1e-4
+
+
+def test_cached_greedy_generation_equals_transformers_generate(saved):
+    _, model, directory = saved
+    config, params, _ = load_pretrained(str(directory))
+    prompt = tokens((2, 5), seed=1)
+    ours = generate(
+        config,
+        params,
+        jnp.asarray(prompt),
+        jax.random.key(0),
+        max_new_tokens=12,
+        sampling=SamplingConfig(temperature=0.0),
+    )
+    with torch.no_grad():
+        theirs = model.generate(
+            torch.tensor(prompt), max_new_tokens=12, min_new_tokens=12, do_sample=False, pad_token_id=0
+        )
+    np.testing.assert_array_equal(np.asarray(ours), theirs[:, 5:].numpy())
+
+
+def test_export_loads_in_transformers_with_the_same_logits(saved, tmp_path):
+    _, model, directory = saved
+    config, params, _ = load_pretrained(str(directory))
+    save_pretrained(config, params, tmp_path)
+    exported = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = torch.tensor(tokens())
+    with torch.no_grad():
+        np.testing.assert_array_equal(exported(ids).logits.numpy(), model(ids).logits.numpy())
+
+
+@pytest.mark.parametrize(
+    "config",
+    [
+        ModelConfig(vocab_size=VOCAB, block_size=32, n_layer=2, n_head=4, d_model=32),
+        ModelConfig(
+            vocab_size=VOCAB,
+            block_size=32,
+            n_layer=2,
+            n_head=4,
+            n_kv_head=2,
+            d_model=32,
+            position="rope",
+            norm="rmsnorm",
+            activation="swiglu",
+            bias=False,
+            tie_embeddings=False,
+        ),
+    ],
+    ids=["gpt2", "llama"],
+)
+def test_round_trip_through_a_hugging_face_directory_is_exact(config, tmp_path):
+    params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(3))
+    save_pretrained(config, params, tmp_path)
+    loaded_config, loaded, _ = load_pretrained(str(tmp_path))
+    assert loaded_config.replace(norm_eps=config.norm_eps) == config
+    jax.tree.map(np.testing.assert_array_equal, loaded, jax.device_get(params))
+
+
+def test_weights_that_do_not_fit_the_config_are_a_clear_error(tmp_path):
+    reference_model("gpt2").save_pretrained(tmp_path)
+    hf_config = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf_config | {"n_inner": 100}))
+    with pytest.raises(
+        UserError, match=r"weight block_0/mlp/down/kernel has shape \(128, 32\), but config.json implies \(100, 32\)"
+    ):
+        load_pretrained(str(tmp_path))
+
+
+def test_a_model_without_a_hugging_face_twin_is_refused(tmp_path):
+    config = ModelConfig(vocab_size=VOCAB, block_size=32, n_layer=1, n_head=4, d_model=32, position="alibi")
+    with pytest.raises(UserError, match="neither GPT-2 .* nor Llama"):
+        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+
+
+@pytest.fixture
+def gpt2_directory(tmp_path, gpt2_bpe):
+    """A small random GPT-2 with the real 50,257-token vocabulary, saved as transformers does."""
+    torch.manual_seed(1)
+    config = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=32, n_layer=2, n_head=4)
+    model = transformers.GPT2LMHeadModel(config)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    model.save_pretrained(tmp_path / "gpt2")
+    return tmp_path / "gpt2"
+
+
+def finetune_config(directory, **model):
+    from conftest import small_run_config
+
+    config = small_run_config(steps=2, warmup_steps=1, lr=1e-9, min_lr=0.0, eval_batches=1, checkpoint_every=2)
+    config.model.update(dict(n_layer=2, n_head=4, d_model=32, block_size=32) | model)
+    config.data.tokenizer = "gpt2"
+    config.train.init_from = str(directory)
+    return config
+
+
+def test_fine_tuning_starts_from_the_pretrained_weights(gpt2_directory, tmp_path):
+    from jaxgpt.checkpoint import load_latest
+    from jaxgpt.trainer import train_and_evaluate
+
+    train_and_evaluate(finetune_config(gpt2_directory), tmp_path / "run", progress=False)
+    _, trained, _, _ = load_latest(tmp_path / "run")
+    _, pretrained, _ = load_pretrained(str(gpt2_directory))
+    # Two Adam steps of size ~lr = 1e-9 move no weight by more than ~2e-9; a random init would
+    # differ from the checkpoint by ~0.3.
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), trained, pretrained)
+
+
+def test_fine_tuning_refuses_weights_of_another_shape(gpt2_directory, tmp_path):
+    from jaxgpt.trainer import train_and_evaluate
+
+    with pytest.raises(UserError, match="model.n_layer=3 but the checkpoint has 2"):
+        train_and_evaluate(finetune_config(gpt2_directory, n_layer=3), tmp_path / "run", progress=False)
+
+
+def test_sample_py_writes_from_hugging_face_weights(gpt2_directory):
+    from conftest import run_script
+
+    result = run_script(
+        "sample.py", f"--init_from={gpt2_directory}", "--prompt=def f", "--max_new_tokens=8", "--temperature=0"
+    )
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith("def f") and len(result.stdout.strip()) > len("def f")
