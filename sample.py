@@ -46,16 +46,23 @@ def main() -> None:
     import jax.numpy as jnp
 
     from jaxgpt.checkpoint import load_latest
+    from jaxgpt.config import MeshConfig
     from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
+    from jaxgpt.sharding import make_mesh, shardings_like
+
+    # Decoding is one token at a time: split the model (heads, MLP width) over every device
+    # rather than a batch of a few prompts. On one device this is just that device.
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1))
 
     sampling = SamplingConfig(TEMPERATURE.value, TOP_K.value, TOP_P.value)
     if INIT_FROM.value:
         from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
         model_config, params, family = load_pretrained(INIT_FROM.value)
+        params = jax.device_put(params, shardings_like(params, mesh))
         tokenizer = pretrained_tokenizer(INIT_FROM.value, family)
     else:
-        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value))
+        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value), mesh)
         model_config = run.model
     ids = (
         tokenizer.encode(prompt)

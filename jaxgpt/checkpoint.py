@@ -107,9 +107,10 @@ def _brief(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
 
 
-def load_latest(workdir: Path):
+def load_latest(workdir: Path, mesh=None):
     """(run config, params, tokenizer, step) of a workdir's newest checkpoint: all that
-    sampling needs, read from the checkpoint alone."""
+    sampling needs, read from the checkpoint alone. With a mesh, the state is restored straight
+    into the shardings the rules of jaxgpt/sharding.py give it there."""
     from functools import partial
 
     from jaxgpt.config import run_config_from_dict
@@ -128,6 +129,12 @@ def load_latest(workdir: Path):
     record = checkpoints.read_record(step)
     run = run_config_from_dict(record["config"])
     like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
+    if mesh is not None:
+        from jaxgpt.sharding import shardings_like
+
+        like = jax.tree.map(
+            lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), like, shardings_like(like, mesh)
+        )
     state = checkpoints.restore(step, like)
     checkpoints.close()
     return run, state.params, tokenizer_from_dict(record["tokenizer"]), step

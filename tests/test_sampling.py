@@ -182,3 +182,21 @@ def test_sample_py_bad_input_is_one_line(workdir, args, message):
 def test_sample_py_without_a_checkpoint_is_one_line(tmp_path):
     result = sample_cli(f"--workdir={tmp_path}")
     assert result.returncode == 2 and "no checkpoints in" in result.stderr
+
+
+def test_sampling_restores_onto_a_tensor_parallel_mesh(workdir):
+    from jaxgpt.checkpoint import load_latest
+    from jaxgpt.config import MeshConfig
+    from jaxgpt.sharding import make_mesh
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1))  # all 8 fake devices on tensor
+    run, split, _, _ = load_latest(workdir, mesh)
+    _, whole, _, _ = load_latest(workdir)
+    up = split["block_0"]["mlp"]["up"]["kernel"]
+    assert up.sharding.spec == jax.sharding.PartitionSpec(None, "tensor")  # hidden split 8 ways
+    prompt = jnp.ones((1, 4), jnp.int32)
+    args = dict(max_new_tokens=20, sampling=GREEDY)
+    np.testing.assert_array_equal(
+        generate(run.model, split, prompt, jax.random.key(0), **args),
+        generate(run.model, whole, prompt, jax.random.key(0), **args),
+    )
