@@ -24,10 +24,18 @@ from jaxgpt.sampling import SamplingConfig, generate  # noqa: E402
 VOCAB = 64
 
 
+def with_visible_weights(model, seed: int = 0):
+    """Re-draw every weight with std 0.3, not the 0.02 of a fresh init, so logits vary by whole
+    units and any misplaced weight shows."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0.0, 0.3)
+    return model.eval()
+
+
 def reference_model(kind: str):
-    """A small random transformers model. Weights are drawn with std 0.3, not the 0.02 of a fresh
-    init, so logits vary by whole units and any misplaced weight shows."""
-    torch.manual_seed(0)
+    """A small random transformers model."""
     if kind == "gpt2":
         config = transformers.GPT2Config(
             vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
@@ -49,10 +57,7 @@ def reference_model(kind: str):
             eos_token_id=0,
         )
         model = transformers.LlamaForCausalLM(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model.eval()
+    return with_visible_weights(model)
 
 
 def tokens(shape=(2, 16), seed=0):
@@ -155,13 +160,8 @@ def test_a_model_without_a_hugging_face_twin_is_refused(tmp_path):
 @pytest.fixture
 def gpt2_directory(tmp_path, gpt2_bpe):
     """A small random GPT-2 with the real 50,257-token vocabulary, saved as transformers does."""
-    torch.manual_seed(1)
     config = transformers.GPT2Config(vocab_size=50257, n_positions=32, n_embd=32, n_layer=2, n_head=4)
-    model = transformers.GPT2LMHeadModel(config)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    model.save_pretrained(tmp_path / "gpt2")
+    with_visible_weights(transformers.GPT2LMHeadModel(config), seed=1).save_pretrained(tmp_path / "gpt2")
     return tmp_path / "gpt2"
 
 
