@@ -10,16 +10,19 @@ read (a truncated file, a bad disk) is skipped for the one before it, and moved 
 
 from __future__ import annotations
 
-import logging
+from functools import partial
 from pathlib import Path
 
 import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
+from jaxgpt.config import run_config_from_dict
 from jaxgpt.errors import UserError
-
-log = logging.getLogger(__name__)
+from jaxgpt.optimizer import make_optimizer
+from jaxgpt.sharding import shardings_like
+from jaxgpt.tokenizers import tokenizer_from_dict
+from jaxgpt.train_step import create_train_state
 
 
 class Checkpoints:
@@ -111,14 +114,6 @@ def load_latest(workdir: Path, mesh=None):
     """(run config, params, tokenizer, step) of a workdir's newest checkpoint: all that
     sampling needs, read from the checkpoint alone. With a mesh, the state is restored straight
     into the shardings the rules of jaxgpt/sharding.py give it there."""
-    from functools import partial
-
-    from jaxgpt.config import run_config_from_dict
-    from jaxgpt.errors import UserError
-    from jaxgpt.optimizer import make_optimizer
-    from jaxgpt.tokenizers import tokenizer_from_dict
-    from jaxgpt.train_step import create_train_state
-
     directory = Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise UserError(f"no checkpoints in {workdir}; train first (python train.py --config ... --workdir {workdir})")
@@ -130,8 +125,6 @@ def load_latest(workdir: Path, mesh=None):
     run = run_config_from_dict(record["config"])
     like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
     if mesh is not None:
-        from jaxgpt.sharding import shardings_like
-
         like = jax.tree.map(
             lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), like, shardings_like(like, mesh)
         )
