@@ -45,11 +45,13 @@ def main() -> None:
     import jax
     import jax.numpy as jnp
 
+    from jaxgpt import runtime
     from jaxgpt.checkpoint import load_latest
     from jaxgpt.config import MeshConfig
     from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
     from jaxgpt.sharding import make_mesh, shardings_like
 
+    runtime.enable_compilation_cache()
     # Decoding is one token at a time: split the model (heads, MLP width) over every device
     # rather than a batch of a few prompts. On one device this is just that device.
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1))

@@ -29,9 +29,11 @@ def main() -> None:
     cli.parse_flags(sys.argv)
     if CONFIG.value is None:
         cli.fail("no config given; pass --config configs/tiny.py (or another file in configs/)")
-    from jaxgpt import distributed
+    from jaxgpt import distributed, runtime
     from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
 
+    train = CONFIG.value.train
+    runtime.configure(train.batch_size // max(train.microbatches, 1), single_process=(NUM_PROCESSES.value or 1) == 1)
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
 
     workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)

@@ -1,6 +1,6 @@
 """Decoding speed: the KV-cache loop against recomputing the whole context for every token.
 
-    python bench/decode.py [--out bench/results/decode.json]
+    python bench/decode.py [--out bench/results/decode.json] [--cached_only]
 
 "cached" is jaxgpt.sampling.generate: one prefill, then one token per step against the static
 cache, the loop compiled. "recompute" is nanoGPT's way: each new token runs the full model over
@@ -68,8 +68,18 @@ def prefill_ms(params, prompt_len: int) -> float:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default="bench/results/decode.json")
+    parser.add_argument(
+        "--cached_only", action="store_true", help="print one JSON line: cached tokens/s (for suite.py)"
+    )
     args = parser.parse_args()
     params = jax.jit(init_params, static_argnums=0)(CONFIG, jax.random.key(0))
+    if args.cached_only:
+        rates = {
+            f"batch_{batch}": batch * 256 / cached(params, jnp.ones((batch, PROMPT), jnp.int32), 256)
+            for batch in (1, 8)
+        }
+        print(json.dumps({"new_tokens": 256, "tokens_per_sec": rates}))
+        return
     rows = []
     print(f"{'batch':>5} {'new tokens':>10} {'cached tok/s':>13} {'recompute tok/s':>16} {'speedup':>8}")
     for batch in (1, 8):

@@ -130,7 +130,11 @@ class CausalSelfAttention(nn.Module):
         slopes = None
         if c.position == "alibi":
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(n_kv, group)
-        y = attend(q, k, v, kernel=c.attention, cache_index=cache_index if self.decode else None, slopes=slopes)
+        index = cache_index if self.decode else None
+        y = attend(q, k, v, kernel=c.attention, cache_index=index, slopes=slopes)
+        if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.attention_maps)
+            bias = causal_score_bias(q.shape[1], k.shape[1], index, slopes)
+            self.sow("intermediates", "attention_weights", attention_weights(q, k, bias))
 
         # The output projection writes into the residual stream: GPT-2 scales its init by
         # 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.

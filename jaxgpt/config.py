@@ -271,6 +271,10 @@ class TrainConfig:
     decay_embeddings: also apply weight decay to the token/position embeddings.
     init_from: start from Hugging Face weights (a directory, or a Hub name such as "gpt2")
         instead of a random init; the model section must describe the same architecture.
+    tensorboard: also write the metrics as TensorBoard event files in <workdir>/tensorboard
+        (`tensorboard --logdir runs`).
+    wandb_project: also log to this Weights & Biases project ("" for none; needs
+        `pip install wandb` and a login).
     """
 
     steps: int = 2000
@@ -292,6 +296,8 @@ class TrainConfig:
     dtype: str = "float32"
     decay_embeddings: bool = False
     init_from: str = ""
+    tensorboard: bool = True
+    wandb_project: str = ""
 
     def __post_init__(self):
         problems = []
@@ -445,6 +451,8 @@ RESUMABLE_FIELDS = frozenset(
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.microbatches",
+        "train.tensorboard",
+        "train.wandb_project",
         "model.attention",
         "model.remat",
         "data.cache_dir",

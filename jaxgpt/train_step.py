@@ -56,7 +56,7 @@ def train_step(
     if microbatches == 1:
         loss, grads = loss_and_grads(state.params, windows, rng)
     else:
-        pieces = windows.reshape(microbatches, -1, windows.shape[-1])
+        pieces = windows.reshape(-1, microbatches, windows.shape[-1]).swapaxes(0, 1)
 
         def accumulate(total, xs):
             i, piece = xs

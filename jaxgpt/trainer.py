@@ -7,7 +7,8 @@ the accelerator is never stalled by the host.
 A workdir holds everything of a run:
   config.json       the resolved configuration (every field, vocab_size filled in)
   tokenizer.json    the tokenizer, so sampling needs nothing else
-  metrics.jsonl     one JSON object per logged step
+  metrics.jsonl     one JSON object per logged step (jaxgpt.metrics; plot with jaxgpt.plot)
+  tensorboard/      the same metrics as TensorBoard event files (train.tensorboard)
   checkpoints/      orbax checkpoints, each with the state and a record of the run
 
 Resuming is exact. Batches are a pure function of (seed, step), so the step is the whole data
@@ -22,7 +23,6 @@ from __future__ import annotations
 import contextlib
 import json
 import math
-import os
 import signal
 import sys
 import threading
@@ -41,6 +41,7 @@ from jaxgpt.config import RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
 from jaxgpt.distributed import is_main_process
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops
+from jaxgpt.metrics import MetricsLog
 from jaxgpt.model import GPT, count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule, make_optimizer
 from jaxgpt.tokenizers import save_tokenizer
@@ -89,28 +90,10 @@ def train_and_evaluate(
 class Trainer:
     def __init__(self, run: RunConfig, dataset: data.Dataset, workdir: Path, say):
         self.config, self.dataset, self.workdir, self.say = run, dataset, workdir, say
-        self.model = GPT(run.model)
         self.mesh = sharding.make_mesh(run.mesh)
-        _check_batch_fits_mesh(run, self.mesh)
-        optimizer = make_optimizer(run.train)
+        check_batch_fits_mesh(run, self.mesh)
         self.schedule = learning_rate_schedule(run.train)
-        create = partial(create_train_state, run.model, optimizer, run.train.seed)
-        # The state is born sharded (jit with out_shardings): no device ever holds all of it.
-        state_shardings = sharding.shardings_like(jax.eval_shape(create), self.mesh)
-        self.state = jax.jit(create, out_shardings=state_shardings)()
-        batch_sharding = sharding.batch_sharding(self.mesh)
-        replicated = jax.sharding.NamedSharding(self.mesh, jax.sharding.PartitionSpec())
-        self.train_step = jax.jit(
-            partial(train_step, model=self.model, optimizer=optimizer, microbatches=run.train.microbatches),
-            in_shardings=(state_shardings, batch_sharding),
-            out_shardings=(state_shardings, replicated),
-            donate_argnums=0,
-        )
-        self.eval_step = jax.jit(
-            partial(eval_step, model=self.model),
-            in_shardings=(state_shardings.params, batch_sharding),
-            out_shardings=replicated,
-        )
+        self.state, self.train_step, self.eval_step = compiled_steps(run, self.mesh)
         self.checkpoints = Checkpoints(workdir / "checkpoints", run.train.keep_checkpoints)
         self.metrics_path = workdir / "metrics.jsonl"
         self.tokens_per_step = run.train.batch_size * run.model.block_size
@@ -266,8 +249,15 @@ class Trainer:
         last: dict = {"step": start}
         clock = interval_start = time.perf_counter()
         interval_steps = 0
-        metrics_out = self.metrics_path.open("a") if is_main_process() else open(os.devnull, "w")
-        with self._stop_on_signals(), metrics_out as metrics_file:
+        log = MetricsLog(
+            self.workdir,
+            enabled=is_main_process(),
+            tensorboard=t.tensorboard,
+            wandb_project=t.wandb_project,
+            run_config=self.config.to_dict(),
+            resume_step=start,
+        )
+        with self._stop_on_signals(), log:
             for step in range(start, t.steps):
                 self.state, metrics = step_fn(self.state, first if step == start else next(batches))
                 pending.append(metrics)
@@ -303,8 +293,7 @@ class Trainer:
                     if evals:
                         last |= self.evaluate()
                         self.say(f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f}")
-                    metrics_file.write(json.dumps(last) + "\n")
-                    metrics_file.flush()
+                    log.write(last)
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{tokens_per_sec:,.0f}")
                     losses = []
                 if saves:
@@ -361,12 +350,37 @@ ARCHITECTURE_FIELDS = (
 )
 
 
+def compiled_steps(run: RunConfig, mesh):
+    """(initial state, train_step, eval_step) of a run, jitted for `mesh`: what `Trainer`
+    trains with and what bench/ times. The state is born sharded (jit with out_shardings):
+    no device ever holds all of it. The old state's buffers are donated to the new one."""
+    model = GPT(run.model)
+    optimizer = make_optimizer(run.train)
+    create = partial(create_train_state, run.model, optimizer, run.train.seed)
+    state_shardings = sharding.shardings_like(jax.eval_shape(create), mesh)
+    state = jax.jit(create, out_shardings=state_shardings)()
+    batch_sharding = sharding.batch_sharding(mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    step = jax.jit(
+        partial(train_step, model=model, optimizer=optimizer, microbatches=run.train.microbatches),
+        in_shardings=(state_shardings, batch_sharding),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+    evaluate = jax.jit(
+        partial(eval_step, model=model),
+        in_shardings=(state_shardings.params, batch_sharding),
+        out_shardings=replicated,
+    )
+    return state, step, evaluate
+
+
 def _warn(message: str) -> None:
     """Warnings print even with progress output off: they report something the user must know."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def _check_batch_fits_mesh(run: RunConfig, mesh) -> None:
+def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
     parallel = sharding.data_parallel_size(mesh)
     per_microbatch = run.train.batch_size // run.train.microbatches
     if per_microbatch % parallel or run.train.batch_size % jax.process_count():

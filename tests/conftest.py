@@ -48,16 +48,18 @@ def small_run_config(**train):
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, devices: int | None = None, background: bool = False):
-    """Run one of the repository's scripts as a user would: a fresh Python at the repository
-    root. `devices` sets the number of fake CPU devices; `background` returns the Popen."""
+def run_script(name: str, *args: str, devices: int | None = None, background: bool = False, env: dict | None = None):
+    """Run one of the repository's scripts (train.py) or modules (jaxgpt.plot) as a user would:
+    a fresh Python at the repository root. `devices` sets the number of fake CPU devices;
+    `background` returns the Popen; `env` adds environment variables."""
     import subprocess
     import sys
 
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})
     if devices is not None:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    command = [sys.executable, str(ROOT / name), *args]
+    target = ["-m", name] if name.startswith("jaxgpt.") else [str(ROOT / name)]
+    command = [sys.executable, *target, *args]
     if background:
         return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)

@@ -122,7 +122,7 @@ CLI_RUN = dict(steps=300, log_every=1, eval_every=150, checkpoint_every=10)
 
 def cli_args(workdir, **train):
     overrides = [f"--config.model.{k}={v}" for k, v in dict(n_layer=2, n_head=2, d_model=32, block_size=32).items()]
-    train = dict(batch_size=8, lr=3e-3, warmup_steps=5, eval_batches=2) | train
+    train = dict(batch_size=8, microbatches=1, lr=3e-3, warmup_steps=5, eval_batches=2) | train
     overrides += [f"--config.train.{k}={v}" for k, v in train.items()]
     return ["--config", "configs/tiny.py", f"--workdir={workdir}", "--quiet", *overrides]
 

@@ -45,6 +45,16 @@ def test_every_layout_trains_like_one_device(layout, one_device, tmp_path):
     np.testing.assert_allclose(losses(tmp_path), losses(one_device), rtol=1e-5)
 
 
+def test_the_cpu_speed_settings_train_like_the_plain_step(one_device, tmp_path):
+    """What train.py picks on a 2-core CPU (two devices; configs/tiny.py's dots
+    rematerialisation), with microbatches split across the data axis, reorders float32 sums
+    and changes nothing else: the same tolerance as above."""
+    c = config(dict(data=2), microbatches=2)
+    c.model.remat = "dots"
+    train_and_evaluate(c, tmp_path, progress=False)
+    np.testing.assert_allclose(losses(tmp_path), losses(one_device), rtol=1e-5)
+
+
 def trainer_for(mesh: dict) -> Trainer:
     c = config(mesh)
     dataset = data.prepare(resolve(c).data, progress=False)
@@ -126,6 +136,7 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(tmp_path)
         "--config.train.warmup_steps=2",
         "--config.train.log_every=1",
         "--config.train.eval_batches=2",
+        "--config.train.microbatches=1",
     ]
 
     def train(workdir, devices, extra=()):

@@ -14,6 +14,7 @@ FAST = [
     "--config.train.steps=4",
     "--config.train.warmup_steps=1",
     "--config.train.batch_size=8",
+    "--config.train.microbatches=1",
     "--config.train.eval_batches=1",
     "--quiet",
 ]

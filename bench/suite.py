@@ -1,0 +1,237 @@
+"""The benchmark suite: every speed figure the project quotes, in one command and one table.
+
+    python bench/suite.py [--rounds 3] [--skip_torch] [--out bench/results/suite.json]
+
+On the backend JAX finds (CPU here; GPU or TPU where present) it measures, each in a fresh
+process so that nothing one measurement compiles or allocates helps another:
+  training   tokens/s, step time, MFU, step memory and process peak RSS for each case, as
+             train.py runs it today and as it ran before the speed work (one CPU device, no
+             rematerialisation), beside the PyTorch reference (bench/torch_reference.py,
+             nanoGPT's model and step; eager, and torch.compile for the first case);
+  compile    XLA compile time of the tiny train step cold and warm from the persistent
+             cache, and with scan_layers at 2 and 12 layers (unrolled alongside);
+  decode     cached greedy generation, tokens/s at batch 1 and 8.
+Variants of a case run interleaved, `--rounds` times, and the table shows medians: timings on
+a shared 2-core machine drift by 20% over minutes, so only side-by-side ratios are trusted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BENCH = ROOT / "bench"
+
+
+@dataclass(frozen=True)
+class Case:
+    name: str
+    config: str
+    overrides: tuple[str, ...] = ()
+    torch_shape: tuple[int, int, int, int, int] | None = None  # layers, heads, width, seq, batch
+    torch_compile: bool = False
+    vocab: int = 96
+    steps: int = 20
+    repeats: int = 5
+    baseline: tuple[str, ...] = field(default=("model.remat=none", "train.microbatches=1"))  # undoes the speed work
+
+
+CPU_CASES = (
+    Case(
+        "tiny: 4L/4H/128d, T=64, B=12",
+        "configs/tiny.py",
+        ("model.block_size=64", "train.microbatches=1"),
+        (4, 4, 128, 64, 12),
+        torch_compile=True,
+    ),
+    Case("configs/tiny.py: T=128, B=12", "configs/tiny.py", (), (4, 4, 128, 128, 12)),
+    Case(
+        "6L/6H/384d, T=256, B=16",
+        "configs/shakespeare_char.py",
+        ("train.batch_size=16", "model.dropout=0.0"),
+        (6, 6, 384, 256, 16),
+        steps=4,
+        repeats=3,
+    ),
+)
+ACCELERATOR_CASES = (
+    Case(
+        "GPT-2 124M, T=1024, B=16, bf16",
+        "configs/gpt2_124m.py",
+        ("train.batch_size=16", "train.microbatches=1"),
+        vocab=50304,
+        steps=10,
+        repeats=3,
+        baseline=(),
+    ),
+)
+
+
+def run_json(command: list[str], env: dict | None = None) -> dict:
+    """Run a worker and return the JSON object on its last stdout line."""
+    result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=env)
+    if result.returncode != 0:
+        raise SystemExit(f"error: {' '.join(command[1:3])} failed:\n{result.stderr.strip()[-2000:]}")
+    return json.loads(result.stdout.strip().splitlines()[-1])
+
+
+def clean_env(**extra: str) -> dict:
+    env = {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
+    env.update(extra)
+    return env
+
+
+def jaxgpt_train(case: Case, devices: str, extra: tuple[str, ...] = ()) -> dict:
+    command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", case.config, "--vocab", str(case.vocab)]
+    command += ["--devices", devices, "--steps", str(case.steps), "--repeats", str(case.repeats)]
+    for item in case.overrides + extra:
+        command += ["--set", item]
+    return run_json(command, clean_env(JAXGPT_COMPILATION_CACHE="off"))
+
+
+def torch_train(case: Case, compile: bool) -> dict:
+    layers, heads, width, seq, batch = case.torch_shape
+    command = [sys.executable, str(BENCH / "torch_reference.py"), "--layers", str(layers), "--heads", str(heads)]
+    command += ["--width", str(width), "--seq", str(seq), "--batch", str(batch), "--vocab", str(case.vocab)]
+    command += ["--steps", str(case.steps), "--repeats", str(case.repeats)] + (["--compile"] if compile else [])
+    return run_json(command, clean_env())
+
+
+def training(cases, on_cpu: bool, rounds: int, with_torch: bool, say) -> list[dict]:
+    rows = []
+    for case in cases:
+        variants = {"jaxgpt": lambda c=case: jaxgpt_train(c, "auto")}
+        if on_cpu:
+            variants["jaxgpt before speed work"] = lambda c=case: jaxgpt_train(c, "1", c.baseline)
+        if with_torch and case.torch_shape:
+            variants["PyTorch eager (nanoGPT model)"] = lambda c=case: torch_train(c, compile=False)
+            if case.torch_compile:
+                variants["PyTorch torch.compile"] = lambda c=case: torch_train(c, compile=True)
+        runs: dict[str, list[dict]] = {name: [] for name in variants}
+        for round_ in range(rounds):
+            for name, measure in variants.items():
+                say(f"  {case.name} / {name} (round {round_ + 1} of {rounds})")
+                runs[name].append(measure())
+        for name, results in runs.items():
+            row = {"case": case.name, "variant": name, "rounds": len(results)}
+            for key in results[0]:
+                values = [r[key] for r in results]
+                row[key] = statistics.median(values) if isinstance(values[0], (int, float)) else values[0]
+            rows.append(row)
+    return rows
+
+
+def compile_times(say) -> dict:
+    def compile_seconds(overrides: tuple[str, ...], cache: str) -> dict:
+        command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", "configs/tiny.py", "--compile_only"]
+        for item in overrides:
+            command += ["--set", item]
+        return run_json(command, clean_env(JAXGPT_COMPILATION_CACHE=cache))
+
+    with tempfile.TemporaryDirectory() as cache:
+        say("  compile: cold, then warm from the persistent cache")
+        cold, warm = compile_seconds((), cache), compile_seconds((), cache)
+    depth = {}
+    for scan in (True, False):
+        for layers in (2, 12):
+            say(f"  compile: {layers} layers, scan_layers={scan}")
+            depth[f"{'scan' if scan else 'unrolled'}_{layers}"] = compile_seconds(
+                (f"model.n_layer={layers}", f"model.scan_layers={'true' if scan else 'false'}"), "off"
+            )
+    return {"cold": cold, "warm": warm, "depth": depth}
+
+
+def decode(say) -> dict:
+    say("  decode: cached greedy generation")
+    return run_json(
+        [sys.executable, str(BENCH / "decode.py"), "--cached_only"], clean_env(JAXGPT_COMPILATION_CACHE="off")
+    )
+
+
+def print_table(result: dict) -> None:
+    print(f"\n{result['hardware']}; jax {result['jax']}")
+    peak = result["peak_flops"] / 1e9
+    print(f"peak {peak:,.0f} GFLOP/s ({result['peak_source']}); medians of {result['rounds']} round(s)")
+    print(f"\n{'case':32} {'variant':30} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'vs eager':>9} {'temp MB':>8}")
+    eager = {r["case"]: r["tokens_per_sec"] for r in result["training"] if r["variant"].startswith("PyTorch eager")}
+    for r in result["training"]:
+        ratio = f"{r['tokens_per_sec'] / eager[r['case']]:.2f}x" if r["case"] in eager else "-"
+        mfu = f"{r['mfu']:.1%}" if "mfu" in r else "-"
+        temp = f"{r['step_temp_mb']:.0f}" if r.get("step_temp_mb") is not None else "-"
+        print(
+            f"{r['case']:32} {r['variant']:30} {r['step_ms']:>9.1f} {r['tokens_per_sec']:>10,.0f} {mfu:>6} "
+            f"{ratio:>9} {temp:>8}"
+        )
+    c = result["compile"]
+    cold, warm = c["cold"], c["warm"]
+    print(
+        f"\ncompile (tiny train step, XLA): cold {cold['compile_sec']:.2f} s, warm {warm['compile_sec']:.2f} s "
+        f"({warm['compile_sec'] / cold['compile_sec']:.0%} of cold); tracing {cold['trace_sec']:.2f} s cold, "
+        f"{warm['trace_sec']:.2f} s warm"
+    )
+    d = c["depth"]
+    for kind in ("scan", "unrolled"):
+        two, twelve = d[f"{kind}_2"]["compile_sec"], d[f"{kind}_12"]["compile_sec"]
+        print(f"compile, {kind:8}: 2 layers {two:.2f} s, 12 layers {twelve:.2f} s ({twelve / two:.2f}x)")
+    rates = ", ".join(f"{k} {v:,.0f} tokens/s" for k, v in result["decode"]["tokens_per_sec"].items())
+    print(f"decode (tiny shape, 256 new tokens, KV cache): {rates}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=1, help="interleaved repetitions of each training variant")
+    parser.add_argument("--skip_torch", action="store_true", help="leave out the PyTorch reference")
+    parser.add_argument("--out", default="bench/results/suite.json")
+    args = parser.parse_args()
+
+    def say(message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    probe = _probe()  # in a child process: this one never starts JAX
+    on_cpu = probe["platform"] == "cpu"
+    started = time.time()
+    with_torch = not args.skip_torch and on_cpu
+    say(f"benchmarking on {probe['device_kind']} ({probe['platform']})")
+    rows = training(CPU_CASES if on_cpu else ACCELERATOR_CASES, on_cpu, args.rounds, with_torch, say)
+    result = {
+        "hardware": f"{probe['device_count']} x {probe['device_kind']} ({platform.machine()}, {os.cpu_count()} cores)"
+        if not on_cpu
+        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+        "jax": probe["jax"],
+        "date": time.strftime("%Y-%m-%d"),
+        "rounds": args.rounds,
+        "peak_flops": rows[0]["peak_flops"],
+        "peak_source": rows[0]["peak_source"],
+        "training": rows,
+        "compile": compile_times(say),
+        "decode": decode(say),
+        "suite_sec": time.time() - started,
+    }
+    print_table(result)
+    out = ROOT / args.out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"\nwrote {args.out}")
+
+
+def _probe() -> dict:
+    code = (
+        "import jax, json; d = jax.devices()[0]; "
+        "print(json.dumps({'platform': d.platform, 'device_kind': d.device_kind, "
+        "'device_count': jax.device_count(), 'jax': jax.__version__}))"
+    )
+    return run_json([sys.executable, "-c", code], clean_env())
+
+
+if __name__ == "__main__":
+    main()

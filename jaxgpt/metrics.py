@@ -1,0 +1,98 @@
+"""Where a run's metrics go: metrics.jsonl (the record everything else reads), TensorBoard
+event files, and Weights & Biases when asked for.
+
+Each logging step is one flat record such as {"step": 250, "train_loss": 2.1, "val_loss":
+2.2, "lr": 0.002, "tokens_per_sec": 19000, ...}. TensorBoard gets every number as a scalar
+named by the tag below, written with tensorboardX (no TensorFlow needed). On resume the event
+files are told to drop anything logged after the restored step, as metrics.jsonl is truncated,
+so a curve never doubles back on itself.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from jaxgpt.errors import UserError
+
+# metrics.jsonl key -> TensorBoard / W&B tag; grouped so TensorBoard shows losses together.
+TAGS = {
+    "train_loss": "loss/train",
+    "eval_train_loss": "loss/eval_train",
+    "val_loss": "loss/val",
+    "lr": "optim/lr",
+    "grad_norm": "optim/grad_norm",
+    "tokens_per_sec": "speed/tokens_per_sec",
+    "tokens_per_sec_per_device": "speed/tokens_per_sec_per_device",
+    "mfu": "speed/mfu",
+    "elapsed_sec": "speed/elapsed_sec",
+}
+
+
+def read_metrics(workdir: str | Path) -> list[dict]:
+    """The records of a run's metrics.jsonl, in step order."""
+    path = Path(workdir) / "metrics.jsonl"
+    if not path.is_file():
+        raise UserError(f"{path} not found; pass the workdir of a run that train.py has logged to")
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsLog:
+    """Appends records to metrics.jsonl and mirrors them to the optional sinks. Only the main
+    process of a run should make one (`enabled=False` makes a do-nothing log for the others)."""
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        enabled: bool = True,
+        tensorboard: bool = True,
+        wandb_project: str = "",
+        run_config: dict | None = None,
+        resume_step: int = 0,
+    ):
+        self.file = (workdir / "metrics.jsonl").open("a") if enabled else None
+        self.tensorboard = None
+        self.wandb = None
+        if enabled and tensorboard:
+            from tensorboardX import SummaryWriter
+
+            # purge_step drops events a previous attempt logged after the checkpoint we resumed.
+            self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=resume_step + 1)
+        if enabled and wandb_project:
+            try:
+                import wandb
+            except ImportError:
+                raise UserError(
+                    f"train.wandb_project={wandb_project!r} needs wandb; pip install wandb, or set "
+                    "--config.train.wandb_project=''"
+                ) from None
+            self.wandb = wandb.init(project=wandb_project, name=workdir.name, config=run_config, resume="allow")
+
+    def write(self, record: dict) -> None:
+        if self.file is None:
+            return
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        step = record["step"]
+        scalars = {TAGS.get(key, key): value for key, value in record.items() if key != "step"}
+        if self.tensorboard is not None:
+            for tag, value in scalars.items():
+                self.tensorboard.add_scalar(tag, value, step)
+            self.tensorboard.flush()
+        if self.wandb is not None:
+            self.wandb.log(scalars, step=step)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()

@@ -1,0 +1,156 @@
+"""What a run shows: TensorBoard events, loss plots, attention maps, pre-flight checks, and the
+Colab notebook executing top to bottom."""
+
+import json
+import os
+import struct
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from conftest import ROOT, run_script, small_run_config
+
+from jaxgpt.attention_maps import attention_maps
+from jaxgpt.checkpoint import load_latest
+from jaxgpt.trainer import train_and_evaluate
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """Two short runs of different sizes: (workdir, workdir)."""
+    root = tmp_path_factory.mktemp("runs")
+    small = train_and_evaluate(small_run_config(steps=20), root / "small", progress=False)
+    config = small_run_config(steps=20)
+    config.model.update(n_layer=3, d_model=48, n_head=4)
+    wider = train_and_evaluate(config, root / "wider", progress=False)
+    assert small["step"] == wider["step"] == 20
+    return root / "small", root / "wider"
+
+
+def png_size(path: Path) -> tuple[int, int]:
+    """(width, height) from the IHDR chunk that every PNG starts with."""
+    header = path.read_bytes()[:24]
+    assert header[:8] == b"\x89PNG\r\n\x1a\n" and header[12:16] == b"IHDR"
+    return struct.unpack(">II", header[16:24])
+
+
+def tensorboard_scalars(folder: Path) -> dict[str, dict[int, float]]:
+    """tag -> {step: value}, read from the TFRecord event files without TensorFlow: each record
+    is a length (u64), its CRC (u32), an Event protobuf, and the protobuf's CRC (u32)."""
+    from tensorboardX.proto import event_pb2
+
+    scalars: dict[str, dict[int, float]] = {}
+    for path in sorted(folder.glob("events.out.tfevents.*")):
+        data, offset = path.read_bytes(), 0
+        while offset < len(data):
+            (length,) = struct.unpack("<Q", data[offset : offset + 8])
+            event = event_pb2.Event.FromString(data[offset + 12 : offset + 12 + length])
+            offset += 12 + length + 4
+            for value in event.summary.value:
+                scalars.setdefault(value.tag, {})[event.step] = value.simple_value
+    return scalars
+
+
+def test_tensorboard_events_carry_what_metrics_jsonl_logs(trained):
+    workdir = trained[0]
+    records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    scalars = tensorboard_scalars(workdir / "tensorboard")
+    logged = {r["step"]: r["train_loss"] for r in records}
+    assert scalars["loss/train"] == pytest.approx(logged, rel=1e-6)  # event files store float32
+    assert set(scalars["loss/val"]) == {r["step"] for r in records if "val_loss" in r}
+
+
+def test_plot_draws_several_runs_at_the_documented_size(trained, tmp_path):
+    out = tmp_path / "loss.png"
+    result = run_script("jaxgpt.plot", *map(str, trained), "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    assert png_size(out) == (1100, 400) and out.stat().st_size > 10_000
+    speed = tmp_path / "speed.png"
+    result = run_script("jaxgpt.plot", str(trained[0]), "--metric", "tokens_per_sec", "--out", str(speed))
+    assert result.returncode == 0 and png_size(speed) == (1100, 400), result.stderr
+
+
+def test_plot_rejects_a_metric_the_run_never_logged(trained, tmp_path):
+    result = run_script("jaxgpt.plot", str(trained[0]), "--metric", "perplexity", "--out", str(tmp_path / "x.png"))
+    assert result.returncode == 2 and result.stderr.strip().startswith("error: no 'perplexity' values")
+    assert not (tmp_path / "x.png").exists()
+
+
+def test_attention_maps_are_causal_distributions(trained):
+    run, params, tokenizer, _ = load_latest(trained[1])
+    ids = np.asarray(tokenizer.encode("def f(x): return x"))
+    maps = attention_maps(run.model, params, ids)
+    t = len(ids)
+    assert maps.shape == (run.model.n_layer, run.model.n_head, t, t)
+    np.testing.assert_allclose(maps.sum(-1), 1.0, atol=1e-5)  # float32 softmax rows
+    assert np.all(maps[:, :, np.triu_indices(t, 1)[0], np.triu_indices(t, 1)[1]] == 0.0)
+    assert np.all(maps[:, :, 0, 0] == 1.0)  # the first token can only attend to itself
+
+
+def test_attention_maps_match_a_hand_computed_first_layer(trained):
+    """Layer 0 from the weights with numpy: LayerNorm, the QKV projection, softmax(q k^T/sqrt(d))
+    under the causal mask. The model has learned positions, so no rotation is involved."""
+    run, params, tokenizer, _ = load_latest(trained[0])
+    c = run.model
+    ids = np.asarray(tokenizer.encode("import os"))
+    p = jax.tree.map(np.asarray, params)
+    x = p["wte"]["embedding"][ids] + p["wpe"]["embedding"][: len(ids)]
+    norm = p["block_0"]["norm_1"]
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + c.norm_eps) * norm["scale"] + norm["bias"]
+    qkv = np.einsum("td,dkge->tkge", x, p["block_0"]["attn"]["qkv"]["kernel"]) + p["block_0"]["attn"]["qkv"]["bias"]
+    q, k = qkv[:, :, 0], qkv[:, :, 1]  # one query per kv head (n_kv_head = n_head): group 1
+    scores = np.einsum("thd,shd->hts", q, k) / np.sqrt(c.head_dim)
+    scores = np.where(np.tril(np.ones((len(ids), len(ids)), bool)), scores, -np.inf)
+    expected = np.exp(scores - scores.max(-1, keepdims=True))
+    expected /= expected.sum(-1, keepdims=True)
+    np.testing.assert_allclose(attention_maps(c, params, ids)[0], expected, atol=1e-5)
+
+
+def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
+    out = tmp_path / "maps.png"
+    result = run_script(
+        "jaxgpt.attention_maps", "--workdir", str(trained[1]), "--prompt", "x = 1", "--layer", "2", "--out", str(out)
+    )
+    assert result.returncode == 0, result.stderr
+    assert png_size(out) == (4 * 200, 200)  # 4 heads of 2 x 2 inches at 100 dpi
+    bad = run_script("jaxgpt.attention_maps", "--workdir", str(trained[1]), "--prompt", "x", "--layer", "3")
+    assert bad.returncode == 2 and "--layer 3 is out of range" in bad.stderr
+
+
+CHECK_FAST = ["--config", "configs/tiny.py", "--config.model.n_layer=2", "--overfit_steps=60"]
+
+
+def test_check_passes_a_healthy_config():
+    result = run_script("jaxgpt.check", *CHECK_FAST, devices=2)
+    assert result.returncode == 0, result.stdout + result.stderr
+    rows = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines() if line[:4] in ("PASS", "INFO")}
+    assert rows == {"initial": "PASS", "gradients": "PASS", "overfit": "PASS", "size": "INFO", "memory": "PASS"}
+
+
+def test_check_fails_a_too_large_init_and_names_the_row():
+    result = run_script("jaxgpt.check", *CHECK_FAST, "--config.model.init_std=1.0", devices=2)
+    assert result.returncode == 1
+    failing = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
+    assert any("initial loss" in line for line in failing), result.stdout
+    assert "failed: initial loss" in result.stderr
+
+
+@pytest.mark.slow
+def test_colab_notebook_executes_top_to_bottom(tmp_path):
+    import nbclient
+    import nbformat
+
+    notebook = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4)
+    env = {"JAXGPT_NOTEBOOK_QUICK": "1", "JAXGPT_NOTEBOOK_WORKDIR": str(tmp_path / "runs")}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)  # the kernel inherits this process's environment
+    try:
+        nbclient.NotebookClient(
+            notebook, timeout=600, kernel_name="python3", resources={"metadata": {"path": ROOT}}
+        ).execute()
+    finally:
+        for k, v in saved.items():
+            os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+    assert (tmp_path / "runs" / "loss.png").stat().st_size > 10_000
+    assert (tmp_path / "runs" / "resume" / "metrics.jsonl").exists()
