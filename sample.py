@@ -76,6 +76,8 @@ def main() -> None:
     tokens = jnp.asarray([ids] * NUM_SAMPLES.value, jnp.int32)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
     model = model_config.replace(dtype="float32")
+    if model.attention == "flash_tpu" and jax.default_backend() != "tpu":  # trained on a TPU, sampled elsewhere
+        model = model.replace(attention="xla")
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
     rng = jax.random.key(SEED.value)
 

@@ -162,15 +162,17 @@ def print_table(result: dict) -> None:
     print(f"\n{result['hardware']}; jax {result['jax']}")
     peak = result["peak_flops"] / 1e9
     print(f"peak {peak:,.0f} GFLOP/s ({result['peak_source']}); medians of {result['rounds']} round(s)")
-    print(f"\n{'case':32} {'variant':30} {'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'vs eager':>9} {'temp MB':>8}")
+    columns = f"{'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'vs eager':>9} {'temp MB':>8} {'RSS MB':>7}"
+    print(f"\n{'case':32} {'variant':30} {columns}")
     eager = {r["case"]: r["tokens_per_sec"] for r in result["training"] if r["variant"].startswith("PyTorch eager")}
     for r in result["training"]:
         ratio = f"{r['tokens_per_sec'] / eager[r['case']]:.2f}x" if r["case"] in eager else "-"
         mfu = f"{r['mfu']:.1%}" if "mfu" in r else "-"
         temp = f"{r['step_temp_mb']:.0f}" if r.get("step_temp_mb") is not None else "-"
+        rss = f"{r['max_rss_mb']:.0f}" if "max_rss_mb" in r else "-"
         print(
             f"{r['case']:32} {r['variant']:30} {r['step_ms']:>9.1f} {r['tokens_per_sec']:>10,.0f} {mfu:>6} "
-            f"{ratio:>9} {temp:>8}"
+            f"{ratio:>9} {temp:>8} {rss:>7}"
         )
     c = result["compile"]
     cold, warm = c["cold"], c["warm"]

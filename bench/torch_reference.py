@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import resource
 import statistics
 import time
 
@@ -102,6 +103,7 @@ def measure(
         "tokens_per_sec": batch * seq / step_sec,
         "warmup_sec": warmup_sec,
         "threads": torch.get_num_threads(),
+        "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "torch": torch.__version__,
     }
 

@@ -73,7 +73,30 @@ def dot_product_attention(q, k, v, bias, is_causal_square):
     return out.reshape(b, t, n_kv, group, d)
 
 
-KERNELS = {"xla": xla_attention, "dot_product": dot_product_attention}
+FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
+
+
+def flash_tpu_attention(q, k, v, bias, is_causal_square):
+    """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
+    are computed block by block in on-chip memory and never written out whole.
+
+    It works in blocks of 128 positions and wants equal query and key/value head counts, so
+    grouped keys and values are repeated to the query heads. Only plain causal self-attention
+    over a multiple of 128 positions runs in it; anything else (a KV-cache decode step, a
+    prompt of another length, ALiBi's bias) goes to the XLA kernel.
+    """
+    b, t, n_kv, group, d = q.shape
+    if not (is_causal_square and bias.shape[:2] == (1, 1) and t % FLASH_TPU_BLOCK == 0):
+        return xla_attention(q, k, v, bias, is_causal_square)
+    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+
+    heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
+    repeated = lambda x: heads(jnp.repeat(x[:, :, :, None], group, axis=3))  # noqa: E731
+    out = flash_attention(heads(q), repeated(k), repeated(v), causal=True, sm_scale=1 / math.sqrt(d))
+    return out.transpose(0, 2, 1, 3).reshape(b, t, n_kv, group, d)
+
+
+KERNELS = {"xla": xla_attention, "dot_product": dot_product_attention, "flash_tpu": flash_tpu_attention}
 
 
 def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None) -> jnp.ndarray:

@@ -47,20 +47,29 @@ class Row:
     detail: str
 
 
-def gradient_norms(grads) -> dict[str, float]:
+@jax.jit
+def gradient_norms(grads) -> dict:
     """Gradient norm per top-level parameter group (embeddings, each block, final norm); a
-    layer-scanned "blocks" group is split into its layers."""
-    norms = {}
-    for name, group in grads.items():
+    layer-scanned "blocks" group gives one norm per layer. One compiled program: on a mesh,
+    many small eager reductions in flight at once can starve each other of threads."""
+
+    def squares(group, keep_layer_axis):
+        return sum(
+            jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1 if keep_layer_axis else 0, g.ndim)))
+            for g in jax.tree.leaves(group)
+        )
+
+    return {name: jnp.sqrt(squares(group, name == "blocks")) for name, group in grads.items()}
+
+
+def per_layer(norms: dict) -> dict[str, float]:
+    out = {}
+    for name, value in norms.items():
         if name == "blocks":
-            per_layer = jax.tree.leaves(
-                jax.tree.map(lambda g: jnp.sum(jnp.square(g), axis=tuple(range(1, g.ndim))), group)
-            )
-            for i, sq in enumerate(np.sqrt(np.sum(np.stack([np.asarray(x) for x in per_layer]), axis=0))):
-                norms[f"block_{i}"] = float(sq)
+            out |= {f"block_{i}": float(v) for i, v in enumerate(np.asarray(value))}
         else:
-            norms[name] = float(np.sqrt(sum(float(jnp.sum(jnp.square(g))) for g in jax.tree.leaves(group))))
-    return norms
+            out[name] = float(value)
+    return out
 
 
 def run_checks(config, overfit_steps: int) -> list[Row]:
@@ -83,7 +92,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     results = []
 
     ln_vocab = math.log(run.model.vocab_size)
-    grads_fn = jax.jit(jax.grad(lambda p, w: _loss(run.model, p, w)))
+    norms_fn = jax.jit(lambda p, w: gradient_norms(jax.grad(lambda p: _loss(run.model, p, w))(p)))
     initial = float(jax.jit(lambda p, w: _loss(run.model, p, w))(state.params, batch))
     off = abs(initial - ln_vocab) / ln_vocab
     results.append(
@@ -95,7 +104,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         )
     )
 
-    norms = gradient_norms(grads_fn(state.params, batch))
+    norms = per_layer(norms_fn(state.params, batch))
     total = math.sqrt(sum(n * n for n in norms.values()))
     dead = [k for k, n in norms.items() if n == 0.0]
     bad = [k for k, n in norms.items() if not math.isfinite(n)]
@@ -123,9 +132,9 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     first = None
     for _ in range(overfit_steps):
         state, metrics = compiled(state, batch)
-        first = first if first is not None else metrics["loss"]
-    last = float(metrics["loss"])
-    first = float(first)
+        loss = float(metrics["loss"])
+        first = first if first is not None else loss
+    last = loss
     results.append(
         Row(
             "overfit one batch",

@@ -24,7 +24,7 @@ NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "yarn")
-ATTENTION_KERNELS = ("xla", "dot_product")
+ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -89,8 +89,9 @@ class ModelConfig:
     dtype: compute dtype ("float32", "bfloat16", "float16"); softmax and the returned logits
         are always float32.
     param_dtype: storage dtype of the parameters.
-    attention: attention kernel, "xla" (plain einsums, readable) or "dot_product"
-        (`jax.nn.dot_product_attention`, which can use cuDNN flash attention on GPU).
+    attention: attention kernel, "xla" (plain einsums, readable), "dot_product"
+        (`jax.nn.dot_product_attention`, which can use cuDNN flash attention on GPU) or
+        "flash_tpu" (Pallas's TPU flash attention; TPU only).
     scan_layers: run the blocks with `nn.scan`, so compile time does not grow with depth.
     remat: rematerialisation policy for each block: "none", "full" (save nothing),
         "dots" (save matmul outputs), "dots_no_batch" (save matmuls without batch dims).

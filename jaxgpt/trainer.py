@@ -63,6 +63,11 @@ def train_and_evaluate(
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
     run = config if isinstance(config, RunConfig) else resolve(config)  # validate before slow work
+    if run.model.attention == "flash_tpu" and jax.default_backend() != "tpu":
+        raise UserError(
+            f"model.attention='flash_tpu' is a TPU kernel and this run is on {jax.default_backend()}; "
+            "set --config.model.attention=xla (or dot_product)"
+        )
     dataset = data.prepare(run.data, progress=progress)
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
