@@ -58,7 +58,7 @@ CPU_CASES = (
     Case(
         "6L/6H/384d, T=256, B=16",
         "configs/shakespeare_char.py",
-        ("train.batch_size=16", "model.dropout=0.0"),
+        ("train.batch_size=16", "model.dropout=0.0", "train.microbatches=4"),
         (6, 6, 384, 256, 16),
         steps=4,
         repeats=3,

@@ -11,7 +11,6 @@ earlier copy of the current one (an induction head; try a prompt that repeats it
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import jax
@@ -22,10 +21,12 @@ import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
+from jaxgpt import cli  # noqa: E402
 from jaxgpt.checkpoint import load_latest  # noqa: E402
 from jaxgpt.config import ModelConfig  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.model import GPT, unstack_blocks  # noqa: E402
+from jaxgpt.plot import save_png  # noqa: E402
 
 LABELLED_TOKENS = 32  # longer prompts get numbered axes instead of token ticks
 PANEL_INCHES, DPI = 2.0, 100
@@ -65,11 +66,7 @@ def draw(maps: np.ndarray, labels: list[str] | None, first_layer: int, out: Path
                 axes.set_yticks(range(t), labels, fontsize=5)
             else:
                 axes.tick_params(labelsize=5)
-    figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=DPI)
-    plt.close(figure)
-    return out
+    return save_png(figure, out)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -79,18 +76,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--layer", type=int, default=None, help="draw only this layer (0-based)")
     parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: <workdir>/attention.png)")
     args = parser.parse_args(argv)
-    try:
-        run, params, tokenizer, step = load_latest(args.workdir)
-        config = run.model
-        if args.layer is not None and not 0 <= args.layer < config.n_layer:
-            raise UserError(f"--layer {args.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")
-        ids = tokenizer.encode(args.prompt)
-        if not 0 < len(ids) <= config.block_size:
-            raise UserError(f"the prompt is {len(ids)} tokens; give 1 to {config.block_size} (the model's block_size)")
-        maps = attention_maps(config, params, np.asarray(ids))
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    run, params, tokenizer, step = load_latest(args.workdir)
+    config = run.model
+    if args.layer is not None and not 0 <= args.layer < config.n_layer:
+        raise UserError(f"--layer {args.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")
+    ids = tokenizer.encode(args.prompt)
+    if not 0 < len(ids) <= config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens; give 1 to {config.block_size} (the model's block_size)")
+    maps = attention_maps(config, params, np.asarray(ids))
     first = args.layer or 0
     if args.layer is not None:
         maps = maps[args.layer : args.layer + 1]
@@ -100,4 +93,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

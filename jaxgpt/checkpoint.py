@@ -17,10 +17,10 @@ import jax
 import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
-from jaxgpt.config import run_config_from_dict
+from jaxgpt.config import MeshConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.optimizer import make_optimizer
-from jaxgpt.sharding import shardings_like
+from jaxgpt.sharding import make_mesh, shardings_like
 from jaxgpt.tokenizers import tokenizer_from_dict
 from jaxgpt.train_step import create_train_state
 
@@ -112,8 +112,10 @@ def _brief(error: Exception) -> str:
 
 def load_latest(workdir: Path, mesh=None):
     """(run config, params, tokenizer, step) of a workdir's newest checkpoint: all that
-    sampling needs, read from the checkpoint alone. With a mesh, the state is restored straight
-    into the shardings the rules of jaxgpt/sharding.py give it there."""
+    sampling needs, read from the checkpoint alone. The state is restored straight into the
+    shardings the rules of jaxgpt/sharding.py give it on `mesh`; without one, onto this
+    process's first device (whatever layout the run was saved from: a 2-core CPU run saves
+    from two devices)."""
     directory = Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise UserError(f"no checkpoints in {workdir}; train first (python train.py --config ... --workdir {workdir})")
@@ -124,10 +126,10 @@ def load_latest(workdir: Path, mesh=None):
     record = checkpoints.read_record(step)
     run = run_config_from_dict(record["config"])
     like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
-    if mesh is not None:
-        like = jax.tree.map(
-            lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), like, shardings_like(like, mesh)
-        )
+    mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
+    like = jax.tree.map(
+        lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), like, shardings_like(like, mesh)
+    )
     state = checkpoints.restore(step, like)
     checkpoints.close()
     return run, state.params, tokenizer_from_dict(record["tokenizer"]), step

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import matplotlib
@@ -18,6 +17,7 @@ import matplotlib
 matplotlib.use("Agg")  # files only: works without a display, on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
 
+from jaxgpt import cli  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.metrics import read_metrics  # noqa: E402
 
@@ -64,9 +64,14 @@ def plot_runs(workdirs: list[Path], metric: str, out: Path) -> Path:
         axes.set_ylabel(metric)
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
+    return save_png(figure, out)
+
+
+def save_png(figure, out: Path) -> Path:
+    """Lay out, write and free a figure; its size in pixels is its size in inches x its dpi."""
     figure.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=DPI)
+    figure.savefig(out, dpi=figure.dpi)
     plt.close(figure)
     return out
 
@@ -78,12 +83,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: <first run>/<metric>.png)")
     args = parser.parse_args(argv)
     out = args.out or args.runs[0] / f"{args.metric}.png"
-    try:
-        print(f"wrote {plot_runs(args.runs, args.metric, out)}")
-    except UserError as error:
-        print(f"error: {error}", file=sys.stderr)
-        sys.exit(2)
+    print(f"wrote {plot_runs(args.runs, args.metric, out)}")
 
 
 if __name__ == "__main__":
-    main()
+    cli.run(main)

@@ -110,7 +110,16 @@ def test_attention_maps_match_a_hand_computed_first_layer(trained):
 def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
     out = tmp_path / "maps.png"
     result = run_script(
-        "jaxgpt.attention_maps", "--workdir", str(trained[1]), "--prompt", "x = 1", "--layer", "2", "--out", str(out)
+        "jaxgpt.attention_maps",
+        "--workdir",
+        str(trained[1]),
+        "--prompt",
+        "x = 1",
+        "--layer",
+        "2",
+        "--out",
+        str(out),
+        devices=1,  # the run was saved from 8 devices: loading must not need them
     )
     assert result.returncode == 0, result.stderr
     assert png_size(out) == (4 * 200, 200)  # 4 heads of 2 x 2 inches at 100 dpi
