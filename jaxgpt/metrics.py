@@ -37,6 +37,19 @@ def read_metrics(workdir: str | Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def check_sinks_available(wandb_project: str) -> None:
+    """Fail before any work if the config asks for a sink that is not installed."""
+    if not wandb_project:
+        return
+    try:
+        import wandb  # noqa: F401
+    except ImportError:
+        raise UserError(
+            f"train.wandb_project={wandb_project!r} needs wandb; pip install wandb, "
+            "or set --config.train.wandb_project=''"
+        ) from None
+
+
 class MetricsLog:
     """Appends records to metrics.jsonl and mirrors them to the optional sinks. Only the main
     process of a run should make one (`enabled=False` makes a do-nothing log for the others)."""
@@ -60,13 +73,8 @@ class MetricsLog:
             # purge_step drops events a previous attempt logged after the checkpoint we resumed.
             self.tensorboard = SummaryWriter(str(workdir / "tensorboard"), purge_step=resume_step + 1)
         if enabled and wandb_project:
-            try:
-                import wandb
-            except ImportError:
-                raise UserError(
-                    f"train.wandb_project={wandb_project!r} needs wandb; pip install wandb, or set "
-                    "--config.train.wandb_project=''"
-                ) from None
+            import wandb  # present: train_and_evaluate called check_sinks_available first
+
             self.wandb = wandb.init(project=wandb_project, name=workdir.name, config=run_config, resume="allow")
 
     def write(self, record: dict) -> None:

@@ -41,7 +41,7 @@ from jaxgpt.config import RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
 from jaxgpt.distributed import is_main_process
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops
-from jaxgpt.metrics import MetricsLog
+from jaxgpt.metrics import MetricsLog, check_sinks_available
 from jaxgpt.model import GPT, count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule, make_optimizer
 from jaxgpt.tokenizers import save_tokenizer
@@ -63,6 +63,7 @@ def train_and_evaluate(
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
     run = config if isinstance(config, RunConfig) else resolve(config)  # validate before slow work
+    check_sinks_available(run.train.wandb_project)
     if run.model.attention == "flash_tpu" and jax.default_backend() != "tpu":
         raise UserError(
             f"model.attention='flash_tpu' is a TPU kernel and this run is on {jax.default_backend()}; "

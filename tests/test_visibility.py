@@ -4,6 +4,7 @@ Colab notebook executing top to bottom."""
 import json
 import os
 import struct
+import sys
 from pathlib import Path
 
 import jax
@@ -13,6 +14,7 @@ from conftest import ROOT, run_script, small_run_config
 
 from jaxgpt.attention_maps import attention_maps
 from jaxgpt.checkpoint import load_latest
+from jaxgpt.errors import UserError
 from jaxgpt.trainer import train_and_evaluate
 
 
@@ -163,3 +165,39 @@ def test_colab_notebook_executes_top_to_bottom(tmp_path):
             os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
     assert (tmp_path / "runs" / "loss.png").stat().st_size > 10_000
     assert (tmp_path / "runs" / "resume" / "metrics.jsonl").exists()
+
+
+class FakeWandb:
+    """Stands in for the wandb package (not installed here, and it would need the network):
+    records what jaxgpt hands it."""
+
+    def __init__(self):
+        self.inits, self.logged, self.finished = [], [], False
+
+    def init(self, **kwargs):
+        self.inits.append(kwargs)
+        return self
+
+    def log(self, scalars, step):
+        self.logged.append((step, scalars))
+
+    def finish(self):
+        self.finished = True
+
+
+def test_wandb_receives_every_logged_record(tmp_path, monkeypatch):
+    fake = FakeWandb()
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    train_and_evaluate(small_run_config(steps=10, wandb_project="jaxgpt-tests"), tmp_path, progress=False)
+    records = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert fake.inits[0]["project"] == "jaxgpt-tests" and fake.inits[0]["config"]["train"]["steps"] == 10
+    assert [step for step, _ in fake.logged] == [r["step"] for r in records]
+    assert [s["loss/train"] for _, s in fake.logged] == [r["train_loss"] for r in records]
+    assert fake.finished
+
+
+def test_wandb_asked_for_but_missing_is_one_clear_error(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "wandb", None)  # makes `import wandb` raise ImportError
+    with pytest.raises(UserError, match="needs wandb; pip install wandb"):
+        train_and_evaluate(small_run_config(steps=10, wandb_project="p"), tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()  # refused before anything was written
