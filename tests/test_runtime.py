@@ -42,3 +42,15 @@ def test_train_py_fills_the_compilation_cache_and_reuses_it(tmp_path):
     second = run_script("train.py", *args, f"--workdir={tmp_path / 'b'}", env=env_cache)
     assert second.returncode == 0, second.stderr
     assert train_steps() == written  # the second run found its step in the cache (a miss adds an entry)
+
+
+def test_too_late_to_add_devices_is_a_warning_not_a_crash(monkeypatch):
+    """JAX is running in this test process: the device count can no longer change."""
+    monkeypatch.setenv("XLA_FLAGS", "")
+    monkeypatch.delenv("JAX_NUM_CPU_DEVICES", raising=False)
+    monkeypatch.setenv(runtime.CACHE_ENV, "off")
+    import jax
+
+    jax.devices()
+    with pytest.warns(UserWarning, match="JAX has already started"):
+        runtime.configure(rows_per_microbatch=12)
