@@ -47,11 +47,11 @@ class Row:
     detail: str
 
 
-@jax.jit
 def gradient_norms(grads) -> dict:
     """Gradient norm per top-level parameter group (embeddings, each block, final norm); a
-    layer-scanned "blocks" group gives one norm per layer. One compiled program: on a mesh,
-    many small eager reductions in flight at once can starve each other of threads."""
+    layer-scanned "blocks" group gives one norm per layer. Traced into the same program as the
+    gradients: on a mesh, many small eager reductions in flight at once can starve each other
+    of threads."""
 
     def squares(group, keep_layer_axis):
         return sum(
@@ -92,8 +92,14 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     results = []
 
     ln_vocab = math.log(run.model.vocab_size)
-    norms_fn = jax.jit(lambda p, w: gradient_norms(jax.grad(lambda p: _loss(run.model, p, w))(p)))
-    initial = float(jax.jit(lambda p, w: _loss(run.model, p, w))(state.params, batch))
+
+    @jax.jit
+    def loss_and_norms(params, windows):
+        loss, grads = jax.value_and_grad(lambda p: _loss(run.model, p, windows))(params)
+        return loss, gradient_norms(grads)
+
+    initial, norms = loss_and_norms(state.params, batch)
+    initial = float(initial)
     off = abs(initial - ln_vocab) / ln_vocab
     results.append(
         Row(
@@ -104,7 +110,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         )
     )
 
-    norms = per_layer(norms_fn(state.params, batch))
+    norms = per_layer(norms)
     total = math.sqrt(sum(n * n for n in norms.values()))
     dead = [k for k, n in norms.items() if n == 0.0]
     bad = [k for k, n in norms.items() if not math.isfinite(n)]

@@ -49,7 +49,9 @@ def train_step(
 
     With microbatches > 1 the batch is split and gradients are averaged over the pieces in a
     scan inside the step: the same update as the whole batch (up to float32 summation order),
-    with the activation memory of one piece.
+    with the activation memory of one piece. Piece i takes rows i, i + m, i + 2m, ... so that
+    under data parallelism every device keeps its own rows in every piece (contiguous pieces
+    would each sit on one device, and XLA would move rows between devices for every piece).
     """
     rng = jax.random.fold_in(state.rng, state.step)
     loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
