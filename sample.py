@@ -1,5 +1,10 @@
 """Sample from a trained run: python sample.py --workdir runs/tiny --prompt "The assert statement"
 
+Examples:
+  python sample.py --workdir runs/tiny --prompt "The assert statement"
+  python sample.py --workdir runs/tiny --num_samples 3 --temperature 0.6 --top_k 20
+  python sample.py --workdir runs/tiny --prompt "for" --temperature 0      # greedy: the same text every time
+
 Loads the newest checkpoint of the workdir with its config and tokenizer; a thin shell over
 jaxgpt.sampling.generate.
 """
@@ -29,7 +34,7 @@ STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are generated 
 
 
 def main() -> None:
-    cli.parse_flags(sys.argv)
+    cli.parse_flags(sys.argv, usage=__doc__)
     if not WORKDIR.value and not INIT_FROM.value:
         cli.fail("no model given; pass --workdir DIR of a run trained with train.py, or --init_from gpt2 (or a path)")
     if NUM_SAMPLES.value < 1:
@@ -46,6 +51,7 @@ def main() -> None:
     import jax.numpy as jnp
 
     from jaxgpt import runtime
+    from jaxgpt.attention import kernel_fallback
     from jaxgpt.checkpoint import load_latest
     from jaxgpt.config import MeshConfig
     from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
@@ -64,7 +70,7 @@ def main() -> None:
         params = jax.device_put(params, shardings_like(params, mesh))
         tokenizer = pretrained_tokenizer(INIT_FROM.value, family)
     else:
-        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value), mesh)
+        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value), mesh, warn=cli.warn)
         model_config = run.model
     ids = (
         tokenizer.encode(prompt)
@@ -76,8 +82,7 @@ def main() -> None:
     tokens = jnp.asarray([ids] * NUM_SAMPLES.value, jnp.int32)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
     model = model_config.replace(dtype="float32")
-    if model.attention == "flash_tpu" and jax.default_backend() != "tpu":  # trained on a TPU, sampled elsewhere
-        model = model.replace(attention="xla")
+    model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
     rng = jax.random.key(SEED.value)
 

@@ -4,10 +4,14 @@
 
 On the backend JAX finds (CPU here; GPU or TPU where present) it measures, each in a fresh
 process so that nothing one measurement compiles or allocates helps another:
-  training   tokens/s, step time, MFU, step memory and process peak RSS for each case, as
-             train.py runs it today and as it ran before the speed work (one CPU device, no
-             rematerialisation), beside the PyTorch reference (bench/torch_reference.py,
-             nanoGPT's model and step; eager, and torch.compile for the first case);
+  training   the bare step: tokens/s, step time, MFU, step memory and process peak RSS for
+             each case, as train.py runs it (one CPU device, microbatches chosen by the run),
+             with two CPU devices (opt-in), and untuned (no remat, one microbatch), beside
+             the PyTorch reference (bench/torch_reference.py, nanoGPT's model and step;
+             eager, and torch.compile for the first case);
+  loops      the whole loop: train.py as a user runs it (data, step, metrics, eval and
+             checkpoint cadence) against nanoGPT's loop in PyTorch (a batch from the
+             memory-mapped token file, the step, loss.item(), the same cadence);
   compile    XLA compile time of the tiny train step cold and warm from the persistent
              cache, and with scan_layers at 2 and 12 layers (unrolled alongside);
   decode     cached greedy generation, tokens/s at batch 1 and 8.
@@ -43,14 +47,14 @@ class Case:
     vocab: int = 96
     steps: int = 20
     repeats: int = 5
-    baseline: tuple[str, ...] = field(default=("model.remat=none", "train.microbatches=1"))  # undoes the speed work
+    baseline: tuple[str, ...] = field(default=("model.remat=none", "train.microbatches=1"))  # undoes the CPU tuning
 
 
 CPU_CASES = (
     Case(
         "tiny: 4L/4H/128d, T=64, B=12",
         "configs/tiny.py",
-        ("model.block_size=64", "train.microbatches=1"),
+        ("model.block_size=64",),
         (4, 4, 128, 64, 12),
         torch_compile=True,
     ),
@@ -58,7 +62,7 @@ CPU_CASES = (
     Case(
         "6L/6H/384d, T=256, B=16",
         "configs/shakespeare_char.py",
-        ("train.batch_size=16", "model.dropout=0.0", "train.microbatches=4"),
+        ("train.batch_size=16", "model.dropout=0.0"),
         (6, 6, 384, 256, 16),
         steps=4,
         repeats=3,
@@ -110,9 +114,10 @@ def torch_train(case: Case, compile: bool) -> dict:
 def training(cases, on_cpu: bool, rounds: int, with_torch: bool, say) -> list[dict]:
     rows = []
     for case in cases:
-        variants = {"jaxgpt": lambda c=case: jaxgpt_train(c, "auto")}
+        variants = {"jaxgpt (as train.py runs it)": lambda c=case: jaxgpt_train(c, "auto")}
         if on_cpu:
-            variants["jaxgpt before speed work"] = lambda c=case: jaxgpt_train(c, "1", c.baseline)
+            variants["jaxgpt, 2 CPU devices (opt-in)"] = lambda c=case: jaxgpt_train(c, "2")
+            variants["jaxgpt untuned (no remat, 1 microbatch)"] = lambda c=case: jaxgpt_train(c, "1", c.baseline)
         if with_torch and case.torch_shape:
             variants["PyTorch eager (nanoGPT model)"] = lambda c=case: torch_train(c, compile=False)
             if case.torch_compile:
@@ -127,6 +132,69 @@ def training(cases, on_cpu: bool, rounds: int, with_torch: bool, say) -> list[di
             for key in results[0]:
                 values = [r[key] for r in results]
                 row[key] = statistics.median(values) if isinstance(values[0], (int, float)) else values[0]
+            rows.append(row)
+    return rows
+
+
+LOOP = {"steps": 300, "eval_every": 100, "eval_batches": 20, "checkpoint_every": 150, "log_every": 50}
+
+
+def prepared_tokens() -> dict:
+    """The built-in corpus's token file (char-level, uint16) and vocabulary, as train.py
+    prepares it: what both loops read."""
+    code = (
+        "import json; from jaxgpt import data; from jaxgpt.config import DataConfig; "
+        "d = data.prepare(DataConfig(), progress=False); "
+        "print(json.dumps({'path': d.train.filename, 'vocab': d.tokenizer.vocab_size}))"
+    )
+    return run_json([sys.executable, "-c", code], clean_env())
+
+
+def jaxgpt_loop(case: Case) -> dict:
+    """train.py itself, as a user runs it: data, step, metrics, eval and checkpoint cadence.
+    Loop throughput from its own log (elapsed_sec covers every step, eval and save after
+    compilation); process seconds include Python, imports and compilation."""
+    with tempfile.TemporaryDirectory() as workdir:
+        command = [sys.executable, "train.py", "--config", case.config, f"--workdir={workdir}", "--quiet"]
+        command += [f"--config.{item}" for item in case.overrides]
+        command += [f"--config.train.{k}={v}" for k, v in LOOP.items()]
+        start = time.perf_counter()
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=clean_env())
+        process_sec = time.perf_counter() - start
+        if result.returncode != 0:
+            raise SystemExit(f"error: train.py failed:\n{result.stderr.strip()[-2000:]}")
+        records = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+    last = records[-1]
+    _, _, _, seq, batch = case.torch_shape
+    return {"tokens_per_sec": LOOP["steps"] * batch * seq / last["elapsed_sec"], "process_sec": process_sec}
+
+
+def torch_loop(case: Case, tokens: dict) -> dict:
+    layers, heads, width, seq, batch = case.torch_shape
+    command = [sys.executable, str(BENCH / "torch_reference.py"), "--layers", str(layers), "--heads", str(heads)]
+    command += ["--width", str(width), "--seq", str(seq), "--batch", str(batch), "--vocab", str(tokens["vocab"])]
+    command += ["--loop", tokens["path"], "--steps", str(LOOP["steps"])]
+    command += [f"--{k}={LOOP[k]}" for k in ("eval_every", "eval_batches", "checkpoint_every")]
+    start = time.perf_counter()
+    out = run_json(command, clean_env())
+    return out | {"process_sec": time.perf_counter() - start}
+
+
+def loops(cases, rounds: int, say) -> list[dict]:
+    """Whole training loops side by side: train.py against nanoGPT's loop in PyTorch."""
+    tokens = prepared_tokens()
+    rows = []
+    for case in cases:
+        if not case.torch_shape or not case.config.endswith("tiny.py"):
+            continue
+        runs: dict[str, list[dict]] = {"train.py": [], "PyTorch eager, nanoGPT's loop": []}
+        for round_ in range(rounds):
+            say(f"  {case.name} / whole loops (round {round_ + 1} of {rounds})")
+            runs["train.py"].append(jaxgpt_loop(case))
+            runs["PyTorch eager, nanoGPT's loop"].append(torch_loop(case, tokens))
+        for name, results in runs.items():
+            row = {"case": case.name, "variant": name, "rounds": len(results), "steps": LOOP["steps"]}
+            row |= {k: statistics.median(r[k] for r in results) for k in ("tokens_per_sec", "process_sec")}
             rows.append(row)
     return rows
 
@@ -159,11 +227,11 @@ def decode(say) -> dict:
 
 
 def print_table(result: dict) -> None:
-    print(f"\n{result['hardware']}; jax {result['jax']}")
+    print(f"\n{result['hardware']}; jax {result['jax']}; {result['date']}")
     peak = result["peak_flops"] / 1e9
     print(f"peak {peak:,.0f} GFLOP/s ({result['peak_source']}); medians of {result['rounds']} round(s)")
     columns = f"{'step ms':>9} {'tokens/s':>10} {'MFU':>6} {'vs eager':>9} {'temp MB':>8} {'RSS MB':>7}"
-    print(f"\n{'case':32} {'variant':30} {columns}")
+    print(f"\n{'case':32} {'variant':40} {columns}")
     eager = {r["case"]: r["tokens_per_sec"] for r in result["training"] if r["variant"].startswith("PyTorch eager")}
     for r in result["training"]:
         ratio = f"{r['tokens_per_sec'] / eager[r['case']]:.2f}x" if r["case"] in eager else "-"
@@ -171,9 +239,18 @@ def print_table(result: dict) -> None:
         temp = f"{r['step_temp_mb']:.0f}" if r.get("step_temp_mb") is not None else "-"
         rss = f"{r['max_rss_mb']:.0f}" if "max_rss_mb" in r else "-"
         print(
-            f"{r['case']:32} {r['variant']:30} {r['step_ms']:>9.1f} {r['tokens_per_sec']:>10,.0f} {mfu:>6} "
+            f"{r['case']:32} {r['variant']:40} {r['step_ms']:>9.1f} {r['tokens_per_sec']:>10,.0f} {mfu:>6} "
             f"{ratio:>9} {temp:>8} {rss:>7}"
         )
+    if result.get("loops"):
+        print(f"\nwhole training loops, {LOOP['steps']} steps with eval and checkpoint cadence ({LOOP}):")
+        torch_rate = {r["case"]: r["tokens_per_sec"] for r in result["loops"] if r["variant"].startswith("PyTorch")}
+        for r in result["loops"]:
+            ratio = r["tokens_per_sec"] / torch_rate[r["case"]]
+            print(
+                f"{r['case']:32} {r['variant']:40} {r['tokens_per_sec']:>10,.0f} tokens/s {ratio:>6.2f}x  "
+                f"process {r['process_sec']:.1f} s"
+            )
     c = result["compile"]
     cold, warm = c["cold"], c["warm"]
     print(
@@ -208,13 +285,14 @@ def main() -> None:
     result = {
         "hardware": f"{probe['device_count']} x {probe['device_kind']} ({platform.machine()}, {os.cpu_count()} cores)"
         if not on_cpu
-        else f"CPU ({platform.machine()}, {os.cpu_count()} cores)",
+        else probe["cpu"],
         "jax": probe["jax"],
         "date": time.strftime("%Y-%m-%d"),
         "rounds": args.rounds,
         "peak_flops": rows[0]["peak_flops"],
         "peak_source": rows[0]["peak_source"],
         "training": rows,
+        "loops": loops(CPU_CASES, args.rounds, say) if with_torch else [],
         "compile": compile_times(say),
         "decode": decode(say),
         "suite_sec": time.time() - started,
@@ -229,8 +307,9 @@ def main() -> None:
 def _probe() -> dict:
     code = (
         "import jax, json; d = jax.devices()[0]; "
+        "from jaxgpt.hardware import describe_cpu; "
         "print(json.dumps({'platform': d.platform, 'device_kind': d.device_kind, "
-        "'device_count': jax.device_count(), 'jax': jax.__version__}))"
+        "'device_count': jax.device_count(), 'jax': jax.__version__, 'cpu': describe_cpu()}))"
     )
     return run_json([sys.executable, "-c", code], clean_env())
 

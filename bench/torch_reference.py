@@ -7,6 +7,12 @@ token embedding and LM head, learned positions; AdamW with gradient clipping at 
 it here, in the same run as jaxgpt, is what makes the "x nanoGPT" ratios in the suite's table
 side-by-side measurements rather than figures from another day.
 
+Two measurements: the bare step (synthetic batches, median of repeats after warmup), and with
+--loop DATA the whole loop as nanoGPT's train.py runs it: each iteration draws a batch from the
+memory-mapped token file, steps, and moves the loss to the host (loss.item()); every
+--eval_every iterations it evaluates --eval_batches batches of val and train, every
+--checkpoint_every it saves model and optimizer with torch.save.
+
 Run alone: python bench/torch_reference.py --layers 4 --heads 4 --width 128 --seq 64 --batch 12
 """
 
@@ -16,8 +22,11 @@ import argparse
 import json
 import resource
 import statistics
+import tempfile
 import time
+from pathlib import Path
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -108,6 +117,59 @@ def measure(
     }
 
 
+def measure_loop(
+    layers: int,
+    heads: int,
+    width: int,
+    seq: int,
+    batch: int,
+    vocab: int,
+    data: str,
+    steps: int,
+    eval_every: int,
+    eval_batches: int,
+    checkpoint_every: int,
+) -> dict:
+    """nanoGPT's training loop, timed end to end (steps after 3 warmup iterations)."""
+    torch.manual_seed(0)
+    model = GPT(vocab, seq, layers, heads, width)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    tokens = np.memmap(data, dtype=np.uint16, mode="r")
+    split = int(len(tokens) * 0.9)
+
+    def get_batch(part: str):
+        source = tokens[:split] if part == "train" else tokens[split:]
+        starts = torch.randint(len(source) - seq - 1, (batch,))
+        x = torch.stack([torch.from_numpy(source[i : i + seq].astype(np.int64)) for i in starts])
+        y = torch.stack([torch.from_numpy(source[i + 1 : i + 1 + seq].astype(np.int64)) for i in starts])
+        return x, y
+
+    def iteration():
+        loss = model(*get_batch("train"))
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        return loss.item()
+
+    for _ in range(3):
+        iteration()
+    with tempfile.TemporaryDirectory() as out:
+        start = time.perf_counter()
+        for it in range(1, steps + 1):
+            iteration()
+            if it % eval_every == 0:
+                model.eval()
+                with torch.no_grad():
+                    for part in ("val", "train"):
+                        sum(model(*get_batch(part)).item() for _ in range(eval_batches))
+                model.train()
+            if it % checkpoint_every == 0:
+                torch.save({"model": model.state_dict(), "optimizer": optimizer.state_dict()}, Path(out) / "ckpt.pt")
+        seconds = time.perf_counter() - start
+    return {"loop_sec": seconds, "tokens_per_sec": steps * batch * seq / seconds, "torch": torch.__version__}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     for name, default in (("layers", 4), ("heads", 4), ("width", 128), ("seq", 64), ("batch", 12), ("vocab", 96)):
@@ -115,7 +177,16 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="torch.compile the step")
+    parser.add_argument("--loop", metavar="DATA", help="time nanoGPT's whole loop over this uint16 token file")
+    parser.add_argument("--eval_every", type=int, default=250)
+    parser.add_argument("--eval_batches", type=int, default=20)
+    parser.add_argument("--checkpoint_every", type=int, default=500)
     args = parser.parse_args()
+    if args.loop:
+        shape = (args.layers, args.heads, args.width, args.seq, args.batch, args.vocab)
+        cadence = (args.eval_every, args.eval_batches, args.checkpoint_every)
+        print(json.dumps(measure_loop(*shape, args.loop, args.steps, *cadence)))
+        return
     result = measure(
         args.layers, args.heads, args.width, args.seq, args.batch, args.vocab, args.steps, args.repeats, args.compile
     )

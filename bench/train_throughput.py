@@ -6,7 +6,7 @@ process (the CPU device count is fixed when JAX starts).
 
     python bench/train_throughput.py --config configs/tiny.py --set model.block_size=64 [--devices auto|N]
 
-The step is `jaxgpt.trainer.compiled_steps`, the one train.py trains with, on the mesh train.py
+The step is `jaxgpt.train_step.compiled_steps`, the one train.py trains with, on the mesh train.py
 builds, timed on synthetic batches already on the devices: this measures the step, not data
 loading (a host thread prefetches batches during training). Median of `--repeats` timings of
 `--steps` steps after 3 warmup steps. MFU = flops_per_token (6N + 12LdT, jaxgpt/model.py) x
@@ -50,13 +50,15 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     import numpy as np
 
     from jaxgpt import sharding
+    from jaxgpt.autotune import fill_microbatches
     from jaxgpt.config import resolve
     from jaxgpt.hardware import peak_flops
     from jaxgpt.model import count_params, flops_per_token
-    from jaxgpt.trainer import compiled_steps
+    from jaxgpt.train_step import compiled_steps
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh)
+    run, _ = fill_microbatches(run, mesh)
     start = time.perf_counter()
     state, step, _ = compiled_steps(run, mesh)
     batch, seq = run.train.batch_size, run.model.block_size
@@ -90,6 +92,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     peak, source = peak_flops(devices)
     return {
         "devices": len(devices),
+        "microbatches": run.train.microbatches,
         "device_kind": devices[0].device_kind,
         "params": count_params(state.params),
         "step_ms": 1000 * step_sec,
@@ -119,9 +122,8 @@ def main() -> None:
     import jax
 
     config = load_config(args.config, args.set)
-    rows = config.train.batch_size // config.train.microbatches
     if args.devices == "auto":
-        runtime.configure(rows)
+        runtime.configure()
     else:
         runtime.enable_compilation_cache()
         jax.config.update("jax_num_cpu_devices", int(args.devices))

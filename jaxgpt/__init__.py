@@ -1,15 +1,25 @@
-"""jaxgpt: decoder-only transformers (GPT- and Llama-style) in JAX/Flax, built to be read."""
+"""jaxgpt: decoder-only transformers (GPT- and Llama-style) in JAX/Flax, built to be read.
 
-from jaxgpt.config import ConfigError, ModelConfig, RopeScaling
-from jaxgpt.model import GPT, count_params, flops_per_token, init_cache, init_params
+The model names below load on first use, so `import jaxgpt` (and the scripts' flag parsing,
+`--help` and bad-flag errors) never waits for JAX and Flax to import.
+"""
 
-__all__ = [
-    "GPT",
-    "ConfigError",
-    "ModelConfig",
-    "RopeScaling",
-    "count_params",
-    "flops_per_token",
-    "init_cache",
-    "init_params",
-]
+import importlib
+
+_EXPORTS = {
+    "ConfigError": "jaxgpt.config",
+    "ModelConfig": "jaxgpt.config",
+    "RopeScaling": "jaxgpt.config",
+    "GPT": "jaxgpt.model",
+    "count_params": "jaxgpt.model",
+    "flops_per_token": "jaxgpt.model",
+    "init_cache": "jaxgpt.model",
+    "init_params": "jaxgpt.model",
+}
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str):
+    if name in _EXPORTS:
+        return getattr(importlib.import_module(_EXPORTS[name]), name)
+    raise AttributeError(f"module 'jaxgpt' has no attribute {name!r}")

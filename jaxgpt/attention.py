@@ -16,6 +16,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.errors import UserError
 from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
 
 
@@ -97,6 +98,21 @@ def flash_tpu_attention(q, k, v, bias, is_causal_square):
 
 
 KERNELS = {"xla": xla_attention, "dot_product": dot_product_attention, "flash_tpu": flash_tpu_attention}
+
+
+def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:
+    """The kernel a run on `backend` uses when its config asks for `kernel`: the one place
+    that decides what happens to the TPU-only kernel elsewhere. Training refuses it (a run
+    silently on another kernel would not be the run asked for); sampling a model trained on a
+    TPU uses the XLA kernel, which computes the same attention."""
+    if kernel != "flash_tpu" or backend == "tpu":
+        return kernel
+    if training:
+        raise UserError(
+            f"model.attention='flash_tpu' is a TPU kernel and this run is on {backend}; "
+            "set --config.model.attention=xla (or dot_product)"
+        )
+    return "xla"
 
 
 def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None) -> jnp.ndarray:

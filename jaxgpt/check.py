@@ -76,9 +76,11 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     dataset = data.prepare(config.data, progress=False)
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
-    from jaxgpt.trainer import check_batch_fits_mesh, compiled_steps
+    from jaxgpt.autotune import fill_microbatches
+    from jaxgpt.train_step import check_batch_fits_mesh, compiled_steps
 
     mesh = sharding.make_mesh(run.mesh)
+    run, _ = fill_microbatches(run, mesh)
     check_batch_fits_mesh(run, mesh)
     t = run.train
     rows_of = lambda start, stop: data.batch_at(  # noqa: E731
@@ -205,11 +207,10 @@ def print_table(rows: list[Row]) -> None:
 
 
 def main() -> None:
-    cli.parse_flags(sys.argv)
+    cli.parse_flags(sys.argv, usage=__doc__)
     if CONFIG.value is None:
         cli.fail("no config given; pass --config configs/tiny.py (or another file in configs/)")
-    train = CONFIG.value.train
-    runtime.configure(train.batch_size // max(train.microbatches, 1))
+    runtime.configure(warn=cli.warn)
     rows = run_checks(CONFIG.value, OVERFIT_STEPS.value)
     print_table(rows)
     failed = [r.name for r in rows if r.passed is False]

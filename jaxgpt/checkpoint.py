@@ -2,14 +2,18 @@
 step, elapsed time), written asynchronously and atomically.
 
 Orbax writes each step into a `<step>.orbax-checkpoint-tmp-*` folder and renames it when
-complete, so a crash mid-save never leaves a checkpoint that looks finished; the manager
-removes such leftovers when it opens the directory. A complete checkpoint that still cannot be
-read (a truncated file, a bad disk) is skipped for the one before it, and moved aside to
+complete, so a crash mid-save never leaves a checkpoint that looks finished; the trainer's
+manager removes such leftovers when it opens the directory. Readers (sampling, plotting,
+another process looking at a run in progress) open the folder read-only: they never delete
+a writer's unfinished save. A complete checkpoint that still cannot be read (a truncated file,
+a bad disk) is skipped for the one before it; the trainer moves it aside to
 `<step>.unreadable` — never deleted.
 """
 
 from __future__ import annotations
 
+import logging
+import shutil
 from functools import partial
 from pathlib import Path
 
@@ -26,19 +30,68 @@ from jaxgpt.train_step import create_train_state
 
 
 class Checkpoints:
-    """The checkpoints of one run, in `directory`, newest `keep` kept."""
+    """The checkpoints of one run, in `directory`, newest `keep` kept. `read_only` opens them
+    for reading alone: nothing in the folder is created, moved or deleted."""
 
-    def __init__(self, directory: Path, keep: int = 3):
+    def __init__(self, directory: Path, keep: int = 3, read_only: bool = False):
         self.directory = Path(directory).absolute()
+        self.read_only = read_only
         self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=keep, enable_async_checkpointing=True, cleanup_tmp_directories=True, create=True
+            max_to_keep=None if read_only else keep,
+            save_interval_steps=0 if read_only else 1,
+            enable_async_checkpointing=True,
+            cleanup_tmp_directories=not read_only,
+            create=not read_only,
+            read_only=read_only,
         )
-        self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+        self._manager = self._open()
+
+    def _open(self) -> ocp.CheckpointManager:
+        # orbax logs a warning that a read-only folder is read-only: true, and not the user's concern
+        absl_logger = logging.getLogger("absl")
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR if self.read_only else level)
+        try:
+            return ocp.CheckpointManager(self.directory, options=self._options)
+        finally:
+            absl_logger.setLevel(level)
 
     def save(self, step: int, state, record: dict) -> None:
         """Start writing `state` and `record` for `step`; training goes on while it writes."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record))
-        self._manager.save(step, args=args, force=True)
+        self.check_for_errors()
+        self.check_room_for(state)
+        try:
+            self._manager.save(step, args=args, force=True)
+        except Exception as error:  # orbax/TensorStore raise many types (ValueError: RESOURCE_EXHAUSTED, ...)
+            raise self._save_failed(error) from None
+
+    def check_room_for(self, state) -> None:
+        """Refuse to start a save the disk cannot hold: a write that fails half way leaves
+        orbax's background threads failing noisily, while this is one clear line."""
+        needed = sum(leaf.nbytes for leaf in jax.tree.leaves(state)) + 2**20  # + metadata
+        free = shutil.disk_usage(self.directory).free
+        if free < needed:
+            kept = "the earlier checkpoints are kept" if self.steps() else "nothing was saved"
+            raise UserError(
+                f"the disk holding {self.directory} has {free / 2**20:,.1f} MiB free and a checkpoint needs "
+                f"{needed / 2**20:,.1f} MiB; {kept}. Free some space (or point --workdir elsewhere) and rerun the "
+                "same command"
+            )
+
+    def check_for_errors(self) -> None:
+        """Raise a UserError if a save started earlier has failed (a full disk, a lost mount):
+        called every logging step, so a failed write is reported within one interval."""
+        try:
+            self._manager.check_for_errors()
+        except Exception as error:
+            raise self._save_failed(error) from None
+
+    def _save_failed(self, error: Exception) -> UserError:
+        return UserError(
+            f"writing a checkpoint to {self.directory} failed ({_brief(error)}); the earlier checkpoints are "
+            "kept. Free some disk space (or point --workdir elsewhere) and rerun the same command to resume"
+        )
 
     def steps(self) -> list[int]:
         return sorted(self._manager.all_steps())
@@ -58,10 +111,12 @@ class Checkpoints:
 
     def restore_latest_readable(self, like, check_record=None, warn=print) -> tuple[int, object, dict] | None:
         """(step, state, record) of the newest checkpoint that reads back whole, or None if
-        there are none. `check_record(record)` runs before the arrays are read and may raise to
+        there are none. `like` is the state's layout, or a function of the record giving it
+        (a reader learns the model from the record). `check_record(record)` runs before the
+        arrays are read and may raise to
         refuse a checkpoint of another run (a mismatch is not damage). Unreadable newer
-        checkpoints are reported through `warn` and moved aside; if none can be read, a
-        UserError says so and nothing is moved."""
+        checkpoints are reported through `warn` and, unless read-only, moved aside; if none
+        can be read, a UserError says so and nothing is moved."""
         failures = []
         for step in reversed(self.steps()):
             try:
@@ -72,7 +127,7 @@ class Checkpoints:
             if check_record is not None:
                 check_record(record)
             try:
-                state = self.restore(step, like)
+                state = self.restore(step, like(record) if callable(like) else like)
             except Exception as error:
                 failures.append((step, error))
                 continue
@@ -87,49 +142,83 @@ class Checkpoints:
             )
         return None
 
+    def abandon_after(self, step: int) -> None:
+        """Make `step` the newest checkpoint: later ones are moved to `<step>.abandoned` (-2, ...)."""
+        if step not in self.steps():
+            raise UserError(
+                f"--from_step {step}: there is no checkpoint of step {step} in {self.directory} (there are: "
+                f"{', '.join(map(str, self.steps())) or 'none'}); pass one of those"
+            )
+        if jax.process_index() == 0:
+            for later in (s for s in self.steps() if s > step):
+                (self.directory / str(later)).rename(_unused_name(self.directory, f"{later}.abandoned"))
+        if jax.process_count() > 1:
+            multihost_utils.sync_global_devices("jaxgpt: later checkpoints moved aside")
+        self._manager.close()  # the manager caches the step list
+        self._manager = self._open()
+
     def _move_aside(self, failures: list, good: int, warn) -> None:
+        if self.read_only:
+            for bad, error in failures:
+                warn(f"checkpoint {bad} cannot be read ({_brief(error)}); using step {good} instead")
+            return
         if jax.process_index() == 0:  # one process renames; the others wait for it
             for bad, error in failures:
-                reason = _brief(error)
-                warn(f"checkpoint {bad} cannot be read ({reason}); moved to {bad}.unreadable, resuming from {good}")
-                (self.directory / str(bad)).rename(self.directory / f"{bad}.unreadable")
+                aside = _unused_name(self.directory, f"{bad}.unreadable")
+                warn(f"checkpoint {bad} cannot be read ({_brief(error)}); moved to {aside.name}, resuming from {good}")
+                (self.directory / str(bad)).rename(aside)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("jaxgpt: unreadable checkpoints moved aside")
         self._manager.close()  # the manager caches the step list
-        self._manager = ocp.CheckpointManager(self.directory, options=self._options)
+        self._manager = self._open()
 
     def wait(self) -> None:
         """Block until every started save is on disk."""
         self._manager.wait_until_finished()
 
     def close(self) -> None:
-        self._manager.close()
+        """Finish every started save, then release the folder."""
+        try:
+            self._manager.wait_until_finished()
+        finally:
+            self._manager.close()
+
+
+def _unused_name(directory: Path, name: str) -> Path:
+    """directory/name, or name-2, name-3, ... if a step was found unreadable before."""
+    candidates = (directory / (name if n == 1 else f"{name}-{n}") for n in range(1, 10_000))
+    return next(path for path in candidates if not path.exists())
 
 
 def _brief(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
 
 
-def load_latest(workdir: Path, mesh=None):
+def load_latest(workdir: Path, mesh=None, warn=print):
     """(run config, params, tokenizer, step) of a workdir's newest checkpoint: all that
     sampling needs, read from the checkpoint alone. The state is restored straight into the
     shardings the rules of jaxgpt/sharding.py give it on `mesh`; without one, onto this
-    process's first device (whatever layout the run was saved from: a 2-core CPU run saves
-    from two devices)."""
+    process's first device (whatever layout the run was saved from). The folder is opened
+    read-only, so this is safe beside a trainer still writing to it; an unreadable newest
+    checkpoint is reported through `warn` and the one before it used."""
     directory = Path(workdir) / "checkpoints"
     if not directory.is_dir():
         raise UserError(f"no checkpoints in {workdir}; train first (python train.py --config ... --workdir {workdir})")
-    checkpoints = Checkpoints(directory)
-    step = checkpoints.latest_step()
-    if step is None:
-        raise UserError(f"no complete checkpoint in {directory}; train first or point --workdir at a finished run")
-    record = checkpoints.read_record(step)
-    run = run_config_from_dict(record["config"])
-    like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
-    mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
-    like = jax.tree.map(
-        lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), like, shardings_like(like, mesh)
-    )
-    state = checkpoints.restore(step, like)
-    checkpoints.close()
-    return run, state.params, tokenizer_from_dict(record["tokenizer"]), step
+    checkpoints = Checkpoints(directory, read_only=True)
+    try:
+        if checkpoints.latest_step() is None:
+            raise UserError(f"no complete checkpoint in {directory}; train first or point --workdir at a finished run")
+        mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
+        layouts: dict = {}
+
+        def like_for(record: dict):  # the state's shapes follow the record's config
+            run = run_config_from_dict(record["config"])
+            like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
+            layouts["run"] = run
+            placed = lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where)  # noqa: E731
+            return jax.tree.map(placed, like, shardings_like(like, mesh))
+
+        step, state, record = checkpoints.restore_latest_readable(like_for, warn=warn)
+    finally:
+        checkpoints.close()
+    return layouts["run"], state.params, tokenizer_from_dict(record["tokenizer"]), step

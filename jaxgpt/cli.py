@@ -23,11 +23,21 @@ def fail(message: str) -> None:
     sys.exit(USAGE_ERROR)
 
 
-def parse_flags(argv: list[str]) -> None:
-    """Parse argv into absl's FLAGS, turning every rejection into one clear line."""
+def warn(message: str) -> None:
+    """Something the user must know even with progress output off."""
+    print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+def parse_flags(argv: list[str], usage: str = "") -> None:
+    """Parse argv into absl's FLAGS, turning every rejection into one clear line. `--help`
+    (or -h) prints `usage` (the script's docstring: what it does, example commands) and the
+    script's flags, and exits 0."""
+    if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
+        print_help(usage)
+        sys.exit(0)
     config_file = _flag_value(argv, "--config")
-    if config_file and not Path(config_file).is_file():
-        fail(f"config file {config_file} not found; pass --config a file such as configs/tiny.py")
+    if config_file:
+        check_config_file(config_file)
     try:
         flags.FLAGS(argv)
     except (AttributeError, KeyError) as error:  # ml_collections: an override names no key
@@ -36,6 +46,74 @@ def parse_flags(argv: list[str]) -> None:
         fail(f"{str(error).strip().splitlines()[-1]} (see --help)")
     except Exception as error:  # the config file itself failed to run
         fail(f"config file {config_file} failed to load: {str(error).strip().splitlines()[-1]}")
+
+
+def print_help(usage: str) -> None:
+    print(usage.strip() + "\n\nflags:")
+    main_flags = flags.FLAGS.flags_by_module_dict().get(sys.argv[0], [])
+    for flag in sorted(main_flags, key=lambda f: f.name):
+        default = "" if flag.default is None else f" (default: {flag.default})"
+        print(f"  --{flag.name}: {flag.help}{default}")
+
+
+SECTIONS = ("model", "data", "train", "mesh")
+
+
+def check_config_file(path: str) -> None:
+    """Fail with one line unless `path` is a config file as configs/ has them: a get_config()
+    returning the ConfigDict of jaxgpt.config.base_config(), with its four sections."""
+    import runpy
+
+    import ml_collections
+
+    path, _, argument = path.partition(":")  # ml_collections' file.py:ARGUMENT form
+    if not Path(path).is_file():
+        fail(f"config file {path} not found; pass --config a file such as configs/tiny.py")
+    fix = "start it from jaxgpt.config.base_config() as configs/tiny.py does"
+    try:
+        get_config = runpy.run_path(path).get("get_config")
+        if not callable(get_config):
+            fail(f"config file {path} defines no get_config(); {fix}")
+        config = get_config(argument) if argument else get_config()
+    except SystemExit:
+        raise
+    except Exception as error:  # the config file itself failed to run
+        fail(f"config file {path} failed to load: {type(error).__name__}: {str(error).strip().splitlines()[-1]}")
+    if not isinstance(config, ml_collections.ConfigDict):
+        fail(f"get_config() in {path} returned a {type(config).__name__}, not a ConfigDict; {fix}")
+    missing = [s for s in SECTIONS if s not in config]
+    if missing:
+        fail(f"config file {path} has no {', '.join(missing)} section(s); {fix}")
+
+
+SAVED_CONFIG = Path(__file__).with_name("saved_config.py")
+
+
+def config_from_run(argv: list[str]) -> list[str]:
+    """argv with a run's saved configuration as the config file where the user named none
+    (`--workdir runs/X` alone: resume it) or named a run's config.json: overrides on the
+    command line then apply to the run's own values."""
+    config, workdir = _flag_value(argv, "--config"), _flag_value(argv, "--workdir")
+    if config and config.endswith(".json"):
+        rest = [a for a in _without_flag(argv, "--config")]
+        if not workdir:
+            rest.append(f"--workdir={Path(config).parent}")
+        return [*rest, f"--config={SAVED_CONFIG}:{config}"]
+    if config is None and workdir and (Path(workdir) / "config.json").is_file():
+        return [*argv, f"--config={SAVED_CONFIG}:{workdir}"]
+    return argv
+
+
+def _without_flag(argv: list[str], name: str) -> list[str]:
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == name:
+            skip = True
+        elif not arg.startswith(name + "="):
+            out.append(arg)
+    return out
 
 
 def _flag_value(argv: list[str], name: str) -> str | None:

@@ -254,7 +254,9 @@ class TrainConfig:
     steps: optimizer steps in the run (raise it to extend a finished run).
     batch_size: sequences of model.block_size tokens per step.
     lr, min_lr: peak learning rate, reached after warmup_steps of linear warmup, then cosine
-        decay to min_lr at `steps` (Loshchilov & Hutter 2017).
+        decay to min_lr at decay_steps (Loshchilov & Hutter 2017), constant after.
+    decay_steps: where the cosine ends; 0 means at `steps`. Extending a finished run with
+        decay_steps set to its old length continues at min_lr instead of raising the rate.
     weight_decay: AdamW's decoupled decay, on matrices only: norms and biases are never
         decayed, embeddings only with decay_embeddings.
     beta1, beta2: Adam moments; beta2 = 0.95 as in GPT-3 and nanoGPT, steadier than 0.999 for
@@ -266,7 +268,9 @@ class TrainConfig:
         the newest keep_checkpoints.
     seed: seeds initialisation, dropout and every batch.
     microbatches: split each batch into this many sequential microbatches and accumulate
-        their gradients inside the compiled step (same result, less activation memory).
+        their gradients inside the compiled step (same result up to float32 summation order,
+        less activation memory). 0 lets the run choose (jaxgpt/autotune.py): the fewest whose
+        step fits the CPU's cache, or the accelerator's memory.
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).
     decay_embeddings: also apply weight decay to the token/position embeddings.
@@ -283,6 +287,7 @@ class TrainConfig:
     lr: float = 1e-3
     min_lr: float = 1e-4
     warmup_steps: int = 100
+    decay_steps: int = 0
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -293,7 +298,7 @@ class TrainConfig:
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     seed: int = 0
-    microbatches: int = 1
+    microbatches: int = 0
     dtype: str = "float32"
     decay_embeddings: bool = False
     init_from: str = ""
@@ -307,10 +312,10 @@ class TrainConfig:
                 problems.append(f"train.{field}={getattr(self, field)} must be positive")
         if self.keep_checkpoints <= 0:
             problems.append(f"train.keep_checkpoints={self.keep_checkpoints} must be positive")
-        if self.microbatches <= 0 or self.batch_size % max(self.microbatches, 1):
+        if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):
             problems.append(
                 f"train.batch_size={self.batch_size} is not divisible by train.microbatches={self.microbatches}; "
-                "choose microbatches dividing the batch"
+                "choose microbatches dividing the batch, or 0 to let the run choose"
             )
         if not self.lr > 0:
             problems.append(f"train.lr={self.lr} must be positive")
@@ -318,6 +323,11 @@ class TrainConfig:
             problems.append(f"train.min_lr={self.min_lr} must be between 0 and train.lr={self.lr}")
         if not 0 <= self.warmup_steps < self.steps:
             problems.append(f"train.warmup_steps={self.warmup_steps} must be >= 0 and below train.steps={self.steps}")
+        if self.decay_steps and not self.warmup_steps < self.decay_steps:
+            problems.append(
+                f"train.decay_steps={self.decay_steps} must be 0 (decay until train.steps) or above "
+                f"train.warmup_steps={self.warmup_steps}"
+            )
         for field in ("beta1", "beta2"):
             if not 0 <= getattr(self, field) < 1:
                 problems.append(f"train.{field}={getattr(self, field)} must be in [0, 1)")
@@ -406,11 +416,13 @@ def _checked_section(values: dict, cls, section: str, skip=()) -> dict:
     return values
 
 
-def resolve(config, vocab_size: int | None = None) -> RunConfig:
+def resolve(config, vocab_size: int | None = None, notes: list[str] | None = None) -> RunConfig:
     """A ConfigDict (or plain nested dict) -> validated RunConfig.
 
     model.vocab_size is taken from `vocab_size` (the tokenizer's) when the config leaves it
-    unset; a config value smaller than the tokenizer's vocabulary is an error.
+    unset; a config value smaller than the tokenizer's vocabulary is an error. A warmup as
+    long as the run (a shipped config shortened with --config.train.steps) is clipped to a
+    tenth of the run, and `notes` gets a line saying so.
     """
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for section in raw:
@@ -418,7 +430,9 @@ def resolve(config, vocab_size: int | None = None) -> RunConfig:
             raise ConfigError(f"unknown config section {section!r}; a config has model, data, train and mesh")
     model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
     data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
-    train = TrainConfig(**_checked_section(dict(raw.get("train", {})), TrainConfig, "train"))
+    train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
+    train_values = _clip_warmup(train_values, notes if notes is not None else [])
+    train = TrainConfig(**train_values)
     if model.get("vocab_size") is None:
         model["vocab_size"] = vocab_size or 1  # 1: a stand-in to validate the rest before the tokenizer exists
     elif vocab_size and model["vocab_size"] < vocab_size:
@@ -431,6 +445,17 @@ def resolve(config, vocab_size: int | None = None) -> RunConfig:
     return RunConfig(model, data, train, mesh)
 
 
+def _clip_warmup(train: dict, notes: list[str]) -> dict:
+    defaults = TrainConfig.__dataclass_fields__
+    steps = train.get("steps", defaults["steps"].default)
+    warmup = train.get("warmup_steps", defaults["warmup_steps"].default)
+    if isinstance(steps, int) and isinstance(warmup, int) and steps > 0 and warmup >= steps:
+        clipped = steps // 10
+        notes.append(f"train.warmup_steps={warmup} is not shorter than train.steps={steps}; warming up for {clipped}")
+        return train | {"warmup_steps": clipped}
+    return train
+
+
 def run_config_from_dict(d: dict) -> RunConfig:
     """Inverse of RunConfig.to_dict (reads a run's config.json)."""
     return RunConfig(
@@ -438,13 +463,39 @@ def run_config_from_dict(d: dict) -> RunConfig:
     )
 
 
+# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "d_model",
+    "mlp_hidden",
+    "activation",
+    "norm",
+    "norm_position",
+    "norm_eps",
+    "position",
+    "rope_theta",
+    "rope_scaling",
+    "bias",
+    "tie_embeddings",
+)
+
+
 # What a resumed run may change: how long it runs (raising steps also moves the end of the
-# cosine schedule), where the schedule ends, how often it logs, evaluates and saves, and how
-# the same math is laid out (microbatches, attention kernel, rematerialisation). Anything else
+# cosine schedule), the learning-rate schedule and clipping (the optimizer state does not
+# depend on them), how often it logs, evaluates and saves, and how the same math is laid out
+# (microbatches, attention kernel, rematerialisation). Anything else
 # changes the model, the data or the batches, and a checkpoint of another run cannot continue it.
 RESUMABLE_FIELDS = frozenset(
     {
         "train.steps",
+        "train.lr",  # lowering the learning rate is the way on after a divergence
+        "train.warmup_steps",
+        "train.decay_steps",
+        "train.grad_clip",
         "train.min_lr",
         "train.eval_every",
         "train.eval_batches",

@@ -3,8 +3,9 @@
 Sources (`data.source`):
   builtin:python-docs  the Python language reference shipped inside CPython (`pydoc_data`),
                        ~465 KB of English: the offline default.
-  text:PATH            a file, a directory, or a glob of .txt / .jsonl / .parquet files,
-                       read with `datasets`' local builders (.txt: one document per file).
+  text:PATH            a file, a directory, or a glob: .jsonl and .parquet files are read as
+                       records, any other file as UTF-8 text (one document per file), with
+                       `datasets`' local builders.
   hf:NAME[:CONFIG]     a Hugging Face Hub dataset, streamed, using its text column.
 
 Preparation writes every document's tokens end to end into `tokens.bin` (uint16 when the
@@ -17,6 +18,7 @@ have seen, with no iterator state to save.
 
 from __future__ import annotations
 
+import codecs
 import collections
 import dataclasses
 import glob
@@ -43,7 +45,8 @@ from jaxgpt.config import DataConfig
 from jaxgpt.errors import UserError
 from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
 
-TEXT_SUFFIXES = {".txt": "text", ".jsonl": "json", ".parquet": "parquet"}
+# Files read as records; any other file is read as plain UTF-8 text, one document per file.
+STRUCTURED_SUFFIXES = {".jsonl": "json", ".parquet": "parquet"}
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
 PREPARATION_VERSION = 1  # bump when the token file format or splitting changes
@@ -61,7 +64,7 @@ class Dataset:
 # ----------------------------------------------------------------------------- reading
 
 
-def read_documents(config: DataConfig) -> tuple[Iterable[str], int | None]:
+def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[str], int | None]:
     """The corpus, with its number of documents when known: a list or stream of strings, or
     (local files) a `datasets.Dataset` with a "text" column."""
     kind, _, rest = config.source.partition(":")
@@ -71,7 +74,7 @@ def read_documents(config: DataConfig) -> tuple[Iterable[str], int | None]:
         docs = [topics[name] for name in sorted(topics)]
         return docs, len(docs)
     if kind == "text" and rest:
-        return _read_local(rest, config.text_column)
+        return _read_local(rest, config.text_column, progress)
     if kind == "hf" and rest:
         return _read_hub(rest, config.text_column), None
     raise UserError(
@@ -85,31 +88,73 @@ def _local_files(pattern: str) -> list[Path]:
     if path.is_file():
         files = [path]
     elif path.is_dir():
-        files = sorted(p for p in path.rglob("*") if p.suffix in TEXT_SUFFIXES and p.is_file())
+        files = sorted(p for p in path.rglob("*") if p.is_file() and not p.name.startswith("."))
     else:
         files = sorted(Path(p) for p in glob.glob(str(path), recursive=True) if Path(p).is_file())
         if not files:
             raise UserError(f"data.source text:{pattern}: no such file, directory or glob match")
-    supported = [f for f in files if f.suffix in TEXT_SUFFIXES]
-    if not supported:
-        raise UserError(f"data.source text:{pattern}: found no .txt, .jsonl or .parquet files")
-    return supported
+    if not files:
+        raise UserError(f"data.source text:{pattern}: the directory holds no files")
+    return files
 
 
-def _read_local(pattern: str, text_column: str) -> tuple[Iterable[str], int]:
+def _check_is_text(path: Path, probe_bytes: int = 1 << 20) -> None:
+    """A file read as plain text must be UTF-8 (judged by its first MiB, whatever its name):
+    a binary file would otherwise fail deep inside datasets without naming itself."""
+    with open(path, "rb") as f:
+        head = f.read(probe_bytes)
+    try:
+        codecs.getincrementaldecoder("utf-8")().decode(head, final=len(head) < probe_bytes)
+        binary = b"\0" in head
+    except UnicodeDecodeError:
+        binary = True
+    if binary:
+        raise UserError(
+            f"{path} is not UTF-8 text; data.source text: reads text files (any name), .jsonl and .parquet. "
+            "Remove it from the source or point the source at the text alone"
+        )
+
+
+def _first_bad_json_line(files: list[str]) -> str | None:
+    """'file line N: problem' for the first line of a .jsonl file that is not a JSON object."""
+    for name in files:
+        with open(name, encoding="utf-8", errors="replace") as f:
+            for number, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    if not isinstance(json.loads(line), dict):
+                        return f"{name} line {number}: not a JSON object"
+                except ValueError as error:
+                    return f"{name} line {number}: {error}"
+    return None
+
+
+def _read_local(pattern: str, text_column: str, progress: bool) -> tuple[Iterable[str], int]:
     import datasets
 
-    files = _local_files(pattern)
+    # datasets draws its own bars ("Generating train split"); --quiet silences them too.
+    datasets.enable_progress_bars() if progress else datasets.disable_progress_bars()
     builders: dict[str, list[str]] = {}
-    for f in files:
-        builders.setdefault(TEXT_SUFFIXES[f.suffix], []).append(str(f))
+    for f in _local_files(pattern):
+        builder = STRUCTURED_SUFFIXES.get(f.suffix, "text")
+        if builder == "text":
+            _check_is_text(f)
+        builders.setdefault(builder, []).append(str(f))
     parts = []
     for builder, data_files in builders.items():
         options = {"sample_by": "document"} if builder == "text" else {}
+        verbosity = datasets.logging.get_verbosity()
+        datasets.logging.set_verbosity(datasets.logging.CRITICAL)  # the failure is reported below, once
         try:
             part = datasets.load_dataset(builder, data_files=data_files, split="train", **options)
         except Exception as error:  # datasets raises many types for unreadable files
-            raise UserError(f"could not read {', '.join(data_files[:3])}: {str(error).splitlines()[0]}") from None
+            if builder == "json" and (bad_line := _first_bad_json_line(data_files)):
+                raise UserError(f"could not read {bad_line}; fix or remove that line") from None
+            files = ", ".join(data_files[:3])
+            raise UserError(f"could not read {files} ({_cause(error)}); fix or remove that file") from None
+        finally:
+            datasets.logging.set_verbosity(verbosity)
         if text_column not in part.column_names:
             raise UserError(
                 f"{data_files[0]} has no column {text_column!r} (columns: {', '.join(part.column_names)}); "
@@ -119,6 +164,14 @@ def _read_local(pattern: str, text_column: str) -> tuple[Iterable[str], int]:
         parts.append(part if text_column == "text" else part.rename_column(text_column, "text"))
     corpus = datasets.concatenate_datasets(parts) if len(parts) > 1 else parts[0]
     return corpus, len(corpus)
+
+
+def _cause(error: BaseException) -> str:
+    """The innermost message of a chained exception ("An error occurred while generating
+    the dataset" says nothing; what caused it does)."""
+    while error.__cause__ is not None or error.__context__ is not None:
+        error = error.__cause__ or error.__context__
+    return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
 def _texts(docs) -> Iterator[str]:
@@ -227,7 +280,7 @@ def prepare(config: DataConfig, progress: bool = True) -> Dataset:
 def _build(config: DataConfig, folder: Path, progress: bool) -> None:
     """Write tokens.bin, tokenizer.json and meta.json into a temp folder, then rename it into
     place: an interrupted preparation leaves no half-written cache behind."""
-    docs, count = read_documents(config)
+    docs, count = read_documents(config, progress)
     if config.tokenizer == "char":  # the vocabulary is the corpus's character set
         characters = set("\n")
         for text in _texts(docs):

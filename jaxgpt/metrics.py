@@ -11,6 +11,7 @@ so a curve never doubles back on itself.
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from jaxgpt.errors import UserError
@@ -50,6 +51,16 @@ def check_sinks_available(wandb_project: str) -> None:
         ) from None
 
 
+def json_safe(record: dict) -> dict:
+    """The record with NaN and infinities as null (JSON has no such numbers; Python's json
+    would write bare NaN, which other readers reject), and a note naming what they were."""
+    bad = {k: v for k, v in record.items() if isinstance(v, float) and not math.isfinite(v)}
+    if not bad:
+        return record
+    note = "; ".join(f"{k} was {v}" for k, v in bad.items())
+    return {k: None if k in bad else v for k, v in record.items()} | {"nonfinite": note}
+
+
 class MetricsLog:
     """Appends records to metrics.jsonl and mirrors them to the optional sinks. Only the main
     process of a run should make one (`enabled=False` makes a do-nothing log for the others)."""
@@ -80,7 +91,7 @@ class MetricsLog:
     def write(self, record: dict) -> None:
         if self.file is None:
             return
-        self.file.write(json.dumps(record) + "\n")
+        self.file.write(json.dumps(json_safe(record)) + "\n")
         self.file.flush()
         step = record["step"]
         scalars = {TAGS.get(key, key): value for key, value in record.items() if key != "step"}

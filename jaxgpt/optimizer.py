@@ -9,12 +9,13 @@ from jaxgpt.config import TrainConfig
 
 
 def learning_rate_schedule(train: TrainConfig) -> optax.Schedule:
-    """Linear warmup from 0 to lr over warmup_steps, then cosine decay to min_lr at `steps`."""
+    """Linear warmup from 0 to lr over warmup_steps, cosine decay to min_lr at decay_steps
+    (train.steps when 0), then min_lr (optax holds the end value past decay_steps)."""
     return optax.warmup_cosine_decay_schedule(
         init_value=0.0,
         peak_value=train.lr,
         warmup_steps=train.warmup_steps,
-        decay_steps=train.steps,
+        decay_steps=train.decay_steps or train.steps,
         end_value=train.min_lr,
     )
 

@@ -1,25 +1,35 @@
-"""Process-wide JAX settings that must be made before JAX starts its backends or compiles
-anything: the persistent compilation cache and, on CPU, one XLA device per core.
+"""Process-wide JAX settings, made before JAX starts its backends or compiles anything.
 
-Both are measured choices (docs/benchmarks.md):
-  - a compiled train step is written to a cache under the user's cache directory, so a second
-    run of the same config (a resume, a sample after training) skips most of compilation;
-  - XLA gives one CPU device a thread pool over every core, but a small transformer step
-    keeps that pool mostly idle; exposing each core as its own device and splitting the
-    batch over them (plain data parallelism on the mesh) keeps both cores of a laptop busy.
-Scripts call `configure` first thing; a notebook calls it in its first cell. Called after
-JAX has started, it changes only what can still change and says so.
+  - The persistent compilation cache: a compiled train step is written under the user's
+    cache directory, so a second run of the same config (a resume, a sample after training)
+    skips most of compilation.
+  - On a CPU, one XLA device, whatever the core count. XLA's CPU backend can also expose each
+    core as a device, and splitting the batch over them was faster on some machines, but then
+    every step ends in an all-reduce between devices of one process, and XLA's in-process
+    collectives block threads of pools the devices share: when one device's thread is starved
+    (a busy machine) the other waits in the rendezvous until XLA ends the process (SIGABRT
+    after 40 s, "Expected 2 threads to join the rendezvous"). A single device has no
+    collectives to wait in; docs/benchmarks.md has the measurements behind the choice.
+    JAX_NUM_CPU_DEVICES or XLA_FLAGS=--xla_force_host_platform_device_count=N still give N
+    devices to whoever asks, with a warning.
+Scripts call `configure` first thing; a notebook calls it in its first cell.
 """
 
 from __future__ import annotations
 
 import os
 import warnings
+from functools import partial
 from pathlib import Path
 
 import jax
 
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
+COLLECTIVES_WARNING = (
+    "{n} CPU devices in one process end every step in an in-process all-reduce, which XLA aborts "
+    "(SIGABRT) when a busy machine starves one device's thread for 40 s; the default of one CPU device "
+    "cannot hit this (unset JAX_NUM_CPU_DEVICES / --xla_force_host_platform_device_count)"
+)
 
 
 def compilation_cache_dir() -> Path | None:
@@ -45,34 +55,21 @@ def enable_compilation_cache() -> Path | None:
     return path
 
 
-def cpu_devices_for(rows: int, cores: int | None = None) -> int:
-    """How many CPU devices to split `rows` (the rows of one microbatch) over: the most that
-    divides the rows evenly without exceeding the cores."""
-    cores = cores or os.cpu_count() or 1
-    return max(n for n in range(1, min(cores, rows) + 1) if rows % n == 0)
+def requested_cpu_devices() -> int | None:
+    """The CPU device count the user asked for through the environment, if any."""
+    for flag in os.environ.get("XLA_FLAGS", "").split():
+        if flag.startswith("--xla_force_host_platform_device_count="):
+            return int(flag.split("=", 1)[1])
+    if os.environ.get("JAX_NUM_CPU_DEVICES"):
+        return int(os.environ["JAX_NUM_CPU_DEVICES"])
+    return None
 
 
-def _device_count_forced() -> bool:
-    return "xla_force_host_platform_device_count" in os.environ.get("XLA_FLAGS", "") or bool(
-        os.environ.get("JAX_NUM_CPU_DEVICES")
-    )
-
-
-def configure(rows_per_microbatch: int | None = None, single_process: bool = True) -> None:
-    """Enable the compilation cache; with `rows_per_microbatch`, also give the CPU backend one
-    device per core (dividing those rows) unless the user chose a device count in XLA_FLAGS
-    or JAX_NUM_CPU_DEVICES, or this is one of several processes (each then keeps one)."""
+def configure(single_process: bool = True, warn=None) -> None:
+    """Enable the compilation cache; warn (through `warn`, default `warnings.warn`) when one
+    process was given several CPU devices. Starts no backend: multi-process runs initialise
+    jax.distributed after this."""
     enable_compilation_cache()
-    if rows_per_microbatch is None or not single_process or _device_count_forced():
-        return
-    count = cpu_devices_for(rows_per_microbatch)
-    if jax.config.jax_num_cpu_devices == count:
-        return
-    try:
-        jax.config.update("jax_num_cpu_devices", count)
-    except RuntimeError:  # the CPU backend already started (a notebook that used JAX first)
-        warnings.warn(
-            f"JAX has already started, so the CPU keeps its {jax.local_device_count('cpu')} device(s); "
-            "call jaxgpt.runtime.configure() before any other JAX call to use one device per core",
-            stacklevel=2,
-        )
+    requested = requested_cpu_devices()
+    if single_process and requested and requested > 1 and os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
+        (warn or partial(warnings.warn, stacklevel=2))(COLLECTIVES_WARNING.format(n=requested))

@@ -67,14 +67,23 @@ def sample_token(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig) ->
 
 
 def check_length(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> None:
+    """Generation writes every position into a KV cache of block_size positions, so prompt
+    and new tokens together must fit the model's context."""
     if prompt_len < 1:
         raise UserError("the prompt has no tokens; give at least one (sample.py starts empty prompts from a newline)")
+    if prompt_len >= config.block_size:
+        raise UserError(
+            f"the prompt is {prompt_len} tokens but the model's context (block_size) is {config.block_size}; "
+            f"shorten it to at most {config.block_size - 1} tokens to leave room for new ones"
+        )
     if max_new_tokens < 1:
         raise UserError(f"max_new_tokens={max_new_tokens} must be at least 1")
     if prompt_len + max_new_tokens > config.block_size:
+        room = config.block_size - prompt_len
         raise UserError(
-            f"prompt ({prompt_len} tokens) + max_new_tokens ({max_new_tokens}) exceeds the model's block_size "
-            f"{config.block_size} (the KV cache's length); shorten the prompt or ask for fewer tokens"
+            f"max_new_tokens={max_new_tokens} does not fit: after this {prompt_len}-token prompt the model's "
+            f"{config.block_size}-token context has room for {room} more. Ask for at most {room} "
+            "(or a shorter prompt); generating past the context is not supported"
         )
 
 

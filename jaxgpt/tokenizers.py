@@ -8,6 +8,8 @@ from __future__ import annotations
 
 import json
 import os
+import threading
+from functools import partial
 from pathlib import Path
 
 from jaxgpt.errors import UserError
@@ -68,20 +70,49 @@ class ByteTokenizer:
         return {"name": "byte"}
 
 
+DOWNLOAD_TIMEOUT_SEC = 60.0  # tiktoken's own download has no timeout: a silent network hangs it
+
+
+def _get_encoding(name: str):
+    import tiktoken
+
+    return tiktoken.get_encoding(name)
+
+
+def _within(seconds: float, work):
+    """work() in a daemon thread, or TimeoutError after `seconds` (the thread is abandoned:
+    a stuck socket read cannot be interrupted, and a daemon thread does not keep the process)."""
+    result: dict = {}
+
+    def run():
+        try:
+            result["value"] = work()
+        except BaseException as error:  # re-raised in the caller
+            result["error"] = error
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise TimeoutError(f"no answer within {seconds} s")
+    if "error" in result:
+        raise result["error"]
+    return result["value"]
+
+
 class TiktokenTokenizer:
     """A tiktoken BPE (`gpt2` is GPT-2's 50,257-token vocabulary). Special tokens in the text
     are encoded as ordinary text; documents are separated by the end-of-text token."""
 
-    def __init__(self, name: str):
-        import tiktoken
-
+    def __init__(self, name: str, timeout: float = DOWNLOAD_TIMEOUT_SEC):
         self.name = name
         try:
-            self._encoding = tiktoken.get_encoding(name)
-        except (OSError, ValueError) as error:  # requests' ConnectionError is an OSError
+            self._encoding = _within(timeout, partial(_get_encoding, name))
+        except (OSError, ValueError, TimeoutError) as error:  # requests' ConnectionError is an OSError
+            what = f"timed out after {timeout:.0f} s" if isinstance(error, TimeoutError) else type(error).__name__
             cache = os.environ.get("TIKTOKEN_CACHE_DIR", "(unset)")
             raise UserError(
-                f"tiktoken could not load its '{name}' BPE file ({type(error).__name__}); it downloads it once and "
+                f"tiktoken could not load its '{name}' BPE file ({what}); it downloads it once and "
                 f"caches it in TIKTOKEN_CACHE_DIR (now {cache}). Offline, point TIKTOKEN_CACHE_DIR at a writable "
                 "folder holding the cached file, or use data.tokenizer=char or byte"
             ) from None

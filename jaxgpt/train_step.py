@@ -6,6 +6,7 @@ tested as a plain function of its inputs.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import flax.struct
@@ -13,8 +14,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from jaxgpt.config import ModelConfig
+from jaxgpt import sharding
+from jaxgpt.config import ModelConfig, RunConfig
+from jaxgpt.errors import UserError
 from jaxgpt.model import GPT, init_params
+from jaxgpt.optimizer import make_optimizer
 
 
 @flax.struct.dataclass
@@ -77,3 +81,58 @@ def train_step(
 
 def eval_step(params, windows: jax.Array, *, model: GPT) -> jax.Array:
     return cross_entropy(model, params, windows)
+
+
+def state_layout(run: RunConfig, mesh):
+    """The train state's shapes, dtypes and shardings (nothing allocated), and the function
+    that creates it."""
+    create = partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed)
+    shapes = jax.eval_shape(create)
+    shardings = sharding.shardings_like(shapes, mesh)
+    layout = jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), shapes, shardings)
+    return layout, jax.jit(create, out_shardings=shardings)
+
+
+def jit_train_step(run: RunConfig, mesh):
+    """`train_step` for this run, jitted with the shardings of its state and batches. The old
+    state's buffers are donated to the new one."""
+    layout, _ = state_layout(run, mesh)
+    state_shardings = jax.tree.map(lambda s: s.sharding, layout)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    step = partial(train_step, model=GPT(run.model), optimizer=make_optimizer(run.train))
+    return jax.jit(
+        partial(step, microbatches=run.train.microbatches),
+        in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
+        out_shardings=(state_shardings, replicated),
+        donate_argnums=0,
+    )
+
+
+def batch_layout(run: RunConfig, mesh) -> jax.ShapeDtypeStruct:
+    shape = (run.train.batch_size, run.model.block_size + 1)
+    return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding.batch_sharding(mesh))
+
+
+def compiled_steps(run: RunConfig, mesh):
+    """(initial state, train_step, eval_step) of a run, jitted for `mesh`: what `Trainer`
+    trains with and what bench/ times. The state is born sharded (jit with out_shardings):
+    no device ever holds all of it."""
+    layout, create = state_layout(run, mesh)
+    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
+    evaluate = jax.jit(
+        partial(eval_step, model=GPT(run.model)),
+        in_shardings=(jax.tree.map(lambda s: s.sharding, layout.params), sharding.batch_sharding(mesh)),
+        out_shardings=replicated,
+    )
+    return create(), jit_train_step(run, mesh), evaluate
+
+
+def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
+    parallel = sharding.data_parallel_size(mesh)
+    per_microbatch = run.train.batch_size // run.train.microbatches
+    if per_microbatch % parallel or run.train.batch_size % jax.process_count():
+        raise UserError(
+            f"train.batch_size={run.train.batch_size} (over {run.train.microbatches} microbatches) does not split "
+            f"over the {parallel} data-parallel devices of mesh {dict(mesh.shape)}; make batch_size / microbatches "
+            f"a multiple of {parallel}, or set mesh.data / mesh.fsdp smaller"
+        )

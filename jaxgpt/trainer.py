@@ -21,35 +21,45 @@ second Ctrl-C stops at once.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 import signal
-import sys
 import threading
 import time
-from functools import partial
 from pathlib import Path
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
 from jaxgpt import data, sharding
+from jaxgpt import workdir as run_dir
+from jaxgpt.attention import kernel_fallback
+from jaxgpt.autotune import fill_microbatches
 from jaxgpt.checkpoint import Checkpoints
-from jaxgpt.config import RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
+from jaxgpt.cli import warn
+from jaxgpt.config import ARCHITECTURE_FIELDS, RESUMABLE_FIELDS, RunConfig, resolve, resume_conflicts
 from jaxgpt.distributed import is_main_process
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops
 from jaxgpt.metrics import MetricsLog, check_sinks_available
-from jaxgpt.model import GPT, count_params, flops_per_token
-from jaxgpt.optimizer import learning_rate_schedule, make_optimizer
+from jaxgpt.model import count_params, flops_per_token
+from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.tokenizers import save_tokenizer
-from jaxgpt.train_step import create_train_state, eval_step, train_step
+from jaxgpt.train_step import check_batch_fits_mesh, compiled_steps
 
 
 def train_and_evaluate(
-    config, workdir: str | Path, *, progress: bool = True, fresh: bool = False, stop_at: int | None = None
+    config,
+    workdir: str | Path,
+    *,
+    progress: bool = True,
+    fresh: bool = False,
+    stop_at: int | None = None,
+    from_step: int | None = None,
 ) -> dict:
     """Train the model `config` describes (a ConfigDict, nested dict or RunConfig) in
     `workdir`, resuming from its checkpoints if it has any. Returns the last metrics record.
@@ -58,17 +68,16 @@ def train_and_evaluate(
         `<workdir>.previous-<n>`, never deleted.
     stop_at: stop once this step is done, checkpointed as on SIGTERM (for time-boxed
         sessions); rerunning continues.
+    from_step: resume from this checkpoint rather than the newest (after a divergence); the
+        later checkpoints are moved aside to `<step>.abandoned`, never deleted.
     """
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
-    run = config if isinstance(config, RunConfig) else resolve(config)  # validate before slow work
+    notes: list[str] = []
+    run = config if isinstance(config, RunConfig) else resolve(config, notes=notes)  # validate before slow work
     check_sinks_available(run.train.wandb_project)
-    if run.model.attention == "flash_tpu" and jax.default_backend() != "tpu":
-        raise UserError(
-            f"model.attention='flash_tpu' is a TPU kernel and this run is on {jax.default_backend()}; "
-            "set --config.model.attention=xla (or dot_product)"
-        )
+    kernel_fallback(run.model.attention, jax.default_backend(), training=True)
     dataset = data.prepare(run.data, progress=progress)
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
@@ -76,27 +85,32 @@ def train_and_evaluate(
 
     main = is_main_process()  # in a multi-process run, process 0 prints and writes the run's files
     say = tqdm.write if progress and main else (lambda message: None)
+    for note in notes:
+        say(f"note: {note}")
     if fresh and main and workdir.exists() and any(workdir.iterdir()):
-        aside = next(
-            p for n in range(1, 10_000) if not (p := workdir.with_name(f"{workdir.name}.previous-{n}")).exists()
-        )
-        workdir.rename(aside)
-        say(f"--fresh: moved the earlier run to {aside}")
+        say(f"--fresh: moved the earlier run to {run_dir.move_aside(workdir)}")
     if fresh and jax.process_count() > 1:
         multihost_utils.sync_global_devices("jaxgpt: workdir moved aside")
-    workdir.mkdir(parents=True, exist_ok=True)
-    trainer = Trainer(run, dataset, workdir, say)
-    trainer.restore_or_start()  # refuses an incompatible run before anything is written
-    if main:
-        (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
-        save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
-    return trainer.run(progress=progress and main, stop_at=stop_at)
+    run_dir.make(workdir)
+    with run_dir.locked(workdir) if main else contextlib.nullcontext():
+        trainer = Trainer(run, dataset, workdir, say)
+        with contextlib.closing(trainer.checkpoints):
+            if from_step is not None:
+                trainer.checkpoints.abandon_after(from_step)
+            trainer.restore_or_start()  # refuses an incompatible run before anything is written
+            if main:
+                (workdir / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2))
+                save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
+            return trainer.run(progress=progress and main, stop_at=stop_at)
 
 
 class Trainer:
     def __init__(self, run: RunConfig, dataset: data.Dataset, workdir: Path, say):
-        self.config, self.dataset, self.workdir, self.say = run, dataset, workdir, say
         self.mesh = sharding.make_mesh(run.mesh)
+        run, chosen = fill_microbatches(run, self.mesh)
+        if chosen:
+            say(chosen)
+        self.config, self.dataset, self.workdir, self.say = run, dataset, workdir, say
         check_batch_fits_mesh(run, self.mesh)
         self.schedule = learning_rate_schedule(run.train)
         self.state, self.train_step, self.eval_step = compiled_steps(run, self.mesh)
@@ -113,19 +127,39 @@ class Trainer:
 
     def restore_or_start(self) -> None:
         """Continue from the newest readable checkpoint, or start at step 0 if there is none."""
-        found = self.checkpoints.restore_latest_readable(self.state, check_record=self._check_same_run, warn=_warn)
+        self.checkpoints.check_room_for(self.state)  # before any work, not at the first save
+        found = self.checkpoints.restore_latest_readable(self.state, check_record=self._check_same_run, warn=warn)
         if found is None:
             if self.config.train.init_from:
                 self._start_from_pretrained(self.config.train.init_from)
             if is_main_process():
+                self._keep_history_aside()
                 self.metrics_path.write_text("")
             return
         step, self.state, record = found
+        self._note_schedule_change(record, step)
         self.start_step = step
         self.elapsed_before = record.get("elapsed_sec", 0.0)
         self.carried_losses = record.get("pending_losses", [])
         self._truncate_metrics(step)
         self.say(f"resuming from step {step} of {self.config.train.steps}")
+
+    def _note_schedule_change(self, record: dict, step: int) -> None:
+        """Raising train.steps moves the end of the cosine: a finished run would continue at a
+        higher learning rate than it ended with. Say so, and how to avoid it."""
+        saved = dataclasses.replace(
+            self.config.train,
+            **{
+                k: record["config"]["train"].get(k, 0) for k in ("steps", "decay_steps", "warmup_steps", "lr", "min_lr")
+            },
+        )
+        before, now = float(learning_rate_schedule(saved)(step)), float(self.schedule(step))
+        if not math.isclose(before, now, rel_tol=1e-3):
+            self.say(
+                f"note: the learning rate at step {step} is now {now:.3g} (the run was at {before:.3g}): the new "
+                f"train settings move the schedule. To continue a finished decay at min_lr instead, add "
+                f"--config.train.decay_steps={saved.decay_steps or saved.steps}"
+            )
 
     def _start_from_pretrained(self, source: str) -> None:
         """Replace the random init by Hugging Face weights (the optimizer's zero moments do
@@ -158,6 +192,22 @@ class Trainer:
                 f"Use the original config, or start afresh with --fresh (the old run is kept aside). "
                 f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
             )
+
+    def _keep_history_aside(self) -> None:
+        """Starting at step 0 in a workdir that already logged a run (its checkpoints were
+        deleted, or it crashed before its first one): move that run's metrics aside rather
+        than overwrite them."""
+        logged = [p for p in (self.metrics_path, self.workdir / "tensorboard") if p.exists()]
+        if not any(p.is_dir() or p.stat().st_size for p in logged):
+            return
+        aside = run_dir.unused_sibling(self.workdir / "history", "before-restart")
+        aside.mkdir()
+        for path in logged:
+            path.rename(aside / path.name)
+        warn(
+            f"{self.workdir} has metrics but no checkpoint to resume from; starting at step 0, the old metrics "
+            f"are kept in {aside}"
+        )
 
     def _truncate_metrics(self, step: int) -> None:
         """Drop lines past the restored step: the resumed run writes them again."""
@@ -228,19 +278,13 @@ class Trainer:
         return out
 
     def run(self, progress: bool = True, stop_at: int | None = None) -> dict:
+        """Train from the restored step to train.steps (or stop_at, or a signal). The caller
+        closes self.checkpoints, which waits for the last asynchronous save."""
         t = self.config.train
         start = self.start_step
-        mesh = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items())
-        self.say(
-            f"model: {count_params(self.state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
-            f"mesh {mesh} over {self.mesh.size} x {jax.devices()[0].device_kind}; per device: params "
-            f"{sharding.bytes_per_device(self.state.params) / 2**20:,.1f} MiB, optimizer state "
-            f"{sharding.bytes_per_device(self.state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
-            f"GFLOP/s ({self.peak_source})"
-        )
+        self.say(self._describe())
         if start >= t.steps:
             self.say(f"already trained to step {start}; raise train.steps to continue")
-            self.checkpoints.close()
             return {"step": start}
 
         compile_start = time.perf_counter()
@@ -263,7 +307,7 @@ class Trainer:
             run_config=self.config.to_dict(),
             resume_step=start,
         )
-        with self._stop_on_signals(), log:
+        with self._stop_on_signals(), log, contextlib.closing(bar):
             for step in range(start, t.steps):
                 self.state, metrics = step_fn(self.state, first if step == start else next(batches))
                 pending.append(metrics)
@@ -279,9 +323,9 @@ class Trainer:
                     continue
                 fetched = jax.device_get(pending)  # the only host sync in the loop
                 pending = []
-                new_losses = [float(m["loss"]) for m in fetched]
-                self._check_finite(new_losses, done - len(new_losses) + 1, bar)
-                losses += new_losses
+                self._check_finite(fetched, done - len(fetched) + 1)
+                self.checkpoints.check_for_errors()  # a failed save is reported within one interval
+                losses += [float(m["loss"]) for m in fetched]
                 now = time.perf_counter()
                 elapsed = self.elapsed_before + now - clock
                 if logs or evals:
@@ -305,18 +349,14 @@ class Trainer:
                 if saves:
                     self.save(done, elapsed, losses)
                 if stopping and not is_last:
-                    bar.close()
                     self.checkpoints.wait()
                     self.say(
                         f"stopped at step {done} ({self.stop_reason or f'stop_at={stop_at}'}); checkpoint written. "
                         "Rerun the same command to resume"
                     )
-                    self.checkpoints.close()
                     return last | {"step": done, "stopped": True}
                 interval_start, interval_steps = time.perf_counter(), 0  # eval/checkpoint time is not training
-        bar.close()
         self.checkpoints.wait()
-        self.checkpoints.close()
         self.say(
             f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f}, "
             f"{last['elapsed_sec']:.0f} s, {last['tokens_per_sec']:,.0f} tokens/s, MFU {last['mfu']:.1%}; "
@@ -324,74 +364,42 @@ class Trainer:
         )
         return last
 
-    def _check_finite(self, losses: list[float], first_step: int, bar) -> None:
-        for offset, loss in enumerate(losses):
-            if not math.isfinite(loss):
-                bar.close()
-                self.checkpoints.wait()
-                raise UserError(
-                    f"loss became {loss} at step {first_step + offset}; the last good checkpoint (step "
-                    f"{self.checkpoints.latest_step()}) is kept. Lower train.lr or raise train.warmup_steps"
-                )
-
-
-# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
-ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "block_size",
-    "n_layer",
-    "n_head",
-    "n_kv_head",
-    "d_model",
-    "mlp_hidden",
-    "activation",
-    "norm",
-    "norm_position",
-    "norm_eps",
-    "position",
-    "rope_theta",
-    "rope_scaling",
-    "bias",
-    "tie_embeddings",
-)
-
-
-def compiled_steps(run: RunConfig, mesh):
-    """(initial state, train_step, eval_step) of a run, jitted for `mesh`: what `Trainer`
-    trains with and what bench/ times. The state is born sharded (jit with out_shardings):
-    no device ever holds all of it. The old state's buffers are donated to the new one."""
-    model = GPT(run.model)
-    optimizer = make_optimizer(run.train)
-    create = partial(create_train_state, run.model, optimizer, run.train.seed)
-    state_shardings = sharding.shardings_like(jax.eval_shape(create), mesh)
-    state = jax.jit(create, out_shardings=state_shardings)()
-    batch_sharding = sharding.batch_sharding(mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step = jax.jit(
-        partial(train_step, model=model, optimizer=optimizer, microbatches=run.train.microbatches),
-        in_shardings=(state_shardings, batch_sharding),
-        out_shardings=(state_shardings, replicated),
-        donate_argnums=0,
-    )
-    evaluate = jax.jit(
-        partial(eval_step, model=model),
-        in_shardings=(state_shardings.params, batch_sharding),
-        out_shardings=replicated,
-    )
-    return state, step, evaluate
-
-
-def _warn(message: str) -> None:
-    """Warnings print even with progress output off: they report something the user must know."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
-def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
-    parallel = sharding.data_parallel_size(mesh)
-    per_microbatch = run.train.batch_size // run.train.microbatches
-    if per_microbatch % parallel or run.train.batch_size % jax.process_count():
-        raise UserError(
-            f"train.batch_size={run.train.batch_size} (over {run.train.microbatches} microbatches) does not split "
-            f"over the {parallel} data-parallel devices of mesh {dict(mesh.shape)}; make batch_size / microbatches "
-            f"a multiple of {parallel}, or set mesh.data / mesh.fsdp smaller"
+    def _describe(self) -> str:
+        mesh = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items())
+        return (
+            f"model: {count_params(self.state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
+            f"mesh {mesh} over {self.mesh.size} x {jax.devices()[0].device_kind}; per device: params "
+            f"{sharding.bytes_per_device(self.state.params) / 2**20:,.1f} MiB, optimizer state "
+            f"{sharding.bytes_per_device(self.state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
+            f"GFLOP/s ({self.peak_source})"
         )
+
+    def _check_finite(self, fetched: list[dict], first_step: int) -> None:
+        """Stop at the first non-finite loss or gradient norm. Checkpoints are written only
+        after this check, and only of a state whose parameters are all finite, so the newest
+        checkpoint is always one to continue from."""
+        for offset, metrics in enumerate(fetched):
+            bad = {k: float(metrics[k]) for k in ("loss", "grad_norm") if not math.isfinite(float(metrics[k]))}
+            if bad:
+                self._diverged(first_step + offset, ", ".join(f"{k} became {v}" for k, v in bad.items()))
+        if not bool(all_finite(self.state.params)):
+            self._diverged(first_step + len(fetched) - 1, "parameters became non-finite")
+
+    def _diverged(self, step: int, what: str) -> None:
+        self.checkpoints.wait()
+        kept = self.checkpoints.steps()
+        lower = f"--config.train.lr={self.config.train.lr / 10:g}"
+        if not kept:
+            advice = f"no checkpoint was written before it; start again with a lower learning rate ({lower} --fresh)"
+        else:
+            advice = (
+                f"checkpoints {', '.join(map(str, kept))} are kept, all finite. Rerun with a lower learning rate "
+                f"({lower}; a resume may change it) to continue from step {kept[-1]}, adding --from_step {kept[0]} "
+                "to go back further (later checkpoints are moved aside, not deleted); or start again with --fresh"
+            )
+        raise UserError(f"training diverged at step {step}: {what}; {advice}")
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))

@@ -18,14 +18,22 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 os.environ["JAXGPT_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
 os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-datasets")
 
-SHARED_TIKTOKEN_CACHE = Path(__file__).resolve().parents[2] / "shared" / "tiktoken_cache"
+# tiktoken downloads its GPT-2 BPE file once; these tests must not. They read a cached copy from
+# $JAXGPT_TEST_TIKTOKEN_CACHE, else from the shared/ folder CI keeps beside the repository.
+SHARED_TIKTOKEN_CACHE = Path(
+    os.environ.get("JAXGPT_TEST_TIKTOKEN_CACHE") or Path(__file__).resolve().parents[2] / "shared" / "tiktoken_cache"
+)
 
 
 @pytest.fixture
 def gpt2_bpe(tmp_path, monkeypatch):
     """tiktoken's GPT-2 files from ../shared (offline), copied where tiktoken may write."""
     if not SHARED_TIKTOKEN_CACHE.is_dir():
-        pytest.skip(f"needs the offline tiktoken cache at {SHARED_TIKTOKEN_CACHE} (../shared is absent)")
+        pytest.skip(
+            "needs tiktoken's GPT-2 BPE file without a download: run once with a network "
+            "(python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR=DIR set), "
+            f"then set JAXGPT_TEST_TIKTOKEN_CACHE=DIR (looked in {SHARED_TIKTOKEN_CACHE})"
+        )
     cache = tmp_path / "tiktoken_cache"
     shutil.copytree(SHARED_TIKTOKEN_CACHE, cache)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
@@ -48,18 +56,33 @@ def small_run_config(**train):
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def run_script(name: str, *args: str, devices: int | None = None, background: bool = False, env: dict | None = None):
-    """Run one of the repository's scripts (train.py) or modules (jaxgpt.plot) as a user would:
-    a fresh Python at the repository root. `devices` sets the number of fake CPU devices;
-    `background` returns the Popen; `env` adds environment variables."""
+def run_script(
+    name: str,
+    *args: str,
+    devices: int | None = None,
+    background: bool = False,
+    env: dict | None = None,
+    replace_env: bool = False,
+    timeout: float = 300,
+):
+    """Run one of the repository's scripts (train.py), modules (jaxgpt.plot) or, with "-c",
+    a snippet, as a user would: a fresh Python at the repository root. `devices` sets the
+    number of fake CPU devices; `background` returns the Popen; `env` adds environment
+    variables, or with `replace_env` is the whole environment."""
     import subprocess
     import sys
 
-    env = os.environ | {"PYTHONPATH": str(ROOT)} | (env or {})
+    env = (env if replace_env else os.environ | (env or {})) | {"PYTHONPATH": str(ROOT)}
     if devices is not None:
         env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
-    target = ["-m", name] if name.startswith("jaxgpt.") else [str(ROOT / name)]
+    if name == "-X":  # an interpreter option: python -X OPTION SCRIPT ARGS
+        option, name, *args = args
+        interpreter = ["-X", option]
+    else:
+        interpreter = []
+    target = ["-m", name] if name.startswith("jaxgpt.") else [name] if name == "-c" else [str(ROOT / name)]
+    target = interpreter + target
     command = [sys.executable, *target, *args]
     if background:
         return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
-    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+    return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)

@@ -1,8 +1,9 @@
-"""ModelConfig: derived defaults, and one clear error per inconsistency."""
+"""Configuration: derived defaults, one clear error per inconsistency, and the adjustments a
+shortened run gets."""
 
 import pytest
 
-from jaxgpt.config import ConfigError, ModelConfig, RopeScaling
+from jaxgpt.config import ConfigError, ModelConfig, RopeScaling, base_config, resolve
 
 
 def test_defaults_resolve_to_the_numbers_the_model_uses():
@@ -73,3 +74,28 @@ def test_every_problem_is_reported_at_once():
     with pytest.raises(ConfigError) as error:
         ModelConfig(d_model=100, n_head=3, dropout=2.0)
     assert "d_model=100" in str(error.value) and "dropout=2.0" in str(error.value)
+
+
+def test_a_warmup_as_long_as_a_shortened_run_is_clipped_with_a_note():
+    config = base_config()
+    config.train.update(steps=50, warmup_steps=100)
+    notes = []
+    run = resolve(config, vocab_size=96, notes=notes)
+    assert run.train.warmup_steps == 5
+    assert notes == ["train.warmup_steps=100 is not shorter than train.steps=50; warming up for 5"]
+    config.train.update(steps=500)
+    notes.clear()
+    assert resolve(config, vocab_size=96, notes=notes).train.warmup_steps == 100 and notes == []
+
+
+@pytest.mark.parametrize(
+    "batch_size, microbatches, ok", [(16, 0, True), (16, 4, True), (16, 3, False), (12, -1, False)]
+)
+def test_microbatches_divide_the_batch_or_are_left_to_the_run(batch_size, microbatches, ok):
+    config = base_config()
+    config.train.update(batch_size=batch_size, microbatches=microbatches)
+    if ok:
+        assert resolve(config, vocab_size=96).train.microbatches == microbatches
+    else:
+        with pytest.raises(ConfigError, match="or 0 to let the run choose"):
+            resolve(config, vocab_size=96)

@@ -2,6 +2,7 @@
 configs from another run. "Exact" means bit-identical parameters and metrics."""
 
 import json
+import shutil
 import signal
 import time
 from pathlib import Path
@@ -11,7 +12,7 @@ import numpy as np
 import pytest
 from conftest import run_script, small_run_config
 
-from jaxgpt.checkpoint import load_latest
+from jaxgpt.checkpoint import Checkpoints, load_latest
 from jaxgpt.errors import UserError
 from jaxgpt.trainer import train_and_evaluate
 
@@ -184,3 +185,89 @@ def test_kill_9_at_any_moment_loses_nothing(tmp_path_factory, tmp_path):
     assert start(tmp_path, **run).wait(timeout=300) == 0
     assert not [p.name for p in (tmp_path / "checkpoints").iterdir() if "tmp" in p.name]
     assert_same_run(tmp_path, reference)
+
+
+# ---------------------------------------------------------------------------- accidents
+
+
+def test_a_divergence_keeps_only_finite_checkpoints_and_a_lower_lr_continues(tmp_path):
+    run = dict(steps=20, checkpoint_every=1, log_every=1, keep_checkpoints=20)
+    with pytest.raises(UserError, match=r"training diverged at step \d+: .*--config\.train\.lr=1000") as error:
+        train_and_evaluate(small_run_config(lr=1e4, **run), tmp_path, progress=False)
+    assert "(step None)" not in str(error.value)
+    kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    assert kept[0] == 1 and f"--from_step {kept[0]}" in str(error.value)
+    _, params, _, _ = load_latest(tmp_path)
+    assert all(np.isfinite(x).all() for x in jax.tree.leaves(params))
+    # The advice works: back to step 1 (it ran at the warmup's lr of 0, so it is healthy) with a
+    # lower learning rate; the later checkpoints are moved aside, not deleted.
+    last = train_and_evaluate(small_run_config(lr=1e-3, **run), tmp_path, progress=False, from_step=1)
+    assert last["step"] == 20 and np.isfinite(last["train_loss"])
+    assert (tmp_path / "checkpoints" / f"{kept[-1]}.abandoned").is_dir()
+
+
+def test_restarting_a_run_whose_checkpoints_are_gone_keeps_its_metrics(tmp_path, capsys):
+    train_and_evaluate(small_run_config(steps=10), tmp_path, progress=False)
+    logged = (tmp_path / "metrics.jsonl").read_text()
+    for checkpoint in (tmp_path / "checkpoints").iterdir():
+        shutil.rmtree(checkpoint)
+    train_and_evaluate(small_run_config(steps=10), tmp_path, progress=False)
+    assert "has metrics but no checkpoint to resume from" in capsys.readouterr().err
+    assert (tmp_path / "history.before-restart-1" / "metrics.jsonl").read_text() == logged
+
+
+def test_the_same_step_found_unreadable_twice_is_moved_aside_twice(tmp_path, capsys):
+    run = dict(steps=20, checkpoint_every=5)
+    train_and_evaluate(small_run_config(**run), tmp_path, progress=False)
+    damage(tmp_path / "checkpoints" / "20")
+    train_and_evaluate(small_run_config(**run), tmp_path, progress=False)  # moves 20 aside, writes 20 again
+    damage(tmp_path / "checkpoints" / "20")
+    last = train_and_evaluate(small_run_config(**run), tmp_path, progress=False)
+    assert last["step"] == 20
+    assert {"20.unreadable", "20.unreadable-2"} <= {p.name for p in (tmp_path / "checkpoints").iterdir()}
+
+
+def test_reading_a_run_never_touches_a_save_in_progress(tmp_path, capsys):
+    """sample.py beside a trainer: the trainer's unfinished save must survive the reader, and
+    an unreadable newest checkpoint is skipped (not moved) with a warning."""
+    train_and_evaluate(small_run_config(steps=20, checkpoint_every=10), tmp_path, progress=False)
+    in_progress = tmp_path / "checkpoints" / "30.orbax-checkpoint-tmp-1234"
+    in_progress.mkdir()
+    damage(tmp_path / "checkpoints" / "20")
+    before = snapshot_names(tmp_path / "checkpoints")
+    said = []
+    _, _, _, step = load_latest(tmp_path, warn=said.append)
+    assert step == 10 and "checkpoint 20 cannot be read" in said[0] and "using step 10" in said[0]
+    assert in_progress.is_dir() and snapshot_names(tmp_path / "checkpoints") == before
+
+
+def test_a_failed_save_stops_the_run_at_once_with_one_line(tmp_path, monkeypatch):
+    """A full disk: orbax's background save fails; the loop notices at its next logging step,
+    not at the next save, and says so in one line. Earlier checkpoints stay."""
+    train_and_evaluate(small_run_config(steps=10, checkpoint_every=10), tmp_path, progress=False)
+    saves = []
+
+    def failing_save(self, step, state, record):
+        saves.append(step)
+        self._manager.check_for_errors = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
+
+    monkeypatch.setattr(Checkpoints, "save", failing_save)
+    with pytest.raises(UserError, match=r"writing a checkpoint .* failed \(OSError: .*No space left.*earlier"):
+        train_and_evaluate(small_run_config(steps=40, checkpoint_every=10, log_every=5), tmp_path, progress=False)
+    assert saves == [20]  # stopped at the first logging step after the failed save, long before step 30
+    assert (tmp_path / "checkpoints" / "10").is_dir()
+
+
+def snapshot_names(folder: Path) -> list[tuple[str, int]]:
+    return sorted((str(p.relative_to(folder)), p.stat().st_mtime_ns) for p in folder.rglob("*"))
+
+
+def test_a_full_disk_stops_before_a_save_it_cannot_hold(tmp_path, monkeypatch):
+    train_and_evaluate(small_run_config(steps=10, checkpoint_every=10), tmp_path, progress=False)
+    import jaxgpt.checkpoint
+
+    full = shutil.disk_usage(tmp_path)._replace(free=2**20)  # less than one checkpoint of this model
+    monkeypatch.setattr(jaxgpt.checkpoint.shutil, "disk_usage", lambda path: full)
+    with pytest.raises(UserError, match=r"has 1\.0 MiB free and a checkpoint needs .* earlier checkpoints are kept"):
+        train_and_evaluate(small_run_config(steps=20, checkpoint_every=10), tmp_path, progress=False)
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10"]

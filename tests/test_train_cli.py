@@ -83,3 +83,30 @@ def test_workdir_that_is_a_file_is_left_alone(tmp_path):
     result = train("--config", "configs/tiny.py", f"--workdir={tmp_path / 'notes.txt'}")
     assert result.returncode == 2 and "is a file" in the_error(result)
     assert (tmp_path / "notes.txt").read_text() == "precious"
+
+
+def test_a_workdir_alone_resumes_and_extends_its_run(tmp_path):
+    """--workdir alone uses the run's saved config; an override extends it. Extending past the
+    end of the cosine is announced with the way to keep the finished decay."""
+    workdir = tmp_path / "run"
+    first = train("--config", "configs/tiny.py", f"--workdir={workdir}", *FAST)
+    assert first.returncode == 0, first.stderr
+    again = train(f"--workdir={workdir}")
+    assert again.returncode == 0 and "already trained to step 4" in again.stdout + again.stderr
+    longer = train(f"--workdir={workdir}", "--config.train.steps=6")
+    assert longer.returncode == 0, longer.stderr
+    assert "--config.train.decay_steps=4" in longer.stdout
+    steps = [json.loads(line)["step"] for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+    assert steps[-1] == 6
+    from_json = train("--config", str(workdir / "config.json"), "--config.train.steps=7", "--quiet")
+    assert from_json.returncode == 0, from_json.stderr
+    assert json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 7
+
+
+def test_help_answers_without_importing_jax():
+    """-X importtime lists every module the process imports, on stderr."""
+    for script in ("train.py", "sample.py"):
+        result = run_script("-X", "importtime", script, "--help")
+        assert result.returncode == 0 and "Examples:" in result.stdout and "--workdir" in result.stdout
+        imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
+        assert "flax" not in imported and not [m for m in imported if m == "jax" or m.startswith("jax.")]

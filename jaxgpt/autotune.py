@@ -1,0 +1,98 @@
+"""Settings the machine chooses, so that no shipped config is tuned by hand for one computer.
+
+`train.microbatches = 0` (the default) asks the run for the fewest microbatches whose compiled
+train step keeps its temporary buffers within a budget:
+  - on a CPU, the last-level cache the OS reports. A small model's step is bound by memory
+    traffic, not arithmetic: once its temporaries spill out of the cache, every elementwise
+    op runs at DRAM speed (docs/benchmarks.md measures the jump). Splitting the batch into
+    microbatches shrinks the activations each pass keeps while the gradient, accumulated over
+    the pieces inside the step, is the same up to float32 summation order;
+  - on an accelerator, the device's memory less what the state already holds: microbatches
+    there are for fitting at all, not for speed.
+The temporaries come from XLA's own memory analysis of the compiled step, not a formula. The
+first candidate compiled is one microbatch; when that is over budget the largest split is
+compiled too, and the rest are interpolated: temporaries are a fixed part (gradients, their
+accumulator) plus activations that shrink as 1/microbatches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+
+from jaxgpt import hardware, sharding
+from jaxgpt.config import RunConfig
+from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
+
+FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
+ACCELERATOR_HEADROOM = 0.9  # leave XLA's allocator a tenth of the device's memory
+
+
+def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
+    """Microbatch counts that give every data-parallel device the same whole number of rows."""
+    return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
+
+
+def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:
+    """Temporary bytes per device of the compiled train step with `microbatches`."""
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=microbatches))
+    layout, _ = state_layout(run, mesh)
+    compiled = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile()
+    memory = compiled.memory_analysis()
+    return int(memory.temp_size_in_bytes) if memory is not None else 0
+
+
+def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
+    """(bytes the step's temporaries should stay within, where that figure comes from)."""
+    device = mesh.devices.flat[0]
+    if device.platform == "cpu":
+        for level in (3, 2):
+            if size := hardware.cpu_cache_bytes(level):
+                return size, f"the CPU's {size // 2**20} MiB L{level} cache"
+        return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
+    stats = device.memory_stats() or {}
+    limit = stats.get("bytes_limit")
+    if not limit:
+        return 2**62, "no memory limit reported"
+    layout, _ = state_layout(run, mesh)
+    state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(layout))
+    return int(limit * ACCELERATOR_HEADROOM) - state, f"{limit / 2**30:.0f} GiB of device memory less the state"
+
+
+def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[int, dict[int, int]]:
+    """The fewest microbatches whose temporaries fit `budget`, and the temporaries measured
+    ({microbatches: bytes}). `temp_bytes(m)` compiles; it is called for the first choice and,
+    if that does not fit, for the last; the others are interpolated as fixed + activations / m.
+    With nothing fitting, the most microbatches (the least memory)."""
+    measured = {choices[0]: temp_bytes(choices[0])}
+    if measured[choices[0]] <= budget or len(choices) == 1:
+        return choices[0], measured
+    first, last = choices[0], choices[-1]
+    measured[last] = temp_bytes(last)
+    # temp(m) = fixed + activations / m through the two measured points
+    activations = (measured[first] - measured[last]) / (1 / first - 1 / last)
+    fixed = measured[first] - activations / first
+    for m in choices[1:-1]:
+        if fixed + activations / m <= budget:
+            return m, measured
+    return last, measured
+
+
+def fill_microbatches(run: RunConfig, mesh) -> tuple[RunConfig, str | None]:
+    """`run` with train.microbatches chosen when it is 0, and a line saying what was chosen
+    and why (None when the config set it)."""
+    if run.train.microbatches:
+        return run, None
+    choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
+    if not choices:  # the batch does not split over the devices: check_batch_fits_mesh says so
+        return dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=1)), None
+    budget, source = memory_budget(run, mesh)
+    chosen, measured = choose_microbatches(choices, budget, lambda m: step_temp_bytes(run, mesh, m))
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=chosen))
+    seen = ", ".join(f"{m}: {b / 2**20:.0f} MiB" for m, b in sorted(measured.items()))
+    return run, (
+        f"train.microbatches=0 -> {chosen} (step temporaries by microbatches {seen}; budget {source}; "
+        "set train.microbatches to override)"
+    )

@@ -1,0 +1,28 @@
+"""A run's own configuration as a config file: what lets `python train.py --workdir runs/X`
+resume (and `--config.train.steps=N` extend) a run without its original command line.
+
+train.py passes `--config=jaxgpt/saved_config.py:<workdir or config.json>`; ml_collections
+calls `get_config` with the part after the colon, and command-line overrides then apply to
+the run's saved values exactly as they would to a config file's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import ml_collections
+
+from jaxgpt.config import base_config
+
+
+def get_config(where: str) -> ml_collections.ConfigDict:
+    path = Path(where)
+    path = path / "config.json" if path.is_dir() else path
+    saved = json.loads(path.read_text())
+    config = base_config()
+    for section, values in saved.items():
+        for key, value in values.items():
+            if key in config[section]:  # the run-owned model.dtype/param_dtype are not config keys
+                config[section][key] = value
+    return config

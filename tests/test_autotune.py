@@ -1,0 +1,57 @@
+"""Microbatches chosen by the run: from XLA's memory analysis of the compiled step, against a
+budget (the CPU's cache, an accelerator's memory)."""
+
+import dataclasses
+
+import pytest
+from conftest import small_run_config
+
+from jaxgpt import autotune, sharding
+from jaxgpt.config import MeshConfig, resolve
+
+
+@pytest.mark.parametrize(
+    "batch, parallel, expected",
+    [(12, 1, [1, 2, 3, 4, 6, 12]), (12, 2, [1, 2, 3, 6]), (8, 8, [1]), (6, 4, [])],
+)
+def test_choices_give_every_device_whole_rows(batch, parallel, expected):
+    assert autotune.microbatch_choices(batch, parallel) == expected
+
+
+def test_the_fewest_fitting_microbatches_are_chosen_from_two_compiles():
+    fixed, activations = 2.0, 120.0
+    compiled = []
+
+    def temp_bytes(m):
+        compiled.append(m)
+        return fixed + activations / m
+
+    choices = [1, 2, 3, 4, 6, 12]
+    # 2 + 120/m <= 32 first holds at m = 4 (2 + 30 = 32; m = 3 gives 42)
+    assert autotune.choose_microbatches(choices, 32, temp_bytes)[0] == 4
+    assert compiled == [1, 12]
+    compiled.clear()
+    assert autotune.choose_microbatches(choices, 200, temp_bytes)[0] == 1 and compiled == [1]
+    assert autotune.choose_microbatches(choices, 1, temp_bytes)[0] == 12  # nothing fits: the least memory
+
+
+def test_temporaries_shrink_as_the_interpolation_assumes():
+    """The rule's model, fixed + activations / m, checked against XLA's analysis of a real
+    step: the prediction for a middle count from the two ends is within a tenth."""
+    run = resolve(small_run_config(batch_size=12), vocab_size=96)
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
+    temp = {m: autotune.step_temp_bytes(run, mesh, m) for m in (1, 3, 12)}
+    assert temp[1] > temp[3] > temp[12]
+    activations = (temp[1] - temp[12]) / (1 - 1 / 12)
+    predicted = temp[1] - activations + activations / 3
+    assert abs(predicted - temp[3]) <= 0.1 * temp[3], (temp, predicted)
+
+
+def test_an_explicit_setting_is_kept_and_zero_is_filled():
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
+    run = resolve(small_run_config(batch_size=8, microbatches=2), vocab_size=96)
+    assert autotune.fill_microbatches(run, mesh) == (run, None)
+    auto = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=0))
+    filled, line = autotune.fill_microbatches(auto, mesh)
+    assert filled.train.microbatches in autotune.microbatch_choices(8, 1)
+    assert line.startswith(f"train.microbatches=0 -> {filled.train.microbatches} (")
