@@ -145,7 +145,7 @@ def prepared_tokens() -> dict:
     code = (
         "import json; from jaxgpt import data; from jaxgpt.config import DataConfig; "
         "d = data.prepare(DataConfig(), progress=False); "
-        "print(json.dumps({'path': d.train.filename, 'vocab': d.tokenizer.vocab_size}))"
+        "print(json.dumps({'path': str(d.train.filename), 'vocab': d.tokenizer.vocab_size}))"
     )
     return run_json([sys.executable, "-c", code], clean_env())
 

@@ -58,7 +58,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh)
-    run, _ = fill_microbatches(run, mesh)
+    run = fill_microbatches(run, mesh).run
     start = time.perf_counter()
     state, step, _ = compiled_steps(run, mesh)
     batch, seq = run.train.batch_size, run.model.block_size

@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from typing import NamedTuple
 
 import jax
 
@@ -35,13 +36,24 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
     return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
 
 
-def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:
-    """Temporary bytes per device of the compiled train step with `microbatches`."""
-    run = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=microbatches))
+def with_microbatches(run: RunConfig, microbatches: int) -> RunConfig:
+    return dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=microbatches))
+
+
+def compile_step(run: RunConfig, mesh):
+    """The train step of `run`, compiled ahead of time for its state and batch layouts."""
     layout, _ = state_layout(run, mesh)
-    compiled = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile()
+    return jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile()
+
+
+def temp_bytes(compiled) -> int:
+    """Temporary bytes per device of a compiled step, from XLA's memory analysis."""
     memory = compiled.memory_analysis()
     return int(memory.temp_size_in_bytes) if memory is not None else 0
+
+
+def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:
+    return temp_bytes(compile_step(with_microbatches(run, microbatches), mesh))
 
 
 def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
@@ -80,19 +92,30 @@ def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[in
     return last, measured
 
 
-def fill_microbatches(run: RunConfig, mesh) -> tuple[RunConfig, str | None]:
-    """`run` with train.microbatches chosen when it is 0, and a line saying what was chosen
-    and why (None when the config set it)."""
+class Tuned(NamedTuple):
+    run: RunConfig  # with train.microbatches filled in
+    note: str | None  # what was chosen and why; None when the config chose
+    compiled: object | None  # the chosen step, when choosing compiled it: no need to compile it again
+
+
+def fill_microbatches(run: RunConfig, mesh) -> Tuned:
+    """`run` with train.microbatches chosen when it is 0."""
     if run.train.microbatches:
-        return run, None
+        return Tuned(run, None, None)
     choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
-    if not choices:  # the batch does not split over the devices: check_batch_fits_mesh says so
-        return dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=1)), None
+    if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
+        return Tuned(with_microbatches(run, choices[0] if choices else 1), None, None)
     budget, source = memory_budget(run, mesh)
-    chosen, measured = choose_microbatches(choices, budget, lambda m: step_temp_bytes(run, mesh, m))
-    run = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=chosen))
+    compiled: dict[int, object] = {}
+
+    def measure(m: int) -> int:
+        compiled[m] = compile_step(with_microbatches(run, m), mesh)
+        return temp_bytes(compiled[m])
+
+    chosen, measured = choose_microbatches(choices, budget, measure)
     seen = ", ".join(f"{m}: {b / 2**20:.0f} MiB" for m, b in sorted(measured.items()))
-    return run, (
+    note = (
         f"train.microbatches=0 -> {chosen} (step temporaries by microbatches {seen}; budget {source}; "
         "set train.microbatches to override)"
     )
+    return Tuned(with_microbatches(run, chosen), note, compiled.get(chosen))

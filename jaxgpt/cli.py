@@ -94,13 +94,14 @@ def config_from_run(argv: list[str]) -> list[str]:
     (`--workdir runs/X` alone: resume it) or named a run's config.json: overrides on the
     command line then apply to the run's own values."""
     config, workdir = _flag_value(argv, "--config"), _flag_value(argv, "--workdir")
+    # --config goes first: the --config.<key> overrides exist only once the file is loaded
     if config and config.endswith(".json"):
-        rest = [a for a in _without_flag(argv, "--config")]
+        program, *rest = _without_flag(argv, "--config")
         if not workdir:
             rest.append(f"--workdir={Path(config).parent}")
-        return [*rest, f"--config={SAVED_CONFIG}:{config}"]
+        return [program, f"--config={SAVED_CONFIG}:{config}", *rest]
     if config is None and workdir and (Path(workdir) / "config.json").is_file():
-        return [*argv, f"--config={SAVED_CONFIG}:{workdir}"]
+        return [argv[0], f"--config={SAVED_CONFIG}:{workdir}", *argv[1:]]
     return argv
 
 

@@ -107,9 +107,9 @@ def train_and_evaluate(
 class Trainer:
     def __init__(self, run: RunConfig, dataset: data.Dataset, workdir: Path, say):
         self.mesh = sharding.make_mesh(run.mesh)
-        run, chosen = fill_microbatches(run, self.mesh)
-        if chosen:
-            say(chosen)
+        run, note, self.compiled_step = fill_microbatches(run, self.mesh)
+        if note:
+            say(note)
         self.config, self.dataset, self.workdir, self.say = run, dataset, workdir, say
         check_batch_fits_mesh(run, self.mesh)
         self.schedule = learning_rate_schedule(run.train)
@@ -289,7 +289,7 @@ class Trainer:
 
         compile_start = time.perf_counter()
         first = self.batch(start)
-        step_fn = self.train_step.lower(self.state, first).compile()
+        step_fn = self.compiled_step or self.train_step.lower(self.state, first).compile()
         self.say(f"compiled train_step in {time.perf_counter() - compile_start:.1f} s")
 
         bar = tqdm(total=t.steps, initial=start, desc="train", unit="step", disable=not progress)

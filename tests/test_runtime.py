@@ -26,7 +26,7 @@ from jaxgpt.config import resolve
 from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh)
-run, _ = fill_microbatches(run, mesh)
+run = fill_microbatches(run, mesh).run
 layout, _ = state_layout(run, mesh)
 text = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile().as_text()
 print(json.dumps({"devices": mesh.size, "hlo": text}))

@@ -1,0 +1,199 @@
+"""Pre-flight checks of a config before a long run (`python -m jaxgpt.check` runs them).
+
+Runs, on the config's own model, data and mesh (a minute or less for small configs on CPU),
+the checks the transformer literature recommends before spending real compute (Karpathy,
+"A recipe for training neural networks", 2019):
+  initial loss    at initialisation the model should be unsure of every token: cross-entropy
+                  near ln(vocab_size). Far above it means an init scale that is too large.
+  gradients       per layer at initialisation: none zero (a disconnected layer), none
+                  non-finite, global norm not exploding.
+  overfit         one batch trained repeatedly must be learnt: the loss falls below half of
+                  where it started. If it cannot, nothing bigger will train either.
+  size            parameters and training FLOPs per token (information).
+  memory          parameters, optimizer state and the compiled step's temporaries per device
+                  against what one device has.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgpt import data, sharding
+from jaxgpt.config import resolve
+from jaxgpt.model import count_params, flops_per_token
+
+INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
+GRAD_NORM_LIMIT = 100.0  # global gradient norm at init; a healthy GPT is around 1
+
+
+@dataclasses.dataclass
+class Row:
+    name: str
+    passed: bool | None  # None: information only
+    detail: str
+
+
+def gradient_norms(grads) -> dict:
+    """Gradient norm per top-level parameter group (embeddings, each block, final norm); a
+    layer-scanned "blocks" group gives one norm per layer. Traced into the same program as the
+    gradients: on a mesh, many small eager reductions in flight at once can starve each other
+    of threads."""
+
+    def squares(group, keep_layer_axis):
+        return sum(
+            jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1 if keep_layer_axis else 0, g.ndim)))
+            for g in jax.tree.leaves(group)
+        )
+
+    return {name: jnp.sqrt(squares(group, name == "blocks")) for name, group in grads.items()}
+
+
+def per_layer(norms: dict) -> dict[str, float]:
+    out = {}
+    for name, value in norms.items():
+        if name == "blocks":
+            out |= {f"block_{i}": float(v) for i, v in enumerate(np.asarray(value))}
+        else:
+            out[name] = float(value)
+    return out
+
+
+def run_checks(config, overfit_steps: int) -> list[Row]:
+    dataset = data.prepare(config.data, progress=False)
+    run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
+    data.check_long_enough(dataset, run.model.block_size)
+    from jaxgpt.autotune import fill_microbatches
+    from jaxgpt.train_step import check_batch_fits_mesh, compiled_steps
+
+    mesh = sharding.make_mesh(run.mesh)
+    run = fill_microbatches(run, mesh).run
+    check_batch_fits_mesh(run, mesh)
+    t = run.train
+    rows_of = lambda start, stop: data.batch_at(  # noqa: E731
+        dataset.train, run.model.block_size, t.batch_size, t.seed, data.TRAIN_STREAM, 0, slice(start, stop)
+    )
+    batch = sharding.global_batch(mesh, rows_of, t.batch_size)
+    # Constant learning rate, no decay: the overfit check asks whether the model can learn,
+    # not what the schedule does in its first steps.
+    steady = dataclasses.replace(t, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
+    state, step, _ = compiled_steps(dataclasses.replace(run, train=steady), mesh)
+    results = []
+
+    ln_vocab = math.log(run.model.vocab_size)
+
+    @jax.jit
+    def loss_and_norms(params, windows):
+        loss, grads = jax.value_and_grad(lambda p: _loss(run.model, p, windows))(params)
+        return loss, gradient_norms(grads)
+
+    initial, norms = loss_and_norms(state.params, batch)
+    initial = float(initial)
+    off = abs(initial - ln_vocab) / ln_vocab
+    results.append(
+        Row(
+            "initial loss",
+            off <= INITIAL_LOSS_TOLERANCE,
+            f"{initial:.3f} vs ln({run.model.vocab_size}) = {ln_vocab:.3f} ({off:.0%} off; limit "
+            f"{INITIAL_LOSS_TOLERANCE:.0%})",
+        )
+    )
+
+    norms = per_layer(norms)
+    total = math.sqrt(sum(n * n for n in norms.values()))
+    dead = [k for k, n in norms.items() if n == 0.0]
+    bad = [k for k, n in norms.items() if not math.isfinite(n)]
+    smallest, largest = min(norms, key=norms.get), max(norms, key=norms.get)
+    problem = (
+        f"zero in {', '.join(dead)}; "
+        if dead
+        else f"not finite in {', '.join(bad)}; "
+        if bad
+        else f"exploding (limit {GRAD_NORM_LIMIT:g}); "
+        if total > GRAD_NORM_LIMIT
+        else ""
+    )
+    results.append(
+        Row(
+            "gradients",
+            not problem,
+            f"{problem}global norm {total:.3g}; smallest {smallest} {norms[smallest]:.3g}, largest {largest} "
+            f"{norms[largest]:.3g}",
+        )
+    )
+
+    compiled = step.lower(state, batch).compile()
+    start = time.perf_counter()
+    first = None
+    for _ in range(overfit_steps):
+        state, metrics = compiled(state, batch)
+        loss = float(metrics["loss"])
+        first = first if first is not None else loss
+    last = loss
+    results.append(
+        Row(
+            "overfit one batch",
+            last < 0.5 * first,
+            f"loss {first:.3f} -> {last:.3f} in {overfit_steps} steps at lr {t.lr:g} "
+            f"({time.perf_counter() - start:.1f} s); must fall below half",
+        )
+    )
+
+    n_params = count_params(state.params)
+    results.append(
+        Row(
+            "size",
+            None,
+            f"{n_params:,} parameters; {flops_per_token(run.model, run.model.block_size) / 1e6:,.1f} MFLOPs "
+            "per token trained (6N + 12LdT)",
+        )
+    )
+
+    memory = compiled.memory_analysis()
+    params_bytes = sharding.bytes_per_device(state.params)
+    opt_bytes = sharding.bytes_per_device(state.opt_state)
+    temp_bytes = memory.temp_size_in_bytes if memory else 0
+    need = params_bytes + opt_bytes + temp_bytes
+    have = _device_memory(mesh.devices.flat[0])
+    results.append(
+        Row(
+            "memory",
+            need <= have if have else None,
+            f"per device: params {params_bytes / 2**20:,.1f} MiB + optimizer {opt_bytes / 2**20:,.1f} MiB + step "
+            f"temporaries {temp_bytes / 2**20:,.1f} MiB = {need / 2**30:,.2f} GiB of "
+            + (f"{have / 2**30:,.1f} GiB" if have else "unknown")
+            + f" (mesh {dict(mesh.shape)})",
+        )
+    )
+    return results
+
+
+def _loss(model_config, params, windows):
+    from jaxgpt.model import GPT
+    from jaxgpt.train_step import cross_entropy
+
+    return cross_entropy(GPT(model_config), params, windows)
+
+
+def _device_memory(device) -> int | None:
+    """Bytes one device can hold: the accelerator's limit, or for CPU devices the machine's
+    memory shared among them."""
+    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    if stats and stats.get("bytes_limit"):
+        return int(stats["bytes_limit"])
+    if device.platform == "cpu":
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.local_device_count()
+    return None
+
+
+def print_table(rows: list[Row]) -> None:
+    width = max(len(r.name) for r in rows)
+    for r in rows:
+        status = "INFO" if r.passed is None else "PASS" if r.passed else "FAIL"
+        print(f"{status:4}  {r.name:{width}}  {r.detail}")
