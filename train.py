@@ -1,66 +1,7 @@
-"""Train a model: python train.py --config configs/tiny.py [--config.train.steps=500] [--workdir DIR]
+"""Train a model: python train.py --config configs/tiny.py (the same as `jaxgpt-train` once the
+package is installed; the command lives in jaxgpt/train.py, and --help lists its flags)."""
 
-Examples:
-  python train.py --config configs/tiny.py                      # the first run: a few minutes on a CPU
-  python train.py --config configs/tiny.py --config.train.steps=300 --workdir runs/short
-  python train.py --config configs/tiny.py --config.model.n_layer=2 --config.train.lr=1e-3
-  python train.py --config configs/tiny.py --fresh               # start over; the old run is kept aside
-  python train.py --workdir runs/tiny --config.train.steps=4000   # extend a run: its saved config + this
-Rerunning the same command resumes from the newest checkpoint; --workdir alone resumes a run with
-the configuration saved in it. Every config key can be set as --config.<section>.<key>=VALUE
-(sections model, data, train, mesh; see jaxgpt/config.py).
-
-A thin shell over jaxgpt.trainer.train_and_evaluate, which notebooks can call directly.
-"""
-
-import sys
-from pathlib import Path
-
-from absl import flags
-from ml_collections import config_flags
-
-from jaxgpt import cli
-
-CONFIG = config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
-WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
-QUIET = flags.DEFINE_bool("quiet", False, "No progress bar or status lines.")
-FRESH = flags.DEFINE_bool(
-    "fresh", False, "Start from step 0 in a used workdir; the old run is moved aside, not deleted."
-)
-STOP_AT = flags.DEFINE_integer(
-    "stop_at", None, "Stop after this step with a checkpoint, as on SIGTERM; rerun to resume."
-)
-FROM_STEP = flags.DEFINE_integer(
-    "from_step", None, "Resume from this checkpoint, not the newest (after a divergence); later ones are moved aside."
-)
-COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process runs: host:port of process 0.")
-NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
-PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0-based.")
-
-
-def main() -> None:
-    cli.parse_flags(cli.config_from_run(sys.argv), usage=__doc__)
-    if CONFIG.value is None:
-        cli.fail(
-            "no config given; pass --config configs/tiny.py (or another file in configs/), or --workdir of an "
-            "earlier run to resume it with its own configuration"
-        )
-    from jaxgpt import distributed, runtime
-    from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
-
-    runtime.configure(single_process=(NUM_PROCESSES.value or 1) == 1, warn=cli.warn)
-    distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
-
-    workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
-    train_and_evaluate(
-        CONFIG.value,
-        workdir,
-        progress=not QUIET.value,
-        fresh=FRESH.value,
-        stop_at=STOP_AT.value,
-        from_step=FROM_STEP.value,
-    )
-
+from jaxgpt.train import main
 
 if __name__ == "__main__":
-    cli.run(main)
+    main()

@@ -24,7 +24,12 @@ OVERFIT_STEPS = flags.DEFINE_integer("overfit_steps", 100, "Steps of training on
 
 
 def main() -> None:
-    cli.parse_flags(sys.argv, usage=__doc__)
+    """The console script's entry point (jaxgpt-check)."""
+    cli.run(_check)
+
+
+def _check() -> None:
+    cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
     if CONFIG.value is None:
         cli.fail("no config given; pass --config configs/tiny.py (or another file in configs/)")
     from jaxgpt import runtime  # after flag parsing: --help and bad flags need no JAX
@@ -40,4 +45,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    cli.run(main)
+    main()

@@ -28,15 +28,17 @@ def warn(message: str) -> None:
     print(f"warning: {message}", file=sys.stderr, flush=True)
 
 
-def parse_flags(argv: list[str], usage: str = "") -> None:
+def parse_flags(argv: list[str], usage: str = "", module: str = "__main__") -> None:
     """Parse argv into absl's FLAGS, turning every rejection into one clear line. `--help`
     (or -h) prints `usage` (the script's docstring: what it does, example commands) and the
-    script's flags, and exits 0."""
+    flags that `module` (the script's __name__) defines, and exits 0."""
     if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
-        print_help(usage)
+        print_help(usage, module)
         sys.exit(0)
     config_file = _flag_value(argv, "--config")
     if config_file:
+        config_file = shipped_config(config_file)
+        argv = [argv[0], f"--config={config_file}", *_without_flag(argv[1:], "--config")]
         check_config_file(config_file)
     try:
         flags.FLAGS(argv)
@@ -48,15 +50,38 @@ def parse_flags(argv: list[str], usage: str = "") -> None:
         fail(f"config file {config_file} failed to load: {str(error).strip().splitlines()[-1]}")
 
 
-def print_help(usage: str) -> None:
+def print_help(usage: str, module: str = "__main__") -> None:
     print(usage.strip() + "\n\nflags:")
-    main_flags = flags.FLAGS.flags_by_module_dict().get(sys.argv[0], [])
+    # absl files a script's flags under its path, and an imported module's under its name
+    main_flags = flags.FLAGS.flags_by_module_dict().get(sys.argv[0] if module == "__main__" else module, [])
     for flag in sorted(main_flags, key=lambda f: f.name):
         default = "" if flag.default is None else f" (default: {flag.default})"
         print(f"  --{flag.name}: {flag.help}{default}")
 
 
 SECTIONS = ("model", "data", "train", "mesh")
+# configs/ beside the package in a checkout (or an editable install); jaxgpt/configs/ in an
+# installed wheel, which carries them there (pyproject.toml)
+SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parent.parent / "configs")
+
+
+def shipped_config(value: str) -> str:
+    """`value` (a --config argument, maybe with ml_collections' :ARGUMENT) where it names a
+    file; else the shipped config it names, so `--config configs/tiny.py` and `--config tiny`
+    work from any directory."""
+    path, colon, argument = value.partition(":")
+    if Path(path).is_file():
+        return value
+    name = Path(path).name if path.endswith(".py") else f"{Path(path).name}.py"
+    for directory in SHIPPED_CONFIG_DIRS:
+        if (directory / name).is_file() and name != "__init__.py":
+            return f"{directory / name}{colon}{argument}"
+    return value
+
+
+def shipped_config_names() -> list[str]:
+    names = {p.stem for d in SHIPPED_CONFIG_DIRS if d.is_dir() for p in d.glob("*.py") if p.stem != "__init__"}
+    return sorted(names)
 
 
 def check_config_file(path: str) -> None:
@@ -68,7 +93,10 @@ def check_config_file(path: str) -> None:
 
     path, _, argument = path.partition(":")  # ml_collections' file.py:ARGUMENT form
     if not Path(path).is_file():
-        fail(f"config file {path} not found; pass --config a file such as configs/tiny.py")
+        fail(
+            f"config file {path} not found; pass --config a file, or one of the shipped configs by name "
+            f"({', '.join(shipped_config_names())})"
+        )
     fix = "start it from jaxgpt.config.base_config() as configs/tiny.py does"
     try:
         get_config = runpy.run_path(path).get("get_config")

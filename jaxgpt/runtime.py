@@ -44,9 +44,13 @@ def compilation_cache_dir() -> Path | None:
 
 
 def enable_compilation_cache() -> Path | None:
+    """Keep compiled programs in compilation_cache_dir(), unless caching is off or a cache
+    directory was already chosen (by the user, or an earlier call)."""
     path = compilation_cache_dir()
     if path is None:
         return None
+    if jax.config.jax_compilation_cache_dir:
+        return Path(jax.config.jax_compilation_cache_dir)
     jax.config.update("jax_compilation_cache_dir", str(path))
     # JAX's defaults skip programs that compile in under a second; a small model's train step
     # compiles in about two, its eval step and sampler in less, and all are worth keeping.

@@ -35,7 +35,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from jaxgpt import data, sharding
+from jaxgpt import data, runtime, sharding
 from jaxgpt import workdir as run_dir
 from jaxgpt.attention import kernel_fallback
 from jaxgpt.autotune import fill_microbatches
@@ -71,6 +71,7 @@ def train_and_evaluate(
     from_step: resume from this checkpoint rather than the newest (after a divergence); the
         later checkpoints are moved aside to `<step>.abandoned`, never deleted.
     """
+    runtime.enable_compilation_cache()  # as train.py does: a notebook's second run skips compilation
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")

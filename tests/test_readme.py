@@ -1,0 +1,162 @@
+"""The README's commands as a user copies them: every shell command in its ```bash blocks runs
+offline on this CPU (with short step counts) or is excused below with the reason; the numbers it
+quotes from the tiny config's run and its pre-flight check are the numbers those commands print."""
+
+import os
+import re
+import shlex
+import subprocess
+import sys
+
+import pytest
+from conftest import ROOT
+
+README = (ROOT / "README.md").read_text()
+
+# Commands an offline 2-core CPU cannot run, and why. Every other command is run.
+EXCUSED = {
+    r"^pip install": "installs packages: CI's own setup (.ci/run) does this",
+    r"pytest": "the test suite itself",
+    r"^gcloud ": "needs a TPU slice",
+    r"gpt2_124m\.py": "trains GPT-2 small on OpenWebText: a Hub download and days of an accelerator",
+    r"finetune_gpt2|--init_from gpt2": "downloads GPT-2's weights from the Hub (tests/test_hf.py covers a local copy)",
+}
+
+SHORT_TRAINING = [
+    "--config.train.steps=3",
+    "--config.train.eval_every=3",
+    "--config.train.eval_batches=1",
+    "--config.train.checkpoint_every=3",
+    "--quiet",
+]
+COMMANDS = {  # how each entry point is started without installing the package
+    "python train.py": [sys.executable, str(ROOT / "train.py")],
+    "python sample.py": [sys.executable, str(ROOT / "sample.py")],
+    "jaxgpt-train": [sys.executable, "-m", "jaxgpt.train"],
+    "jaxgpt-sample": [sys.executable, "-m", "jaxgpt.sample"],
+    "jaxgpt-check": [sys.executable, "-m", "jaxgpt.check"],
+    "python -m": [sys.executable, "-m"],
+}
+
+
+def shell_commands(markdown: str) -> list[str]:
+    """The commands of the ```bash blocks: continuation lines joined, comments dropped,
+    `a && b` as two commands."""
+    commands = []
+    for block in re.findall(r"```bash\n(.*?)```", markdown, flags=re.S):
+        joined = block.replace("\\\n", " ")
+        for line in joined.splitlines():
+            line = line.split(" #", 1)[0].strip()
+            if line and not line.startswith("#"):
+                # && outside quotes: an even number of quotes follows it
+                commands += [part.strip() for part in re.split(r'&&(?=(?:[^"]*"[^"]*")*[^"]*$)', line)]
+    return commands
+
+
+def excuse(command: str) -> str | None:
+    return next((why for pattern, why in EXCUSED.items() if re.search(pattern, command)), None)
+
+
+RUNNABLE = [c for c in shell_commands(README) if excuse(c) is None]
+
+
+def test_the_readme_commands_are_found_and_each_is_run_or_excused():
+    commands = shell_commands(README)
+    assert len(commands) >= 20  # the parser found the blocks
+    for command in RUNNABLE:
+        assert any(command.startswith(prefix) for prefix in COMMANDS), f"no way to run: {command}"
+    assert "python train.py --config configs/tiny.py" in RUNNABLE  # the first run is run, not excused
+
+
+def argv_for(command: str, home) -> list[str]:
+    prefix = next(p for p in COMMANDS if command.startswith(p))
+    args = [a.replace("~", str(home), 1) if a.startswith("~") else a for a in shlex.split(command[len(prefix) :])]
+    if prefix in ("python train.py", "jaxgpt-train"):
+        args += SHORT_TRAINING
+    elif prefix in ("python sample.py", "jaxgpt-sample") and "--max_new_tokens" not in command:
+        args.append("--max_new_tokens=8")
+    return COMMANDS[prefix] + args
+
+
+@pytest.fixture(scope="module")
+def sandbox(tmp_path_factory):
+    """A directory to run the commands in, holding the files they name (a book, a corpus, a
+    prompt file, docs/images/), with HOME inside it."""
+    home = tmp_path_factory.mktemp("readme")
+    (home / "path" / "to").mkdir(parents=True)
+    (home / "path" / "to" / "book.txt").write_text("It was the best of times, it was the worst of times. " * 400)
+    (home / "corpus").mkdir()
+    (home / "corpus" / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 400)
+    (home / "start.txt").write_text("def ")
+    (home / "docs" / "images").mkdir(parents=True)
+    return home
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", RUNNABLE)
+def test_readme_command_runs(command, sandbox, request):
+    """In README order: the sampling and plotting commands read the runs the training ones wrote."""
+    env = os.environ | {"HOME": str(sandbox), "PYTHONPATH": str(ROOT)}
+    if "tokenizer=gpt2" in command:
+        env["TIKTOKEN_CACHE_DIR"] = str(request.getfixturevalue("gpt2_bpe"))
+    env.pop("XLA_FLAGS")  # the user's default device count, not the test session's eight
+    result = subprocess.run(argv_for(command, sandbox), cwd=sandbox, env=env, capture_output=True, text=True)
+    assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+
+
+def quoted_block(after: str) -> str:
+    """The first plain ``` block after the text `after`."""
+    return re.search(r"```\n(.*?)```", README[README.index(after) :], flags=re.S).group(1)
+
+
+def numbers(text: str) -> list[float]:
+    return [float(n.replace(",", "")) for n in re.findall(r"(?<![\w.])\d[\d,]*\.?\d*", text)]
+
+
+# Another machine may choose another microbatch count and sum in another order: losses then
+# differ by about 1e-5 (docs/benchmarks.md), and printing rounds to 1e-4 or 1e-3.
+LOSS_TOLERANCE = 2e-3
+
+
+@pytest.mark.slow
+def test_the_first_run_ends_at_the_losses_the_readme_quotes(tmp_path):
+    """The full `python train.py --config configs/tiny.py`: 2000 steps, minutes on 2 cores."""
+    quoted = quoted_block("ends with a summary line")
+    step_line = next(line for line in quoted.splitlines() if line.startswith("step 2000:"))
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS")
+    result = subprocess.run(
+        [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"), f"--workdir={tmp_path}"],
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = next(line for line in result.stdout.splitlines() if line.startswith("step 2000:"))
+    assert numbers(printed) == pytest.approx(numbers(step_line), abs=LOSS_TOLERANCE), (printed, step_line)
+
+
+@pytest.mark.slow
+def test_the_preflight_table_is_what_check_prints():
+    """Every number in the README's check table except times and this machine's memory."""
+    quoted = quoted_block("prints a table").splitlines()
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS")
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxgpt.check", "--config", str(ROOT / "configs/tiny.py")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    printed = result.stdout.splitlines()
+    for name in ("initial loss", "gradients", "overfit one batch", "size"):
+        ours = next(line for line in printed if name in line)
+        theirs = next(line for line in quoted if name in line)
+        without_time = re.compile(r"\([\d.]+ s\)")
+        assert numbers(without_time.sub("", ours)) == pytest.approx(
+            numbers(without_time.sub("", theirs)), rel=2e-2, abs=LOSS_TOLERANCE
+        ), (ours, theirs)
+    ours, theirs = (next(line for line in lines if "memory" in line) for lines in (printed, quoted))
+    assert re.search(r"params [\d.]+ MiB \+ optimizer [\d.]+ MiB", ours).group() in theirs
