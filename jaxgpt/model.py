@@ -68,43 +68,66 @@ class GPT(nn.Module):
         decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
         """
         c = self.config
-        seq = tokens.shape[1]
-        dtype, param_dtype = jnp.dtype(c.dtype), jnp.dtype(c.param_dtype)
-        embed_init = nn.initializers.normal(c.init_std)
-        wte = nn.Embed(
-            c.vocab_size, c.d_model, embedding_init=embed_init, dtype=dtype, param_dtype=param_dtype, name="wte"
-        )
-
-        cache_index = None
-        if decode:
-            index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-            cache_index = index.value
-            index.value = cache_index + seq
-        elif c.position == "learned" and seq > c.block_size:
-            raise ValueError(
-                f"sequence of {seq} tokens is longer than block_size={c.block_size}, the size of the "
-                "learned position table; shorten the input or use rope/alibi/sinusoidal positions"
-            )
-        positions = jnp.arange(seq) + (0 if cache_index is None else cache_index)  # (seq,)
-
-        x = wte(tokens)  # (batch, seq, d_model)
-        if c.position == "learned":
-            wpe = nn.Embed(
-                c.block_size, c.d_model, embedding_init=embed_init, dtype=dtype, param_dtype=param_dtype, name="wpe"
-            )
-            x = x + wpe(positions)
-        elif c.position == "sinusoidal":
-            x = x + sinusoidal_embedding(positions, c.d_model).astype(dtype)
+        positions, cache_index = self._positions(tokens.shape[1], decode)
+        wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **self._dtypes, name="wte")
+        x = self._add_positions(wte(tokens), positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
+        x = self._blocks(x, positions, cache_index, train=train, decode=decode)
+        if c.norm_position == "pre":  # post-norm blocks already end normalised
+            x = make_norm(c, "norm_f")(x)
+        if c.tie_embeddings:
+            logits = wte.attend(x)
+        else:
+            logits = nn.Dense(
+                c.vocab_size, use_bias=False, kernel_init=self._embed_init, **self._dtypes, name="lm_head"
+            )(x)
+        return logits.astype(jnp.float32)
 
+    @property
+    def _dtypes(self) -> dict:
+        return dict(dtype=jnp.dtype(self.config.dtype), param_dtype=jnp.dtype(self.config.param_dtype))
+
+    @property
+    def _embed_init(self):
+        return nn.initializers.normal(self.config.init_std)
+
+    def _positions(self, seq: int, decode: bool) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+        """The positions of this call's tokens (seq,), and, when decoding, the cache index:
+        how many tokens the KV cache already holds (the cache's "index" is advanced by seq)."""
+        if not decode:
+            if self.config.position == "learned" and seq > self.config.block_size:
+                raise ValueError(
+                    f"sequence of {seq} tokens is longer than block_size={self.config.block_size}, the size of the "
+                    "learned position table; shorten the input or use rope/alibi/sinusoidal positions"
+                )
+            return jnp.arange(seq), None
+        index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+        cache_index = index.value
+        index.value = cache_index + seq
+        return jnp.arange(seq) + cache_index, cache_index
+
+    def _add_positions(self, x: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
+        """Absolute positions are added to the embeddings here; rope and alibi act inside
+        attention instead."""
+        c = self.config
+        if c.position == "learned":
+            wpe = nn.Embed(c.block_size, c.d_model, embedding_init=self._embed_init, **self._dtypes, name="wpe")
+            return x + wpe(positions)
+        if c.position == "sinusoidal":
+            return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
+        return x
+
+    def _blocks(self, x, positions, cache_index, *, train: bool, decode: bool) -> jnp.ndarray:
+        """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one
+        block traced once and iterated (compile time independent of depth; each parameter
+        gains a leading n_layer axis)."""
+        c = self.config
         block = Block
         if c.remat != "none":
             # Under scan, XLA cannot common-subexpression the recomputation away, so the
             # guard against it (prevent_cse) only costs speed there.
             block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
         if c.scan_layers:
-            # One block traced once and iterated: compile time independent of depth. Each
-            # parameter gains a leading n_layer axis.
             scan = nn.scan(
                 _scan_step,
                 variable_axes={"params": 0, "cache": 0},
@@ -113,24 +136,10 @@ class GPT(nn.Module):
                 length=c.n_layer,
             )
             x, _ = scan(block(c, train=train, decode=decode, name="blocks"), x, positions, cache_index)
-        else:
-            for i in range(c.n_layer):
-                x = block(c, train=train, decode=decode, name=f"block_{i}")(x, positions, cache_index)
-
-        if c.norm_position == "pre":  # post-norm blocks already end normalised
-            x = make_norm(c, "norm_f")(x)
-        if c.tie_embeddings:
-            logits = wte.attend(x)
-        else:
-            logits = nn.Dense(
-                c.vocab_size,
-                use_bias=False,
-                kernel_init=embed_init,
-                dtype=dtype,
-                param_dtype=param_dtype,
-                name="lm_head",
-            )(x)
-        return logits.astype(jnp.float32)
+            return x
+        for i in range(c.n_layer):
+            x = block(c, train=train, decode=decode, name=f"block_{i}")(x, positions, cache_index)
+        return x
 
 
 def init_params(config: ModelConfig, rng: jax.Array) -> dict:

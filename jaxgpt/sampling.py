@@ -100,6 +100,14 @@ def _decode_step(config: ModelConfig, params, cache, token: jax.Array, rng: jax.
     return sample_token(logits[:, -1], jax.random.fold_in(rng, i), sampling), state["cache"]
 
 
+def _mask_finished(token: jax.Array, finished: jax.Array, eot_id: int | None) -> tuple[jax.Array, jax.Array]:
+    """A row that has emitted eot_id keeps emitting it: (tokens, rows ended so far)."""
+    if eot_id is None:
+        return token, finished
+    token = jnp.where(finished, eot_id, token)
+    return token, finished | (token == eot_id)
+
+
 @partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling", "eot_id"))
 def generate(
     config: ModelConfig,
@@ -119,7 +127,7 @@ def generate(
     batch = prompt.shape[0]
     token, cache = _prefill(config, params, prompt, rng, sampling)
     out = jnp.full((batch, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
-    finished = token == eot_id if eot_id is not None else jnp.zeros((batch,), bool)
+    _, finished = _mask_finished(token, jnp.zeros((batch,), bool), eot_id)
 
     def keep_going(carry):
         i, _, _, _, finished = carry
@@ -128,9 +136,7 @@ def generate(
     def step(carry):
         i, token, cache, out, finished = carry
         new, cache = _decode_step(config, params, cache, token, rng, i, sampling)
-        if eot_id is not None:
-            new = jnp.where(finished, eot_id, new)
-            finished = finished | (new == eot_id)
+        new, finished = _mask_finished(new, finished, eot_id)
         return i + 1, new, cache, out.at[:, i].set(new), finished
 
     return jax.lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, out, finished))[3]
@@ -154,9 +160,7 @@ def generate_stream(
     for i in range(max_new_tokens):
         if i:
             token, cache = step(config, params, cache, token, rng, i, sampling=sampling)
-        if eot_id is not None:
-            token = jnp.where(finished, eot_id, token)
-            finished = finished | (token == eot_id)
+        token, finished = _mask_finished(token, finished, eot_id)
         yield token
         if eot_id is not None and bool(finished.all()):
             return

@@ -26,7 +26,7 @@ SHARED_TIKTOKEN_CACHE = Path(
 
 
 @pytest.fixture
-def gpt2_bpe(tmp_path, monkeypatch):
+def gpt2_bpe(tmp_path_factory, monkeypatch):
     """tiktoken's GPT-2 files from ../shared (offline), copied where tiktoken may write."""
     if not SHARED_TIKTOKEN_CACHE.is_dir():
         pytest.skip(
@@ -34,8 +34,8 @@ def gpt2_bpe(tmp_path, monkeypatch):
             "(python -c \"import tiktoken; tiktoken.get_encoding('gpt2')\" with TIKTOKEN_CACHE_DIR=DIR set), "
             f"then set JAXGPT_TEST_TIKTOKEN_CACHE=DIR (looked in {SHARED_TIKTOKEN_CACHE})"
         )
-    cache = tmp_path / "tiktoken_cache"
-    shutil.copytree(SHARED_TIKTOKEN_CACHE, cache)
+    cache = tmp_path_factory.mktemp("tiktoken_cache")  # not in tmp_path, where a test's corpus may be
+    shutil.copytree(SHARED_TIKTOKEN_CACHE, cache, dirs_exist_ok=True)
     monkeypatch.setenv("TIKTOKEN_CACHE_DIR", str(cache))
     return cache
 
