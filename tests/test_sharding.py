@@ -46,9 +46,9 @@ def test_every_layout_trains_like_one_device(layout, one_device, tmp_path):
 
 
 def test_the_cpu_speed_settings_train_like_the_plain_step(one_device, tmp_path):
-    """What train.py picks on a 2-core CPU (two devices; configs/tiny.py's dots
-    rematerialisation), with microbatches split across the data axis, reorders float32 sums
-    and changes nothing else: the same tolerance as above."""
+    """The opt-in two-device CPU layout (JAX_NUM_CPU_DEVICES=2) with configs/tiny.py's dots
+    rematerialisation and microbatches split across the data axis reorders float32 sums and
+    changes nothing else: the same tolerance as above."""
     c = config(dict(data=2), microbatches=2)
     c.model.remat = "dots"
     train_and_evaluate(c, tmp_path, progress=False)
