@@ -23,6 +23,7 @@ transformers = pytest.importorskip(
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from test_hf import VOCAB, reference_model  # noqa: E402  (weights of std 0.3, eval mode: no dropout)
 
 from jaxgpt.config import TrainConfig  # noqa: E402
 from jaxgpt.hf import FAMILIES, load_pretrained  # noqa: E402
@@ -30,7 +31,7 @@ from jaxgpt.model import GPT  # noqa: E402
 from jaxgpt.optimizer import make_optimizer  # noqa: E402
 from jaxgpt.train_step import TrainState, cross_entropy, train_step  # noqa: E402
 
-VOCAB, SEQ, BATCH, MICROBATCHES, STEPS = 64, 16, 4, 2, 10
+SEQ, BATCH, MICROBATCHES, STEPS = 16, 4, 2, 10
 # A large learning rate and a small clip, so that updates move parameters visibly, the warmup
 # and the cosine both act within 10 steps, and clipping is active.
 TRAIN = dict(steps=STEPS, lr=3e-2, min_lr=3e-3, warmup_steps=3, weight_decay=0.1, beta1=0.9, beta2=0.95, grad_clip=0.5)
@@ -47,45 +48,6 @@ LOSS_RTOL, GRAD_RTOL, GRAD_ATOL, PARAM_ATOL = 1e-5, 1e-4, 1e-6, 1e-5
 # none of Llama's, which has no biases) may miss PARAM_ATOL, but by far less than one step of
 # the peak learning rate (3e-2; measured at most 7e-5): a wrong update would show as 1e-2.
 PARAM_OUTLIERS, PARAM_MAX_GAP = 5e-3, 1e-3
-
-
-def reference(kind: str):
-    if kind == "gpt2":
-        config = transformers.GPT2Config(
-            vocab_size=VOCAB,
-            n_positions=SEQ,
-            n_embd=32,
-            n_layer=2,
-            n_head=4,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        model = transformers.GPT2LMHeadModel(config)
-    else:  # GQA, RoPE, RMSNorm, SwiGLU, untied head
-        config = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=SEQ,
-            rope_theta=500.0,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            attention_dropout=0.0,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        model = transformers.LlamaForCausalLM(config)
-    torch.manual_seed(0)
-    with torch.no_grad():  # weights of std 0.3, so losses and gradients are far from trivial
-        for p in model.parameters():
-            p.normal_(0.0, 0.3)
-    return model.float().train()
 
 
 def lr_at(step: int) -> float:
@@ -172,7 +134,7 @@ def differences(ours: dict, theirs: dict) -> float:
 @pytest.mark.parametrize("decay_embeddings", [False, True], ids=["no-embedding-decay", "embedding-decay"])
 @pytest.mark.parametrize("kind", ["gpt2", "llama"])
 def test_ten_training_steps_match_pytorch(kind, decay_embeddings, tmp_path):
-    model = reference(kind)
+    model = reference_model(kind)
     model.save_pretrained(tmp_path)
     batches = np.random.default_rng(1).integers(0, VOCAB, (STEPS, BATCH, SEQ + 1))
     worst = {"loss": 0.0, "grad_norm": 0.0, "grads": 0.0, "params": 0.0}
