@@ -68,9 +68,10 @@ SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parent.
 def shipped_config(value: str) -> str:
     """`value` (a --config argument, maybe with ml_collections' :ARGUMENT) where it names a
     file; else the shipped config it names, so `--config configs/tiny.py` and `--config tiny`
-    work from any directory."""
+    work from any directory. Only a bare name or configs/NAME stands for a shipped config: a
+    missing my/dir/tiny.py stays missing rather than silently becoming the shipped tiny.py."""
     path, colon, argument = value.partition(":")
-    if Path(path).is_file():
+    if Path(path).is_file() or Path(path).parent not in (Path("."), Path("configs")):
         return value
     name = Path(path).name if path.endswith(".py") else f"{Path(path).name}.py"
     for directory in SHIPPED_CONFIG_DIRS:

@@ -64,13 +64,18 @@ def test_installed_train_finds_a_shipped_config_and_sample_reads_its_run(install
     assert saved["data"]["source"] == "builtin:python-docs" and saved["model"]["n_layer"] == 1
     sampled = run_installed(installed, tmp_path, "jaxgpt-sample", "--workdir=run", "--max_new_tokens=5", "--prompt=a")
     assert sampled.returncode == 0, sampled.stderr
-    assert sampled.stdout.startswith("a") and len(sampled.stdout.rstrip("\n")) >= 1
+    assert sampled.stdout.startswith("a") and len(sampled.stdout) > len("a\n")  # the prompt and new text
 
 
 def test_an_unknown_config_name_lists_the_shipped_ones(installed, tmp_path):
     result = run_installed(installed, tmp_path, "jaxgpt-train", "--config", "tinny")
     assert result.returncode == 2 and not (tmp_path / "runs").exists()
     assert result.stderr.count("\n") == 1 and "tiny" in result.stderr and "config file tinny not found" in result.stderr
+
+
+def test_a_missing_path_is_not_replaced_by_a_shipped_config_of_the_same_name(installed, tmp_path):
+    result = run_installed(installed, tmp_path, "jaxgpt-train", "--config", "mine/tiny.py")
+    assert result.returncode == 2 and "config file mine/tiny.py not found" in result.stderr
 
 
 def test_installed_package_carries_its_configs(installed):

@@ -109,13 +109,22 @@ def quoted_block(after: str) -> str:
     return re.search(r"```\n(.*?)```", README[README.index(after) :], flags=re.S).group(1)
 
 
-def numbers(text: str) -> list[float]:
-    return [float(n.replace(",", "")) for n in re.findall(r"(?<![\w.])\d[\d,]*\.?\d*", text)]
+def numbers(text: str) -> list[str]:
+    return re.findall(r"(?<![\w.])\d[\d,]*\.?\d*", text)
 
 
-# Another machine may choose another microbatch count and sum in another order: losses then
-# differ by about 1e-5 (docs/benchmarks.md), and printing rounds to 1e-4 or 1e-3.
-LOSS_TOLERANCE = 2e-3
+def agree(printed: str, quoted: str) -> bool:
+    """The same numbers, each within one unit of the README's last printed digit: printing
+    rounds each side by half a unit, and another machine, choosing another microbatch count,
+    sums in another order (losses differ by about 1e-5: docs/benchmarks.md), far below a unit."""
+    ours, theirs = numbers(printed), numbers(quoted)
+    if len(ours) != len(theirs):
+        return False
+    for a, b in zip(ours, theirs, strict=True):
+        unit = 10.0 ** -len(b.split(".")[1]) if "." in b else 1.0
+        if abs(float(a.replace(",", "")) - float(b.replace(",", ""))) > unit:
+            return False
+    return True
 
 
 @pytest.mark.slow
@@ -133,7 +142,7 @@ def test_the_first_run_ends_at_the_losses_the_readme_quotes(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     printed = next(line for line in result.stdout.splitlines() if line.startswith("step 2000:"))
-    assert numbers(printed) == pytest.approx(numbers(step_line), abs=LOSS_TOLERANCE), (printed, step_line)
+    assert agree(printed, step_line), (printed, step_line)
 
 
 @pytest.mark.slow
@@ -155,8 +164,6 @@ def test_the_preflight_table_is_what_check_prints():
         ours = next(line for line in printed if name in line)
         theirs = next(line for line in quoted if name in line)
         without_time = re.compile(r"\([\d.]+ s\)")
-        assert numbers(without_time.sub("", ours)) == pytest.approx(
-            numbers(without_time.sub("", theirs)), rel=2e-2, abs=LOSS_TOLERANCE
-        ), (ours, theirs)
+        assert agree(without_time.sub("", ours), without_time.sub("", theirs)), (ours, theirs)
     ours, theirs = (next(line for line in lines if "memory" in line) for lines in (printed, quoted))
     assert re.search(r"params [\d.]+ MiB \+ optimizer [\d.]+ MiB", ours).group() in theirs
