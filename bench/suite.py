@@ -99,7 +99,7 @@ def jaxgpt_train(case: Case, devices: str, extra: tuple[str, ...] = ()) -> dict:
     command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", case.config, "--vocab", str(case.vocab)]
     command += ["--devices", devices, "--steps", str(case.steps), "--repeats", str(case.repeats)]
     for item in case.overrides + extra:
-        command += ["--set", item]
+        command.append(f"--config.{item}")
     return run_json(command, clean_env(JAXGPT_COMPILATION_CACHE="off"))
 
 
@@ -203,7 +203,7 @@ def compile_times(say) -> dict:
     def compile_seconds(overrides: tuple[str, ...], cache: str) -> dict:
         command = [sys.executable, str(BENCH / "train_throughput.py"), "--config", "configs/tiny.py", "--compile_only"]
         for item in overrides:
-            command += ["--set", item]
+            command.append(f"--config.{item}")
         return run_json(command, clean_env(JAXGPT_COMPILATION_CACHE=cache))
 
     with tempfile.TemporaryDirectory() as cache:

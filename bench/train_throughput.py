@@ -4,7 +4,7 @@ StableHLO (Python); compile_sec is XLA compiling it, through the persistent comp
 unless JAXGPT_COMPILATION_CACHE=off. bench/suite.py runs this once per case and variant, each in a fresh
 process (the CPU device count is fixed when JAX starts).
 
-    python bench/train_throughput.py --config configs/tiny.py --set model.block_size=64 [--devices auto|N]
+    python bench/train_throughput.py --config configs/tiny.py --config.model.block_size=64 [--devices auto|N]
 
 The step is `jaxgpt.train_step.compiled_steps`, the one train.py trains with, on the mesh train.py
 builds, timed on synthetic batches already on the devices: this measures the step, not data
@@ -16,10 +16,8 @@ datasheet bfloat16 peak. Prints one JSON line.
 
 from __future__ import annotations
 
-import argparse
 import json
 import resource
-import runpy
 import statistics
 import sys
 import time
@@ -27,22 +25,16 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxgpt import runtime  # noqa: E402  (imports jax without starting it)
+from absl import flags  # noqa: E402
 
+from jaxgpt import cli, runtime  # noqa: E402  (imports jax without starting it)
 
-def load_config(path: str, overrides: list[str]):
-    config = runpy.run_path(path)["get_config"]()
-    for item in overrides:
-        key, value = item.split("=", 1)
-        *parents, name = key.split(".")
-        node = config
-        for parent in parents:
-            node = node[parent]
-        try:
-            node[name] = json.loads(value)
-        except ValueError:  # a bare string such as dots
-            node[name] = value
-    return config
+CONFIG = cli.define_config_flag()  # with --config.<section>.<key>=VALUE overrides, as train.py
+VOCAB = flags.DEFINE_integer("vocab", 96, "vocabulary size (96: a character vocabulary)")
+DEVICES = flags.DEFINE_string("devices", "auto", "CPU devices: auto (what train.py picks) or a number")
+STEPS = flags.DEFINE_integer("steps", 20, "steps per timing")
+REPEATS = flags.DEFINE_integer("repeats", 5, "timings; the median is reported")
+COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "report the seconds to build and compile the step")
 
 
 def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: bool = False) -> dict:
@@ -51,7 +43,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
 
     from jaxgpt import sharding
     from jaxgpt.autotune import fill_microbatches
-    from jaxgpt.config import resolve
+    from jaxgpt.config_files import resolve
     from jaxgpt.hardware import peak_flops
     from jaxgpt.model import count_params, flops_per_token
     from jaxgpt.train_step import compiled_steps
@@ -109,25 +101,16 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--config", required=True)
-    parser.add_argument("--set", action="append", default=[], help="override, e.g. model.block_size=64")
-    parser.add_argument("--vocab", type=int, default=96, help="vocabulary size (96: a character vocabulary)")
-    parser.add_argument("--devices", default="auto", help="CPU devices: auto (what train.py picks) or a number")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--compile_only", action="store_true", help="report the seconds to build and compile the step")
-    args = parser.parse_args()
-
+    cli.parse_flags(sys.argv, usage=__doc__)
+    cli.require_config(CONFIG)
     import jax
 
-    config = load_config(args.config, args.set)
-    if args.devices == "auto":
+    if DEVICES.value == "auto":
         runtime.configure()
     else:
         runtime.enable_compilation_cache()
-        jax.config.update("jax_num_cpu_devices", int(args.devices))
-    print(json.dumps(measure(config, args.vocab, args.steps, args.repeats, args.compile_only)))
+        jax.config.update("jax_num_cpu_devices", int(DEVICES.value))
+    print(json.dumps(measure(CONFIG.value, VOCAB.value, STEPS.value, REPEATS.value, COMPILE_ONLY.value)))
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ reference, with the GPT-2 BPE. Needs the Hub once for the weights and tiktoken's
 --config.train.init_from=/path/to/gpt2 and TIKTOKEN_CACHE_DIR offline); a GPU job, though a
 few steps run on a CPU."""
 
-from jaxgpt.config import base_config
+from jaxgpt.config_files import base_config
 
 
 def get_config():

@@ -1,7 +1,7 @@
 """GPT-2 small (124M) on FineWeb's 10B-token sample, streamed from the Hub, with the GPT-2 BPE.
 For a GPU or TPU: bfloat16 compute, scanned layers, 64 x 1024 tokens per step."""
 
-from jaxgpt.config import base_config
+from jaxgpt.config_files import base_config
 
 
 def get_config():

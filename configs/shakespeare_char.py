@@ -2,7 +2,7 @@
 context, dropout 0.2. Needs the Hub once (or a local copy: --config.data.source=text:input.txt).
 A GPU run of 5000 steps reaches val loss ~1.47 in nanoGPT; on 2 CPU cores each step is ~10 s."""
 
-from jaxgpt.config import base_config
+from jaxgpt.config_files import base_config
 
 
 def get_config():

@@ -1,7 +1,7 @@
 """A character-level model of the Python language reference: trains in a few minutes on a
 laptop CPU, offline (the text ships with CPython)."""
 
-from jaxgpt.config import base_config
+from jaxgpt.config_files import base_config
 
 
 def get_config():

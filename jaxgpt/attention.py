@@ -52,24 +52,34 @@ def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray) -> jnp.
     return jax.nn.softmax(scores, axis=-1)
 
 
-def xla_attention(q, k, v, bias, is_causal_square):
+# Every kernel takes the same arguments and computes the same attention:
+#   q (b, t, k, g, d); k, v (b, s, k, d) -> (b, t, k, g, d)
+#   cache_index: None when queries and keys are the same t tokens (training, or a forward pass
+#       without a cache); otherwise the position of the first query in a KV cache of s slots.
+#   slopes: ALiBi's per-head slopes (k, g), or None for no ALiBi.
+# Only the readable kernel is needed to understand the model; the others are faster on some
+# hardware and fall back to it where they cannot run.
+
+
+def xla_attention(q, k, v, cache_index, slopes):
     """The readable kernel: two einsums around a float32 softmax."""
-    weights = attention_weights(q, k, bias)
+    weights = attention_weights(q, k, causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes))
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 
-def dot_product_attention(q, k, v, bias, is_causal_square):
+def dot_product_attention(q, k, v, cache_index, slopes):
     """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
 
     It takes grouped-query attention natively (query heads as a multiple of key/value heads,
     same head order as ours). A plain causal mask is passed as `is_causal`, which lets cuDNN
-    skip the masked blocks; with ALiBi or a KV cache the bias carries the mask.
+    skip the masked blocks; with ALiBi or a KV cache a bias carries the mask.
     """
     b, t, n_kv, group, d = q.shape
     q = q.reshape(b, t, n_kv * group, d)
-    if is_causal_square and bias.shape[:2] == (1, 1):
+    if cache_index is None and slopes is None:
         out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
     else:
+        bias = causal_score_bias(t, k.shape[1], cache_index, slopes)
         out = jax.nn.dot_product_attention(q, k, v, bias=bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype))
     return out.reshape(b, t, n_kv, group, d)
 
@@ -77,18 +87,18 @@ def dot_product_attention(q, k, v, bias, is_causal_square):
 FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
 
 
-def flash_tpu_attention(q, k, v, bias, is_causal_square):
+def flash_tpu_attention(q, k, v, cache_index, slopes):
     """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
     are computed block by block in on-chip memory and never written out whole.
 
     It works in blocks of 128 positions and wants equal query and key/value head counts, so
     grouped keys and values are repeated to the query heads. Only plain causal self-attention
     over a multiple of 128 positions runs in it; anything else (a KV-cache decode step, a
-    prompt of another length, ALiBi's bias) goes to the XLA kernel.
+    prompt of another length, ALiBi) goes to the XLA kernel.
     """
     b, t, n_kv, group, d = q.shape
-    if not (is_causal_square and bias.shape[:2] == (1, 1) and t % FLASH_TPU_BLOCK == 0):
-        return xla_attention(q, k, v, bias, is_causal_square)
+    if cache_index is not None or slopes is not None or t % FLASH_TPU_BLOCK:
+        return xla_attention(q, k, v, cache_index, slopes)
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
     heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
@@ -116,63 +126,68 @@ def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:
 
 
 def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None) -> jnp.ndarray:
-    """Causal attention of q over k, v with the chosen kernel.
+    """Causal attention of q over k, v with the chosen kernel (see the arguments above KERNELS)."""
+    return KERNELS[kernel](q, k, v, cache_index, slopes)
 
-    q: (b, t, k, g, d); k, v: (b, s, k, d) -> (b, t, k, g, d).
-    cache_index: position of the first query in a KV cache (None: queries are the keys' tokens).
-    slopes: ALiBi slopes (k, g), or None.
+
+def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
+    """The fused projection's output -> queries, keys, values.
+
+    qkv is (b, t, k, g + 2, d): for each of the k key/value heads, its g query heads, then
+    its key head, then its value head:
+
+        kv head 0: [ q_0 ... q_{g-1} | key | value ]
+        kv head 1: [ q_g ... q_{2g-1} | key | value ]
+        ...
+
+    so query head h = kv * g + i reads key/value head kv = h // g. Multi-head attention is the
+    case g = 1 ([q | k | v] per head); multi-query attention is k = 1. Returns q (b, t, k, g, d)
+    and k, v (b, t, k, d).
     """
-    bias = causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes)
-    return KERNELS[kernel](q, k, v, bias, cache_index is None)
+    return qkv[:, :, :, :group], qkv[:, :, :, group], qkv[:, :, :, group + 1]
 
 
 class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-/multi-query) causal self-attention with an optional KV cache.
 
-    With decode=True the layer keeps the keys and values of every position seen so far in a
-    static (batch, block_size, n_kv_head, head_dim) cache in the "cache" collection: a call
-    with t tokens writes them at [cache_index, cache_index + t) and attends over the whole
-    cache, the causal bias hiding unwritten slots. Prefill is one call with the prompt; each
-    decode step a call with one token. Static shapes mean one compilation for every step.
+    `cache_index` is the one sign of decoding. None: the t tokens attend to each other
+    (training, scoring). An int32 scalar: the layer keeps the keys and values of every position
+    seen so far in a static (batch, block_size, n_kv_head, head_dim) cache in the "cache"
+    collection, writes this call's t tokens at [cache_index, cache_index + t), and attends over
+    the whole cache, the causal bias hiding unwritten slots. Prefill is one call with the
+    prompt; each decode step a call with one token. Static shapes: one compilation for every step.
     """
 
     config: ModelConfig
-    decode: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
         c = self.config
-        n_kv, group, head_dim = c.n_kv_head, c.group_size, c.head_dim
         dtype = jnp.dtype(c.dtype)
-        # One matmul makes all three: per key/value head, its group of queries, one key and one
-        # value. Grouping by kv head keeps a group's queries next to their keys when the head
-        # axis is split over devices.
+        # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
+        # group's queries next to their keys when the head axis is split over devices.
         qkv = nn.DenseGeneral(
-            features=(n_kv, group + 2, head_dim),
+            features=(c.n_kv_head, c.group_size + 2, c.head_dim),
             use_bias=c.bias,
             dtype=dtype,
             param_dtype=jnp.dtype(c.param_dtype),
             kernel_init=nn.initializers.normal(c.init_std),
             name="qkv",
-        )(x)  # (b, t, k, g + 2, d)
-        q = qkv[:, :, :, :group]  # (b, t, k, g, d)
-        k = qkv[:, :, :, group]  # (b, t, k, d)
-        v = qkv[:, :, :, group + 1]  # (b, t, k, d)
+        )(x)
+        q, k, v = split_qkv(qkv, c.group_size)
 
         if c.position == "rope":
-            inv_freq, scale = rope_frequencies(head_dim, c.rope_theta, c.rope_scaling)
+            inv_freq, scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
             q = apply_rope(q, positions, inv_freq, scale)
             k = apply_rope(k, positions, inv_freq, scale)
-
-        if self.decode:
+        if cache_index is not None:
             k, v = self._extend_cache(k, v, cache_index)
         slopes = None
         if c.position == "alibi":
-            slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(n_kv, group)
-        index = cache_index if self.decode else None
-        y = attend(q, k, v, kernel=c.attention, cache_index=index, slopes=slopes)
+            slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
+        y = attend(q, k, v, kernel=c.attention, cache_index=cache_index, slopes=slopes)
         if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.attention_maps)
-            bias = causal_score_bias(q.shape[1], k.shape[1], index, slopes)
+            bias = causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes)
             self.sow("intermediates", "attention_weights", attention_weights(q, k, bias))
 
         # The output projection writes into the residual stream: GPT-2 scales its init by

@@ -15,11 +15,10 @@ from __future__ import annotations
 import sys
 
 from absl import flags
-from ml_collections import config_flags
 
 from jaxgpt import cli
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
+CONFIG = cli.define_config_flag()
 OVERFIT_STEPS = flags.DEFINE_integer("overfit_steps", 100, "Steps of training on one batch for the overfit check.")
 
 
@@ -30,8 +29,7 @@ def main() -> None:
 
 def _check() -> None:
     cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
-    if CONFIG.value is None:
-        cli.fail("no config given; pass --config configs/tiny.py (or another file in configs/)")
+    cli.require_config(CONFIG)
     from jaxgpt import runtime  # after flag parsing: --help and bad flags need no JAX
     from jaxgpt.preflight import print_table, run_checks
 

@@ -59,10 +59,22 @@ def print_help(usage: str, module: str = "__main__") -> None:
         print(f"  --{flag.name}: {flag.help}{default}")
 
 
-SECTIONS = ("model", "data", "train", "mesh")
 # configs/ beside the package in a checkout (or an editable install); jaxgpt/configs/ in an
 # installed wheel, which carries them there (pyproject.toml)
 SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parent.parent / "configs")
+
+
+def define_config_flag():
+    """The --config flag of train.py and jaxgpt.check, with its --config.<section>.<key> overrides."""
+    from ml_collections import config_flags
+
+    return config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
+
+
+def require_config(flag, alternative: str = "") -> None:
+    """Fail with one line when no --config was given."""
+    if flag.value is None:
+        fail(f"no config given; pass --config configs/tiny.py (or another file in configs/){alternative}")
 
 
 def shipped_config(value: str) -> str:
@@ -87,10 +99,12 @@ def shipped_config_names() -> list[str]:
 
 def check_config_file(path: str) -> None:
     """Fail with one line unless `path` is a config file as configs/ has them: a get_config()
-    returning the ConfigDict of jaxgpt.config.base_config(), with its four sections."""
+    returning the ConfigDict of jaxgpt.config_files.base_config(), with its four sections."""
     import runpy
 
     import ml_collections
+
+    from jaxgpt.config_files import SECTIONS
 
     path, _, argument = path.partition(":")  # ml_collections' file.py:ARGUMENT form
     if not Path(path).is_file():
@@ -98,7 +112,7 @@ def check_config_file(path: str) -> None:
             f"config file {path} not found; pass --config a file, or one of the shipped configs by name "
             f"({', '.join(shipped_config_names())})"
         )
-    fix = "start it from jaxgpt.config.base_config() as configs/tiny.py does"
+    fix = "start it from jaxgpt.config_files.base_config() as configs/tiny.py does"
     try:
         get_config = runpy.run_path(path).get("get_config")
         if not callable(get_config):
@@ -106,6 +120,10 @@ def check_config_file(path: str) -> None:
         config = get_config(argument) if argument else get_config()
     except SystemExit:
         raise
+    except ImportError as error:
+        if error.name == "jaxgpt.config" and "base_config" in str(error):  # where it used to be
+            fail(f"config file {path} imports base_config from jaxgpt.config; it is in jaxgpt.config_files now")
+        fail(f"config file {path} failed to load: ImportError: {error}")
     except Exception as error:  # the config file itself failed to run
         fail(f"config file {path} failed to load: {type(error).__name__}: {str(error).strip().splitlines()[-1]}")
     if not isinstance(config, ml_collections.ConfigDict):

@@ -1,21 +1,18 @@
-"""Configuration: the model, the data and the training run, each a frozen, validated dataclass.
+"""What a run is: the model, the data, the training and the device mesh, each a frozen dataclass.
 
-A `ModelConfig` is validated when it is built, so a model can never be constructed from an
-inconsistent description. Defaults describe a GPT-2-style model.
+Every section is validated when it is built, in one way: it lists all its problems, each as
+`section.field=value` and what would fix it, and raises them together as one ConfigError line.
+So a model can never be built from an inconsistent description, and a user sees every mistake
+at once. Defaults describe a GPT-2-style model.
 
-Config files (`configs/*.py`) start from `base_config()`, an `ml_collections.ConfigDict` with
-sections `model`, `data` and `train` whose keys are exactly the dataclasses' fields, so
-command-line overrides like `--config.train.lr=1e-3` are type-checked against the defaults.
-`resolve` turns such a dict into a `RunConfig`.
+Config files and the command line reach these through jaxgpt/config_files.py; what a resumed
+run may change is in jaxgpt/resume.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import math
-
-import ml_collections
 
 from jaxgpt.errors import UserError
 
@@ -31,6 +28,41 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class ConfigError(UserError, ValueError):
     """A configuration that cannot describe a working model; the message says how to fix it."""
+
+
+class Problems:
+    """What is wrong with one section, each problem phrased `section.field=value <what fixes it>`.
+    `raise_if_any` raises them all as one line."""
+
+    def __init__(self, section: str, values):
+        self.section, self.values, self.found = section, values, []
+
+    def add(self, field: str, requirement: str) -> None:
+        self.found.append(f"{self.section}.{field}={getattr(self.values, field)!r} {requirement}")
+
+    def positive_integers(self, *fields: str) -> None:
+        for field in fields:
+            value = getattr(self.values, field)
+            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
+                self.add(field, "must be a positive integer")
+
+    def positive(self, *fields: str) -> None:
+        for field in fields:
+            if not getattr(self.values, field) > 0:
+                self.add(field, "must be positive")
+
+    def not_negative(self, *fields: str) -> None:
+        for field in fields:
+            if not getattr(self.values, field) >= 0:
+                self.add(field, "must be >= 0")
+
+    def one_of(self, field: str, allowed) -> None:
+        if getattr(self.values, field) not in allowed:
+            self.add(field, f"is not one of {', '.join(map(repr, allowed))}")
+
+    def raise_if_any(self) -> None:
+        if self.found:
+            raise ConfigError("invalid config: " + "; ".join(self.found))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -128,9 +160,7 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_head", self.n_head)
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
-        problems = _problems(self)
-        if problems:
-            raise ConfigError("invalid model config: " + "; ".join(problems))
+        _check_model(self)
         if self.mlp_hidden is None:
             object.__setattr__(self, "mlp_hidden", default_mlp_hidden(self.d_model, self.activation))
 
@@ -156,68 +186,53 @@ def default_mlp_hidden(d_model: int, activation: str) -> int:
     return 4 * d_model
 
 
-def _problems(c: ModelConfig) -> list[str]:
-    """Every way `c` is inconsistent, each phrased as what was seen and how to fix it."""
-    out = []
-
-    def one_of(field, allowed):
-        value = getattr(c, field)
-        if value not in allowed:
-            out.append(f"{field}={value!r} is not one of {', '.join(map(repr, allowed))}")
-
-    for field in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model"):
-        value = getattr(c, field)
-        if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-            out.append(f"{field}={value!r} must be a positive integer")
-    if c.mlp_hidden is not None and (not isinstance(c.mlp_hidden, int) or c.mlp_hidden <= 0):
-        out.append(f"mlp_hidden={c.mlp_hidden!r} must be a positive integer or None for the default")
-    for field, allowed in (
-        ("activation", ACTIVATIONS),
-        ("norm", NORMS),
-        ("norm_position", NORM_POSITIONS),
-        ("position", POSITIONS),
-        ("attention", ATTENTION_KERNELS),
-        ("remat", REMAT_POLICIES),
-        ("dtype", DTYPES),
-        ("param_dtype", DTYPES),
-    ):
-        one_of(field, allowed)
-    if out:  # the divisibility checks below assume positive integers
-        return out
+def _check_model(c: ModelConfig) -> None:
+    problems = Problems("model", c)
+    problems.positive_integers("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model")
+    if c.mlp_hidden is not None:
+        problems.positive_integers("mlp_hidden")
+    problems.one_of("activation", ACTIVATIONS)
+    problems.one_of("norm", NORMS)
+    problems.one_of("norm_position", NORM_POSITIONS)
+    problems.one_of("position", POSITIONS)
+    problems.one_of("attention", ATTENTION_KERNELS)
+    problems.one_of("remat", REMAT_POLICIES)
+    problems.one_of("dtype", DTYPES)
+    problems.one_of("param_dtype", DTYPES)
+    problems.raise_if_any()  # the divisibility checks below assume positive integers
 
     if c.d_model % c.n_head:
-        out.append(f"d_model={c.d_model} is not divisible by n_head={c.n_head}; choose d_model as a multiple of n_head")
+        problems.add("d_model", f"is not divisible by n_head={c.n_head}; choose d_model as a multiple of n_head")
     if c.n_head % c.n_kv_head:
-        out.append(
-            f"n_head={c.n_head} is not divisible by n_kv_head={c.n_kv_head}; "
-            "each key/value head must serve a whole group of query heads"
+        problems.add(
+            "n_head", f"is not divisible by n_kv_head={c.n_kv_head}; each key/value head must serve a whole group"
         )
-    if c.position == "rope" and (c.d_model // c.n_head) % 2:
-        out.append(
-            f"head_dim={c.d_model // c.n_head} (d_model/n_head) is odd; RoPE rotates pairs of "
-            "dimensions, so choose d_model and n_head giving an even head_dim"
+    if c.position == "rope" and c.head_dim % 2:
+        problems.add(
+            "d_model",
+            f"and n_head={c.n_head} give an odd head_dim={c.head_dim}; RoPE rotates pairs of dimensions, so choose "
+            "them to give an even head_dim",
         )
     if c.position == "sinusoidal" and c.d_model % 2:
-        out.append(f"d_model={c.d_model} is odd; sinusoidal positions need an even d_model")
+        problems.add("d_model", "is odd; sinusoidal positions need an even d_model")
     if not 0.0 <= c.dropout < 1.0:
-        out.append(f"dropout={c.dropout!r} must be in [0, 1)")
-    for field in ("rope_theta", "norm_eps", "init_std"):
-        if not getattr(c, field) > 0:
-            out.append(f"{field}={getattr(c, field)!r} must be positive")
+        problems.add("dropout", "must be in [0, 1)")
+    problems.positive("rope_theta", "norm_eps", "init_std")
     if c.rope_scaling is not None:
         s = c.rope_scaling
         if c.position != "rope":
-            out.append(f"rope_scaling is set but position={c.position!r}; set position='rope' or drop rope_scaling")
+            problems.add("position", "but rope_scaling is set; set position='rope' or drop rope_scaling")
         if s.kind not in ROPE_SCALINGS:
-            out.append(f"rope_scaling.kind={s.kind!r} is not one of {', '.join(map(repr, ROPE_SCALINGS))}")
+            allowed = ", ".join(map(repr, ROPE_SCALINGS))
+            problems.found.append(f"model.rope_scaling.kind={s.kind!r} is not one of {allowed}")
         if not s.factor > 0:
-            out.append(f"rope_scaling.factor={s.factor!r} must be positive")
+            problems.found.append(f"model.rope_scaling.factor={s.factor!r} must be positive")
         if s.kind == "yarn" and not (s.original_block_size or 0) > 0:
-            out.append(
-                f"rope_scaling.original_block_size={s.original_block_size!r}: YaRN needs the "
-                "positive context length the model was trained with"
+            problems.found.append(
+                f"model.rope_scaling.original_block_size={s.original_block_size!r}: YaRN needs the positive context "
+                "length the model was trained with"
             )
-    return out
+    problems.raise_if_any()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -241,10 +256,12 @@ class DataConfig:
     cache_dir: str = ""
 
     def __post_init__(self):
+        problems = Problems("data", self)
         if not 0.0 < self.val_fraction < 1.0:
-            raise ConfigError(f"data.val_fraction={self.val_fraction} must be between 0 and 1 (exclusive)")
-        if self.max_tokens < 0:
-            raise ConfigError(f"data.max_tokens={self.max_tokens} must be >= 0 (0 means all)")
+            problems.add("val_fraction", "must be between 0 and 1 (exclusive)")
+        if not self.max_tokens >= 0:
+            problems.add("max_tokens", "must be >= 0 (0 means all)")
+        problems.raise_if_any()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -306,38 +323,29 @@ class TrainConfig:
     wandb_project: str = ""
 
     def __post_init__(self):
-        problems = []
-        for field in ("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every"):
-            if getattr(self, field) <= 0:
-                problems.append(f"train.{field}={getattr(self, field)} must be positive")
-        if self.keep_checkpoints <= 0:
-            problems.append(f"train.keep_checkpoints={self.keep_checkpoints} must be positive")
+        problems = Problems("train", self)
+        problems.positive("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every")
+        problems.positive("keep_checkpoints", "lr")
         if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):
-            problems.append(
-                f"train.batch_size={self.batch_size} is not divisible by train.microbatches={self.microbatches}; "
-                "choose microbatches dividing the batch, or 0 to let the run choose"
+            problems.add(
+                "microbatches",
+                f"does not divide train.batch_size={self.batch_size}; choose microbatches dividing the batch, or 0 to "
+                "let the run choose",
             )
-        if not self.lr > 0:
-            problems.append(f"train.lr={self.lr} must be positive")
         if not 0 <= self.min_lr <= self.lr:
-            problems.append(f"train.min_lr={self.min_lr} must be between 0 and train.lr={self.lr}")
+            problems.add("min_lr", f"must be between 0 and train.lr={self.lr}")
         if not 0 <= self.warmup_steps < self.steps:
-            problems.append(f"train.warmup_steps={self.warmup_steps} must be >= 0 and below train.steps={self.steps}")
+            problems.add("warmup_steps", f"must be >= 0 and below train.steps={self.steps}")
         if self.decay_steps and not self.warmup_steps < self.decay_steps:
-            problems.append(
-                f"train.decay_steps={self.decay_steps} must be 0 (decay until train.steps) or above "
-                f"train.warmup_steps={self.warmup_steps}"
+            problems.add(
+                "decay_steps", f"must be 0 (decay until train.steps) or above train.warmup_steps={self.warmup_steps}"
             )
         for field in ("beta1", "beta2"):
             if not 0 <= getattr(self, field) < 1:
-                problems.append(f"train.{field}={getattr(self, field)} must be in [0, 1)")
-        for field in ("weight_decay", "grad_clip"):
-            if getattr(self, field) < 0:
-                problems.append(f"train.{field}={getattr(self, field)} must be >= 0")
-        if self.dtype not in ("float32", "bfloat16"):
-            problems.append(f"train.dtype={self.dtype!r} must be 'float32' or 'bfloat16'")
-        if problems:
-            raise ConfigError("invalid config: " + "; ".join(problems))
+                problems.add(field, "must be in [0, 1)")
+        problems.not_negative("weight_decay", "grad_clip")
+        problems.one_of("dtype", ("float32", "bfloat16"))
+        problems.raise_if_any()
 
 
 @dataclasses.dataclass(frozen=True)
@@ -351,10 +359,19 @@ class MeshConfig:
     fsdp: int = 1
     tensor: int = 1
 
+    def __post_init__(self):
+        problems = Problems("mesh", self)
+        for field in ("data", "fsdp", "tensor"):
+            if getattr(self, field) == 0 or getattr(self, field) < -1:
+                problems.add(field, "must be positive, or -1 for all the devices the other axes leave")
+        if [self.data, self.fsdp, self.tensor].count(-1) > 1:
+            problems.found.append(
+                f"mesh {self._text()} has more than one -1; use at most one -1 (the axis taking the rest)"
+            )
+        problems.raise_if_any()
+
     def shape(self, n_devices: int) -> tuple[int, int, int]:
         sizes = [self.data, self.fsdp, self.tensor]
-        if sizes.count(-1) > 1 or any(s == 0 or s < -1 for s in sizes):
-            raise ConfigError(f"mesh {self._text()}: sizes must be positive, with at most one -1 (all the rest)")
         fixed = math.prod(s for s in sizes if s != -1)
         if n_devices % fixed:
             raise ConfigError(
@@ -365,11 +382,6 @@ class MeshConfig:
 
     def _text(self) -> str:
         return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}"
-
-
-# Set by the run, not by the config: compute dtype comes from train.dtype, and parameters are
-# always stored in float32 for training (mixed precision).
-_RUN_OWNED_MODEL_FIELDS = ("dtype", "param_dtype")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,145 +395,8 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
-def base_config() -> ml_collections.ConfigDict:
-    """Every key a config file may set, with its default; config files change some of them."""
-
-    def section(cls, skip=()):
-        out = {}
-        for f in dataclasses.fields(cls):
-            if f.name in skip:
-                continue
-            default = f.default
-            if default is None and f.name != "rope_scaling":  # typed placeholders keep CLI overrides typed
-                default = ml_collections.config_dict.placeholder(int)
-            out[f.name] = default
-        return ml_collections.ConfigDict(out)
-
-    config = ml_collections.ConfigDict()
-    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS)
-    config.model.vocab_size = ml_collections.config_dict.placeholder(int)  # from the tokenizer
-    config.data = section(DataConfig)
-    config.train = section(TrainConfig)
-    config.mesh = section(MeshConfig)
-    return config
-
-
-def _checked_section(values: dict, cls, section: str, skip=()) -> dict:
-    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
-    for key in values:
-        if key not in allowed:
-            guess = difflib.get_close_matches(key, allowed, n=1)
-            hint = f"did you mean {section}.{guess[0]}?" if guess else f"known keys: {', '.join(allowed)}"
-            raise ConfigError(f"unknown config key {section}.{key}; {hint}")
-    return values
-
-
-def resolve(config, vocab_size: int | None = None, notes: list[str] | None = None) -> RunConfig:
-    """A ConfigDict (or plain nested dict) -> validated RunConfig.
-
-    model.vocab_size is taken from `vocab_size` (the tokenizer's) when the config leaves it
-    unset; a config value smaller than the tokenizer's vocabulary is an error. A warmup as
-    long as the run (a shipped config shortened with --config.train.steps) is clipped to a
-    tenth of the run, and `notes` gets a line saying so.
-    """
-    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
-    for section in raw:
-        if section not in ("model", "data", "train", "mesh"):
-            raise ConfigError(f"unknown config section {section!r}; a config has model, data, train and mesh")
-    model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
-    data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
-    train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
-    train_values = _clip_warmup(train_values, notes if notes is not None else [])
-    train = TrainConfig(**train_values)
-    if model.get("vocab_size") is None:
-        model["vocab_size"] = vocab_size or 1  # 1: a stand-in to validate the rest before the tokenizer exists
-    elif vocab_size and model["vocab_size"] < vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} tokens; "
-            "leave it unset or raise it"
-        )
-    mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
-    model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
-    return RunConfig(model, data, train, mesh)
-
-
-def _clip_warmup(train: dict, notes: list[str]) -> dict:
-    defaults = TrainConfig.__dataclass_fields__
-    steps = train.get("steps", defaults["steps"].default)
-    warmup = train.get("warmup_steps", defaults["warmup_steps"].default)
-    if isinstance(steps, int) and isinstance(warmup, int) and steps > 0 and warmup >= steps:
-        clipped = steps // 10
-        notes.append(f"train.warmup_steps={warmup} is not shorter than train.steps={steps}; warming up for {clipped}")
-        return train | {"warmup_steps": clipped}
-    return train
-
-
 def run_config_from_dict(d: dict) -> RunConfig:
     """Inverse of RunConfig.to_dict (reads a run's config.json)."""
     return RunConfig(
         ModelConfig(**d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), MeshConfig(**d.get("mesh", {}))
     )
-
-
-# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
-ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "block_size",
-    "n_layer",
-    "n_head",
-    "n_kv_head",
-    "d_model",
-    "mlp_hidden",
-    "activation",
-    "norm",
-    "norm_position",
-    "norm_eps",
-    "position",
-    "rope_theta",
-    "rope_scaling",
-    "bias",
-    "tie_embeddings",
-)
-
-
-# What a resumed run may change: how long it runs (raising steps also moves the end of the
-# cosine schedule), the learning-rate schedule and clipping (the optimizer state does not
-# depend on them), how often it logs, evaluates and saves, and how the same math is laid out
-# (microbatches, attention kernel, rematerialisation). Anything else
-# changes the model, the data or the batches, and a checkpoint of another run cannot continue it.
-RESUMABLE_FIELDS = frozenset(
-    {
-        "train.steps",
-        "train.lr",  # lowering the learning rate is the way on after a divergence
-        "train.warmup_steps",
-        "train.decay_steps",
-        "train.grad_clip",
-        "train.min_lr",
-        "train.eval_every",
-        "train.eval_batches",
-        "train.log_every",
-        "train.checkpoint_every",
-        "train.keep_checkpoints",
-        "train.microbatches",
-        "train.tensorboard",
-        "train.wandb_project",
-        "model.attention",
-        "model.remat",
-        "data.cache_dir",
-        "mesh.data",  # a checkpoint restores onto any device layout
-        "mesh.fsdp",
-        "mesh.tensor",
-    }
-)
-
-
-def resume_conflicts(saved: dict, current: dict) -> list[str]:
-    """'key: saved -> current' for every difference between two RunConfig dicts outside
-    RESUMABLE_FIELDS."""
-    conflicts = []
-    for section in ("model", "data", "train", "mesh"):
-        for key in sorted(set(saved.get(section, {})) | set(current.get(section, {}))):
-            before, after = saved.get(section, {}).get(key), current.get(section, {}).get(key)
-            if before != after and f"{section}.{key}" not in RESUMABLE_FIELDS:
-                conflicts.append(f"{section}.{key}: {before!r} -> {after!r}")
-    return conflicts

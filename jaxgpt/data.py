@@ -337,6 +337,19 @@ def batch_at(
     return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
 
 
+def sharded_batch(tokens: np.ndarray, run, mesh, index: int, stream: int = TRAIN_STREAM):
+    """Batch `index` of a stream for `run` (a RunConfig) as one array sharded over `mesh`'s
+    data axes; each process reads only its own rows."""
+    from jaxgpt.sharding import global_batch  # numpy-only callers of this module need no JAX
+
+    t = run.train
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        return batch_at(tokens, run.model.block_size, t.batch_size, t.seed, stream, index, slice(start, stop))
+
+    return global_batch(mesh, rows, t.batch_size)
+
+
 def check_long_enough(dataset: Dataset, seq_len: int) -> None:
     for split, tokens in (("train", dataset.train), ("val", dataset.val)):
         if len(tokens) < seq_len + 1:

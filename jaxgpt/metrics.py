@@ -14,6 +14,8 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
+
 from jaxgpt.errors import UserError
 
 # metrics.jsonl key -> TensorBoard / W&B tag; grouped so TensorBoard shows losses together.
@@ -28,6 +30,35 @@ TAGS = {
     "mfu": "speed/mfu",
     "elapsed_sec": "speed/elapsed_sec",
 }
+
+
+def training_record(
+    *,
+    step: int,
+    losses: list[float],
+    lr: float,
+    grad_norm: float,
+    tokens: int,
+    seconds: float,
+    devices: int,
+    flops_per_token: float,
+    peak_flops: float,
+    elapsed: float,
+) -> dict:
+    """One logging interval's record: `losses` are its per-step training losses, `tokens` were
+    trained on in `seconds` of training time (evaluation and checkpointing excluded) over
+    `devices`; MFU counts flops_per_token's model FLOPs against the devices' peak."""
+    tokens_per_sec = tokens / seconds
+    return {
+        "step": step,
+        "train_loss": float(np.mean(losses)),
+        "lr": lr,
+        "grad_norm": grad_norm,
+        "tokens_per_sec": tokens_per_sec,
+        "tokens_per_sec_per_device": tokens_per_sec / devices,
+        "mfu": tokens_per_sec * flops_per_token / peak_flops,
+        "elapsed_sec": elapsed,
+    }
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:

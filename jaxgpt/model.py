@@ -35,12 +35,12 @@ class Block(nn.Module):
 
     config: ModelConfig
     train: bool = False
-    decode: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
+        """cache_index: None, or where this call's tokens start in the KV cache (decoding)."""
         c = self.config
-        attention = CausalSelfAttention(c, decode=self.decode, name="attn")
+        attention = CausalSelfAttention(c, name="attn")
         mlp = MLP(c, name="mlp")
         norm_1, norm_2 = make_norm(c, "norm_1"), make_norm(c, "norm_2")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
@@ -72,7 +72,7 @@ class GPT(nn.Module):
         wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **self._dtypes, name="wte")
         x = self._add_positions(wte(tokens), positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
-        x = self._blocks(x, positions, cache_index, train=train, decode=decode)
+        x = self._blocks(x, positions, cache_index, train=train)
         if c.norm_position == "pre":  # post-norm blocks already end normalised
             x = make_norm(c, "norm_f")(x)
         if c.tie_embeddings:
@@ -117,7 +117,7 @@ class GPT(nn.Module):
             return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
         return x
 
-    def _blocks(self, x, positions, cache_index, *, train: bool, decode: bool) -> jnp.ndarray:
+    def _blocks(self, x, positions, cache_index, *, train: bool) -> jnp.ndarray:
         """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one
         block traced once and iterated (compile time independent of depth; each parameter
         gains a leading n_layer axis)."""
@@ -135,10 +135,10 @@ class GPT(nn.Module):
                 in_axes=(nn.broadcast, nn.broadcast),
                 length=c.n_layer,
             )
-            x, _ = scan(block(c, train=train, decode=decode, name="blocks"), x, positions, cache_index)
+            x, _ = scan(block(c, train=train, name="blocks"), x, positions, cache_index)
             return x
         for i in range(c.n_layer):
-            x = block(c, train=train, decode=decode, name=f"block_{i}")(x, positions, cache_index)
+            x = block(c, train=train, name=f"block_{i}")(x, positions, cache_index)
         return x
 
 

@@ -26,7 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import data, sharding
-from jaxgpt.config import resolve
+from jaxgpt.config_files import resolve
 from jaxgpt.model import count_params, flops_per_token
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
@@ -66,6 +66,7 @@ def per_layer(norms: dict) -> dict[str, float]:
 
 
 def run_checks(config, overfit_steps: int) -> list[Row]:
+    """Every check, in the order of the table, on the config's model, data and mesh."""
     dataset = data.prepare(config.data, progress=False)
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
@@ -75,18 +76,12 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     mesh = sharding.make_mesh(run.mesh)
     run = fill_microbatches(run, mesh).run
     check_batch_fits_mesh(run, mesh)
-    t = run.train
-    rows_of = lambda start, stop: data.batch_at(  # noqa: E731
-        dataset.train, run.model.block_size, t.batch_size, t.seed, data.TRAIN_STREAM, 0, slice(start, stop)
-    )
-    batch = sharding.global_batch(mesh, rows_of, t.batch_size)
+    batch = data.sharded_batch(dataset.train, run, mesh, 0)
     # Constant learning rate, no decay: the overfit check asks whether the model can learn,
     # not what the schedule does in its first steps.
+    t = run.train
     steady = dataclasses.replace(t, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
     state, step, _ = compiled_steps(dataclasses.replace(run, train=steady), mesh)
-    results = []
-
-    ln_vocab = math.log(run.model.vocab_size)
 
     @jax.jit
     def loss_and_norms(params, windows):
@@ -94,84 +89,84 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         return loss, gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
-    initial = float(initial)
+    compiled = step.lower(state, batch).compile()
+    rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
+    state, overfit = overfit_row(compiled, state, batch, overfit_steps, t.lr)
+    return rows + [overfit, size_row(state.params, run.model), memory_row(compiled, state, mesh)]
+
+
+def initial_loss_row(initial: float, vocab_size: int) -> Row:
+    ln_vocab = math.log(vocab_size)
     off = abs(initial - ln_vocab) / ln_vocab
-    results.append(
-        Row(
-            "initial loss",
-            off <= INITIAL_LOSS_TOLERANCE,
-            f"{initial:.3f} vs ln({run.model.vocab_size}) = {ln_vocab:.3f} ({off:.0%} off; limit "
-            f"{INITIAL_LOSS_TOLERANCE:.0%})",
-        )
+    return Row(
+        "initial loss",
+        off <= INITIAL_LOSS_TOLERANCE,
+        f"{initial:.3f} vs ln({vocab_size}) = {ln_vocab:.3f} ({off:.0%} off; limit {INITIAL_LOSS_TOLERANCE:.0%})",
     )
 
-    norms = per_layer(norms)
+
+def gradients_row(norms: dict[str, float]) -> Row:
     total = math.sqrt(sum(n * n for n in norms.values()))
     dead = [k for k, n in norms.items() if n == 0.0]
     bad = [k for k, n in norms.items() if not math.isfinite(n)]
     smallest, largest = min(norms, key=norms.get), max(norms, key=norms.get)
-    problem = (
-        f"zero in {', '.join(dead)}; "
-        if dead
-        else f"not finite in {', '.join(bad)}; "
-        if bad
-        else f"exploding (limit {GRAD_NORM_LIMIT:g}); "
-        if total > GRAD_NORM_LIMIT
-        else ""
-    )
-    results.append(
-        Row(
-            "gradients",
-            not problem,
-            f"{problem}global norm {total:.3g}; smallest {smallest} {norms[smallest]:.3g}, largest {largest} "
-            f"{norms[largest]:.3g}",
-        )
+    if dead:
+        problem = f"zero in {', '.join(dead)}; "
+    elif bad:
+        problem = f"not finite in {', '.join(bad)}; "
+    elif total > GRAD_NORM_LIMIT:
+        problem = f"exploding (limit {GRAD_NORM_LIMIT:g}); "
+    else:
+        problem = ""
+    return Row(
+        "gradients",
+        not problem,
+        f"{problem}global norm {total:.3g}; smallest {smallest} {norms[smallest]:.3g}, largest {largest} "
+        f"{norms[largest]:.3g}",
     )
 
-    compiled = step.lower(state, batch).compile()
+
+def overfit_row(compiled_step, state, batch, steps: int, lr: float):
+    """(the state after `steps` steps on one batch, the row judging how far its loss fell)."""
     start = time.perf_counter()
     first = None
-    for _ in range(overfit_steps):
-        state, metrics = compiled(state, batch)
+    for _ in range(steps):
+        state, metrics = compiled_step(state, batch)
         loss = float(metrics["loss"])
         first = first if first is not None else loss
-    last = loss
-    results.append(
-        Row(
-            "overfit one batch",
-            last < 0.5 * first,
-            f"loss {first:.3f} -> {last:.3f} in {overfit_steps} steps at lr {t.lr:g} "
-            f"({time.perf_counter() - start:.1f} s); must fall below half",
-        )
+    row = Row(
+        "overfit one batch",
+        loss < 0.5 * first,
+        f"loss {first:.3f} -> {loss:.3f} in {steps} steps at lr {lr:g} ({time.perf_counter() - start:.1f} s); "
+        "must fall below half",
+    )
+    return state, row
+
+
+def size_row(params, model_config) -> Row:
+    return Row(
+        "size",
+        None,
+        f"{count_params(params):,} parameters; {flops_per_token(model_config, model_config.block_size) / 1e6:,.1f} "
+        "MFLOPs per token trained (6N + 12LdT)",
     )
 
-    n_params = count_params(state.params)
-    results.append(
-        Row(
-            "size",
-            None,
-            f"{n_params:,} parameters; {flops_per_token(run.model, run.model.block_size) / 1e6:,.1f} MFLOPs "
-            "per token trained (6N + 12LdT)",
-        )
-    )
 
-    memory = compiled.memory_analysis()
+def memory_row(compiled_step, state, mesh) -> Row:
+    memory = compiled_step.memory_analysis()
     params_bytes = sharding.bytes_per_device(state.params)
     opt_bytes = sharding.bytes_per_device(state.opt_state)
     temp_bytes = memory.temp_size_in_bytes if memory else 0
     need = params_bytes + opt_bytes + temp_bytes
     have = _device_memory(mesh.devices.flat[0])
-    results.append(
-        Row(
-            "memory",
-            need <= have if have else None,
-            f"per device: params {params_bytes / 2**20:,.1f} MiB + optimizer {opt_bytes / 2**20:,.1f} MiB + step "
-            f"temporaries {temp_bytes / 2**20:,.1f} MiB = {need / 2**30:,.2f} GiB of "
-            + (f"{have / 2**30:,.1f} GiB" if have else "unknown")
-            + f" (mesh {dict(mesh.shape)})",
-        )
+    return Row(
+        "memory",
+        need <= have if have else None,
+        f"per device: params {params_bytes / 2**20:,.1f} MiB + optimizer {opt_bytes / 2**20:,.1f} MiB + step "
+        f"temporaries {temp_bytes / 2**20:,.1f} MiB = {need / 2**30:,.2f} GiB of "
+        + (f"{have / 2**30:,.1f} GiB" if have else "unknown")
+        + f" (mesh {dict(mesh.shape)})",
     )
-    return results
 
 
 def _loss(model_config, params, windows):

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import ml_collections
 
-from jaxgpt.config import base_config
+from jaxgpt.config_files import base_config
 
 
 def get_config(where: str) -> ml_collections.ConfigDict:

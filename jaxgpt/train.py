@@ -17,11 +17,10 @@ import sys
 from pathlib import Path
 
 from absl import flags
-from ml_collections import config_flags
 
 from jaxgpt import cli
 
-CONFIG = config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
+CONFIG = cli.define_config_flag()
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
 QUIET = flags.DEFINE_bool("quiet", False, "No progress bar or status lines.")
 FRESH = flags.DEFINE_bool(
@@ -45,11 +44,7 @@ def main() -> None:
 
 def _train() -> None:
     cli.parse_flags(cli.config_from_run(sys.argv), usage=__doc__, module=__name__)
-    if CONFIG.value is None:
-        cli.fail(
-            "no config given; pass --config configs/tiny.py (or another file in configs/), or --workdir of an "
-            "earlier run to resume it with its own configuration"
-        )
+    cli.require_config(CONFIG, ", or --workdir of an earlier run to resume it with its own configuration")
     from jaxgpt import distributed, runtime
     from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
 

@@ -42,7 +42,7 @@ def gpt2_bpe(tmp_path_factory, monkeypatch):
 
 def small_run_config(**train):
     """A run that trains in seconds: 2 layers x 32 wide on the built-in corpus."""
-    from jaxgpt.config import base_config
+    from jaxgpt.config_files import base_config
 
     config = base_config()
     config.model.update(n_layer=2, n_head=2, d_model=32, block_size=32)

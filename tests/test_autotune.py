@@ -7,7 +7,8 @@ import pytest
 from conftest import small_run_config
 
 from jaxgpt import autotune, sharding
-from jaxgpt.config import MeshConfig, resolve
+from jaxgpt.config import MeshConfig
+from jaxgpt.config_files import resolve
 
 
 @pytest.mark.parametrize(

@@ -45,7 +45,7 @@ CASES = [
         "train.py",
         ["--config.train.microbatches=24"],
         {},
-        "is not divisible by train.microbatches=24",
+        "train.microbatches=24 does not divide train.batch_size=8",
     ),
     (
         "config without get_config",
@@ -67,6 +67,13 @@ CASES = [
         ["--config={tmp}/mine.py", "--config.train.steps=3"],
         {"mine.py": MODEL_ONLY},
         "has no data, train, mesh section(s)",
+    ),
+    (
+        "config importing base_config from its old module",
+        "train.py",
+        ["--config={tmp}/mine.py"],
+        {"mine.py": "from jaxgpt.config import base_config\n\ndef get_config():\n    return base_config()\n"},
+        "imports base_config from jaxgpt.config; it is in jaxgpt.config_files now",
     ),
     ("workdir under a file", "train.py", ["--workdir={tmp}/notes.txt/run"], {"notes.txt": "x"}, "which is a file"),
     ("unwritable workdir", "train.py", ["--workdir=/sys/jaxgpt-run"], {}, "cannot write to workdir /sys/jaxgpt-run"),

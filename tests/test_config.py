@@ -3,7 +3,8 @@ shortened run gets."""
 
 import pytest
 
-from jaxgpt.config import ConfigError, ModelConfig, RopeScaling, base_config, resolve
+from jaxgpt.config import ConfigError, ModelConfig, RopeScaling
+from jaxgpt.config_files import base_config, resolve
 
 
 def test_defaults_resolve_to_the_numbers_the_model_uses():
@@ -57,14 +58,14 @@ def test_rope_scaling_accepts_a_plain_dict():
         (dict(init_std=-0.02), "init_std=-0.02 must be positive"),
         (
             dict(position="learned", rope_scaling=RopeScaling("linear", 2.0)),
-            "rope_scaling is set but position='learned'",
+            "model.position='learned' but rope_scaling is set",
         ),
         (dict(position="rope", rope_scaling=RopeScaling("dynamic", 2.0)), "rope_scaling.kind='dynamic'"),
         (dict(position="rope", rope_scaling=RopeScaling("yarn", 4.0)), "YaRN needs"),
     ],
 )
 def test_bad_config_names_field_and_value(changes, message):
-    with pytest.raises(ConfigError, match="^invalid model config: ") as error:
+    with pytest.raises(ConfigError, match="^invalid config: model\\.") as error:
         ModelConfig(**changes)
     assert message in str(error.value)
     assert "\n" not in str(error.value)  # one line, whatever the number of problems

@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from jaxgpt.config import resolve
+from jaxgpt.config_files import resolve
 
 CONFIGS = sorted(p.stem for p in (Path(__file__).parents[1] / "configs").glob("*.py") if p.stem != "__init__")
 

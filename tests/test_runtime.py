@@ -22,7 +22,7 @@ runtime.configure()
 import jax
 from jaxgpt import sharding
 from jaxgpt.autotune import fill_microbatches
-from jaxgpt.config import resolve
+from jaxgpt.config_files import resolve
 from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh)

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from conftest import run_script
 
-from jaxgpt.config import ModelConfig, base_config
+from jaxgpt.config import ModelConfig
+from jaxgpt.config_files import base_config
 from jaxgpt.errors import UserError
 from jaxgpt.model import GPT, init_params
 from jaxgpt.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token

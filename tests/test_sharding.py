@@ -11,7 +11,8 @@ import pytest
 from conftest import run_script, small_run_config
 
 from jaxgpt import data, sharding
-from jaxgpt.config import ConfigError, MeshConfig, resolve
+from jaxgpt.config import ConfigError, MeshConfig
+from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.trainer import Trainer, train_and_evaluate
 

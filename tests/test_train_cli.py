@@ -52,7 +52,10 @@ def test_a_short_run_from_the_command_line(tmp_path):
         (["--config", "configs/tiny.py", "--config.data.source=s3:bucket"], "unknown data.source 's3:bucket'"),
         (["--config", "configs/tiny.py", "--config.data.source=text:/no/such.txt"], "no such file"),
         (["--config", "configs/tiny.py", "--config.model.n_head=3"], "d_model=128 is not divisible by n_head=3"),
-        (["--config", "configs/tiny.py", "--config.train.microbatches=5"], "not divisible by train.microbatches=5"),
+        (
+            ["--config", "configs/tiny.py", "--config.train.microbatches=5"],
+            "train.microbatches=5 does not divide train.batch_size=12",
+        ),
         (
             ["--config", "configs/tiny.py", "--config.model.attention=flash_tpu"],
             "is a TPU kernel and this run is on cpu",

@@ -7,7 +7,8 @@ import math
 import pytest
 from conftest import small_run_config as small_config
 
-from jaxgpt.config import resolve, run_config_from_dict
+from jaxgpt.config import run_config_from_dict
+from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.trainer import train_and_evaluate
 

@@ -1,0 +1,96 @@
+"""Config files and the command line -> a validated RunConfig.
+
+A config file (`configs/*.py`) defines `get_config()` returning `base_config()` with some
+values changed: an `ml_collections.ConfigDict` with sections `model`, `data`, `train` and
+`mesh` whose keys are exactly the fields of the dataclasses in jaxgpt/config.py, so
+command-line overrides like `--config.train.lr=1e-3` are type-checked against the defaults.
+`resolve` turns such a dict into a `RunConfig`.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+
+import ml_collections
+
+from jaxgpt.config import ConfigError, DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
+
+SECTIONS = ("model", "data", "train", "mesh")
+
+# Set by the run, not by the config: compute dtype comes from train.dtype, and parameters are
+# always stored in float32 for training (mixed precision).
+_RUN_OWNED_MODEL_FIELDS = ("dtype", "param_dtype")
+
+
+def base_config() -> ml_collections.ConfigDict:
+    """Every key a config file may set, with its default; config files change some of them."""
+
+    def section(cls, skip=()):
+        out = {}
+        for f in dataclasses.fields(cls):
+            if f.name in skip:
+                continue
+            default = f.default
+            if default is None and f.name != "rope_scaling":  # typed placeholders keep CLI overrides typed
+                default = ml_collections.config_dict.placeholder(int)
+            out[f.name] = default
+        return ml_collections.ConfigDict(out)
+
+    config = ml_collections.ConfigDict()
+    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS)
+    config.model.vocab_size = ml_collections.config_dict.placeholder(int)  # from the tokenizer
+    config.data = section(DataConfig)
+    config.train = section(TrainConfig)
+    config.mesh = section(MeshConfig)
+    return config
+
+
+def _checked_section(values: dict, cls, section: str, skip=()) -> dict:
+    allowed = [f.name for f in dataclasses.fields(cls) if f.name not in skip]
+    for key in values:
+        if key not in allowed:
+            guess = difflib.get_close_matches(key, allowed, n=1)
+            hint = f"did you mean {section}.{guess[0]}?" if guess else f"known keys: {', '.join(allowed)}"
+            raise ConfigError(f"unknown config key {section}.{key}; {hint}")
+    return values
+
+
+def resolve(config, vocab_size: int | None = None, notes: list[str] | None = None) -> RunConfig:
+    """A ConfigDict (or plain nested dict) -> validated RunConfig.
+
+    model.vocab_size is taken from `vocab_size` (the tokenizer's) when the config leaves it
+    unset; a config value smaller than the tokenizer's vocabulary is an error. A warmup as
+    long as the run (a shipped config shortened with --config.train.steps) is clipped to a
+    tenth of the run, and `notes` gets a line saying so.
+    """
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    for section in raw:
+        if section not in SECTIONS:
+            raise ConfigError(f"unknown config section {section!r}; a config has model, data, train and mesh")
+    model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
+    data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
+    train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
+    train_values = _clip_warmup(train_values, notes if notes is not None else [])
+    train = TrainConfig(**train_values)
+    if model.get("vocab_size") is None:
+        model["vocab_size"] = vocab_size or 1  # 1: a stand-in to validate the rest before the tokenizer exists
+    elif vocab_size and model["vocab_size"] < vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} tokens; "
+            "leave it unset or raise it"
+        )
+    mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
+    model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
+    return RunConfig(model, data, train, mesh)
+
+
+def _clip_warmup(train: dict, notes: list[str]) -> dict:
+    defaults = TrainConfig.__dataclass_fields__
+    steps = train.get("steps", defaults["steps"].default)
+    warmup = train.get("warmup_steps", defaults["warmup_steps"].default)
+    if isinstance(steps, int) and isinstance(warmup, int) and steps > 0 and warmup >= steps:
+        clipped = steps // 10
+        notes.append(f"train.warmup_steps={warmup} is not shorter than train.steps={steps}; warming up for {clipped}")
+        return train | {"warmup_steps": clipped}
+    return train

@@ -1,0 +1,215 @@
+"""Continuing a run: what a checkpoint must agree on, and where a resumed run picks up.
+
+A checkpoint holds the training state and a record of the run that wrote it (its config,
+tokenizer, elapsed time and the losses of an unfinished logging interval). Resuming restores
+the newest readable one, refuses it if it comes from another run, and trims metrics.jsonl back
+to the restored step so the resumed run's lines are written once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+from pathlib import Path
+
+import jax
+
+from jaxgpt import workdir as run_dir
+from jaxgpt.checkpoint import Checkpoints
+from jaxgpt.config import RunConfig
+from jaxgpt.errors import UserError
+from jaxgpt.optimizer import learning_rate_schedule
+
+# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "block_size",
+    "n_layer",
+    "n_head",
+    "n_kv_head",
+    "d_model",
+    "mlp_hidden",
+    "activation",
+    "norm",
+    "norm_position",
+    "norm_eps",
+    "position",
+    "rope_theta",
+    "rope_scaling",
+    "bias",
+    "tie_embeddings",
+)
+
+
+# What a resumed run may change: how long it runs (raising steps also moves the end of the
+# cosine schedule), the learning-rate schedule and clipping (the optimizer state does not
+# depend on them), how often it logs, evaluates and saves, and how the same math is laid out
+# (microbatches, attention kernel, rematerialisation, mesh). Anything else changes the model,
+# the data or the batches, and a checkpoint of another run cannot continue it.
+RESUMABLE_FIELDS = frozenset(
+    {
+        "train.steps",
+        "train.lr",  # lowering the learning rate is the way on after a divergence
+        "train.warmup_steps",
+        "train.decay_steps",
+        "train.grad_clip",
+        "train.min_lr",
+        "train.eval_every",
+        "train.eval_batches",
+        "train.log_every",
+        "train.checkpoint_every",
+        "train.keep_checkpoints",
+        "train.microbatches",
+        "train.tensorboard",
+        "train.wandb_project",
+        "model.attention",
+        "model.remat",
+        "data.cache_dir",
+        "mesh.data",  # a checkpoint restores onto any device layout
+        "mesh.fsdp",
+        "mesh.tensor",
+    }
+)
+
+
+def resume_conflicts(saved: dict, current: dict) -> list[str]:
+    """'key: saved -> current' for every difference between two RunConfig dicts outside
+    RESUMABLE_FIELDS."""
+    conflicts = []
+    for section in ("model", "data", "train", "mesh"):
+        for key in sorted(set(saved.get(section, {})) | set(current.get(section, {}))):
+            before, after = saved.get(section, {}).get(key), current.get(section, {}).get(key)
+            if before != after and f"{section}.{key}" not in RESUMABLE_FIELDS:
+                conflicts.append(f"{section}.{key}: {before!r} -> {after!r}")
+    return conflicts
+
+
+def checkpoint_record(step: int, elapsed: float, pending_losses: list[float], config: RunConfig, tokenizer) -> dict:
+    """What travels beside the state in a checkpoint: enough to refuse another run's
+    checkpoint and to continue this one's metrics exactly."""
+    return {
+        "step": step,
+        "elapsed_sec": elapsed,
+        "pending_losses": pending_losses,
+        "config": config.to_dict(),
+        "tokenizer": tokenizer.to_dict(),
+    }
+
+
+@dataclasses.dataclass(frozen=True)
+class StartingPoint:
+    """Where a run begins: the state and step, the wall time already spent, and the losses of
+    an unfinished logging interval carried over from the checkpoint."""
+
+    state: object
+    step: int = 0
+    elapsed_before: float = 0.0
+    carried_losses: tuple[float, ...] = ()
+
+
+def restore_or_start(
+    checkpoints: Checkpoints, fresh_state, config: RunConfig, tokenizer, workdir: Path, *, main: bool, say, warn
+) -> StartingPoint:
+    """Continue from the newest readable checkpoint, or start at step 0 if there is none
+    (from `train.init_from`'s weights when set). Refuses a checkpoint of another run before
+    anything is written."""
+    checkpoints.check_room_for(fresh_state)  # before any work, not at the first save
+    metrics_path = workdir / "metrics.jsonl"
+
+    def check_same_run(record: dict) -> None:
+        conflicts = resume_conflicts(record["config"], config.to_dict())
+        if record["tokenizer"] != tokenizer.to_dict():
+            conflicts.append("the tokenizer's vocabulary")
+        if conflicts:
+            raise UserError(
+                f"cannot resume {workdir}: its checkpoints come from another run ({'; '.join(conflicts)}). "
+                f"Use the original config, or start afresh with --fresh (the old run is kept aside). "
+                f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
+            )
+
+    found = checkpoints.restore_latest_readable(fresh_state, check_record=check_same_run, warn=warn)
+    if found is None:
+        state = fresh_state
+        if config.train.init_from:
+            state = start_from_pretrained(state, config, config.train.init_from)
+            say(f"initialised from {config.train.init_from}")
+        if main:
+            keep_history_aside(workdir, metrics_path, warn)
+            metrics_path.write_text("")
+        return StartingPoint(state)
+    step, state, record = found
+    note = schedule_change_note(record, config, step)
+    if note:
+        say(note)
+    if main:
+        truncate_metrics(metrics_path, step)
+    say(f"resuming from step {step} of {config.train.steps}")
+    return StartingPoint(state, step, record.get("elapsed_sec", 0.0), tuple(record.get("pending_losses", [])))
+
+
+def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | None:
+    """Raising train.steps moves the end of the cosine: a finished run would continue at a
+    higher learning rate than it ended with. Say so, and how to avoid it."""
+    saved_values = {
+        k: record["config"]["train"].get(k, 0) for k in ("steps", "decay_steps", "warmup_steps", "lr", "min_lr")
+    }
+    saved = dataclasses.replace(config.train, **saved_values)
+    before = float(learning_rate_schedule(saved)(step))
+    now = float(learning_rate_schedule(config.train)(step))
+    if math.isclose(before, now, rel_tol=1e-3):
+        return None
+    return (
+        f"note: the learning rate at step {step} is now {now:.3g} (the run was at {before:.3g}): the new "
+        f"train settings move the schedule. To continue a finished decay at min_lr instead, add "
+        f"--config.train.decay_steps={saved.decay_steps or saved.steps}"
+    )
+
+
+def start_from_pretrained(state, config: RunConfig, source: str):
+    """`state` with its random parameters replaced by Hugging Face weights (the optimizer's
+    zero moments do not depend on the parameters' values)."""
+    from jaxgpt.hf import load_pretrained
+    from jaxgpt.model import stack_blocks
+
+    pretrained, params, _ = load_pretrained(source)
+    ours = config.model
+    differ = [
+        f"model.{f}={getattr(ours, f)!r} but the checkpoint has {getattr(pretrained, f)!r}"
+        for f in ARCHITECTURE_FIELDS
+        if getattr(ours, f) != getattr(pretrained, f)
+    ]
+    if differ:
+        raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
+    if ours.scan_layers:
+        params = stack_blocks(params, ours.n_layer)
+    shardings = jax.tree.map(lambda a: a.sharding, state.params)
+    return state.replace(params=jax.device_put(params, shardings))
+
+
+def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:
+    """Starting at step 0 in a workdir that already logged a run (its checkpoints were
+    deleted, or it crashed before its first one): move that run's metrics aside rather than
+    overwrite them."""
+    logged = [p for p in (metrics_path, workdir / "tensorboard") if p.exists()]
+    if not any(p.is_dir() or p.stat().st_size for p in logged):
+        return
+    aside = run_dir.unused_sibling(workdir / "history", "before-restart")
+    aside.mkdir()
+    for path in logged:
+        path.rename(aside / path.name)
+    warn(
+        f"{workdir} has metrics but no checkpoint to resume from; starting at step 0, the old metrics are kept in "
+        f"{aside}"
+    )
+
+
+def truncate_metrics(metrics_path: Path, step: int) -> None:
+    """Drop lines past the restored step: the resumed run writes them again."""
+    if not metrics_path.exists():
+        return
+    lines = metrics_path.read_text().splitlines()
+    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    tmp = metrics_path.with_suffix(".tmp")
+    tmp.write_text("".join(line + "\n" for line in kept))
+    tmp.replace(metrics_path)

@@ -1,0 +1,75 @@
+"""Ending a run early: when asked to (SIGTERM, Ctrl-C), or when training diverges.
+
+Asked to stop, the loop finishes its step, checkpoints and returns, so rerunning continues.
+Diverged, it stops at the first non-finite loss, gradient norm or parameter, before anything
+non-finite is saved: the newest checkpoint is always one to continue from.
+"""
+
+from __future__ import annotations
+
+import math
+import signal
+import threading
+
+import jax
+import jax.numpy as jnp
+
+from jaxgpt.errors import UserError
+
+
+class StopRequests:
+    """A context manager under which SIGTERM/SIGINT set `reason` instead of killing the
+    process; a second SIGINT interrupts at once. Only the main thread may install handlers
+    (not so in a notebook cell run from a thread): elsewhere signals keep their defaults."""
+
+    def __init__(self, say):
+        self.say = say
+        self.reason: str | None = None
+        self._previous: dict = {}
+
+    def _request(self, signum, _frame) -> None:
+        self.reason = signal.Signals(signum).name
+        self.say(f"{self.reason}: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+    def __enter__(self) -> StopRequests:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = {s: signal.signal(s, self._request) for s in (signal.SIGTERM, signal.SIGINT)}
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        self._previous = {}
+
+
+def check_finite(fetched: list[dict], first_step: int, params, checkpoints, lr: float) -> None:
+    """Raise at the first non-finite loss or gradient norm among the fetched metrics of steps
+    first_step, first_step + 1, ..., or if the parameters after them are non-finite."""
+    for offset, metrics in enumerate(fetched):
+        bad = {k: float(metrics[k]) for k in ("loss", "grad_norm") if not math.isfinite(float(metrics[k]))}
+        if bad:
+            diverged(first_step + offset, ", ".join(f"{k} became {v}" for k, v in bad.items()), checkpoints, lr)
+    if not bool(all_finite(params)):
+        diverged(first_step + len(fetched) - 1, "parameters became non-finite", checkpoints, lr)
+
+
+def diverged(step: int, what: str, checkpoints, lr: float) -> None:
+    """Raise the one-line error of a divergence, naming the checkpoints to continue from."""
+    checkpoints.wait()
+    kept = checkpoints.steps()
+    lower = f"--config.train.lr={lr / 10:g}"
+    if not kept:
+        advice = f"no checkpoint was written before it; start again with a lower learning rate ({lower} --fresh)"
+    else:
+        advice = (
+            f"checkpoints {', '.join(map(str, kept))} are kept, all finite. Rerun with a lower learning rate "
+            f"({lower}; a resume may change it) to continue from step {kept[-1]}, adding --from_step {kept[0]} "
+            "to go back further (later checkpoints are moved aside, not deleted); or start again with --fresh"
+        )
+    raise UserError(f"training diverged at step {step}: {what}; {advice}")
+
+
+@jax.jit
+def all_finite(tree) -> jax.Array:
+    return jnp.all(jnp.stack([jnp.isfinite(x).all() for x in jax.tree.leaves(tree)]))
