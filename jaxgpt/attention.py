@@ -21,19 +21,23 @@ from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
 
 
 def causal_score_bias(
-    q_len: int, kv_len: int, cache_index: jnp.ndarray | None, slopes: jnp.ndarray | None
+    q_len: int, kv_len: int, cache_index: jnp.ndarray | None, slopes: jnp.ndarray | None, window: int = 0
 ) -> jnp.ndarray:
     """What is added to the attention scores: -inf above the diagonal, ALiBi's -m_h (i - j).
 
     Query i sits at position cache_index + i (cache_index None means 0: queries and keys are
     the same tokens); key j at position j. Key j is visible to query i when j <= its position,
-    which in decoding also hides the cache slots not yet written.
+    which in decoding also hides the cache slots not yet written, and, with a sliding window,
+    when it is one of the `window` positions ending there.
     Returns (1, 1, q_len, kv_len), or (k, g, q_len, kv_len) with ALiBi slopes of shape (k, g).
     """
     offset = 0 if cache_index is None else cache_index
     q_pos = offset + jnp.arange(q_len)[:, None]  # (t, 1)
     kv_pos = jnp.arange(kv_len)[None, :]  # (1, s)
-    bias = jnp.where(kv_pos <= q_pos, 0.0, -jnp.inf).astype(jnp.float32)[None, None]
+    visible = kv_pos <= q_pos
+    if window:
+        visible &= kv_pos > q_pos - window
+    bias = jnp.where(visible, 0.0, -jnp.inf).astype(jnp.float32)[None, None]
     if slopes is not None:
         distance = (q_pos - kv_pos).astype(jnp.float32)
         bias = bias - slopes[:, :, None, None] * distance
@@ -57,29 +61,30 @@ def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray) -> jnp.
 #   cache_index: None when queries and keys are the same t tokens (training, or a forward pass
 #       without a cache); otherwise the position of the first query in a KV cache of s slots.
 #   slopes: ALiBi's per-head slopes (k, g), or None for no ALiBi.
+#   window: a sliding window's length in tokens, or 0 for the whole prefix.
 # Only the readable kernel is needed to understand the model; the others are faster on some
 # hardware and fall back to it where they cannot run.
 
 
-def xla_attention(q, k, v, cache_index, slopes):
+def xla_attention(q, k, v, cache_index, slopes, window):
     """The readable kernel: two einsums around a float32 softmax."""
-    weights = attention_weights(q, k, causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes))
+    weights = attention_weights(q, k, causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes, window))
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 
-def dot_product_attention(q, k, v, cache_index, slopes):
+def dot_product_attention(q, k, v, cache_index, slopes, window):
     """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
 
     It takes grouped-query attention natively (query heads as a multiple of key/value heads,
     same head order as ours). A plain causal mask is passed as `is_causal`, which lets cuDNN
-    skip the masked blocks; with ALiBi or a KV cache a bias carries the mask.
+    skip the masked blocks; with ALiBi, a KV cache or a window a bias carries the mask.
     """
     b, t, n_kv, group, d = q.shape
     q = q.reshape(b, t, n_kv * group, d)
-    if cache_index is None and slopes is None:
+    if cache_index is None and slopes is None and not window:
         out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
     else:
-        bias = causal_score_bias(t, k.shape[1], cache_index, slopes)
+        bias = causal_score_bias(t, k.shape[1], cache_index, slopes, window)
         out = jax.nn.dot_product_attention(q, k, v, bias=bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype))
     return out.reshape(b, t, n_kv, group, d)
 
@@ -87,18 +92,18 @@ def dot_product_attention(q, k, v, cache_index, slopes):
 FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
 
 
-def flash_tpu_attention(q, k, v, cache_index, slopes):
+def flash_tpu_attention(q, k, v, cache_index, slopes, window):
     """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
     are computed block by block in on-chip memory and never written out whole.
 
     It works in blocks of 128 positions and wants equal query and key/value head counts, so
     grouped keys and values are repeated to the query heads. Only plain causal self-attention
     over a multiple of 128 positions runs in it; anything else (a KV-cache decode step, a
-    prompt of another length, ALiBi) goes to the XLA kernel.
+    prompt of another length, ALiBi, a sliding window) goes to the XLA kernel.
     """
     b, t, n_kv, group, d = q.shape
-    if cache_index is not None or slopes is not None or t % FLASH_TPU_BLOCK:
-        return xla_attention(q, k, v, cache_index, slopes)
+    if cache_index is not None or slopes is not None or window or t % FLASH_TPU_BLOCK:
+        return xla_attention(q, k, v, cache_index, slopes, window)
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
     heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
@@ -125,9 +130,18 @@ def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:
     return "xla"
 
 
-def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None) -> jnp.ndarray:
+def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None, window: int = 0) -> jnp.ndarray:
     """Causal attention of q over k, v with the chosen kernel (see the arguments above KERNELS)."""
-    return KERNELS[kernel](q, k, v, cache_index, slopes)
+    return KERNELS[kernel](q, k, v, cache_index, slopes, window)
+
+
+def residual_output_init(c: ModelConfig):
+    """The init of a projection that writes into the residual stream (attention's and the MLP's
+    last): GPT-2 scales it by 1/sqrt(2 * n_layer) so the stream's variance does not grow with
+    depth; zero_init_residual starts it at zero, every block the identity."""
+    if c.zero_init_residual:
+        return nn.initializers.zeros
+    return nn.initializers.normal(c.init_std / math.sqrt(2 * c.n_layer))
 
 
 def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
@@ -175,6 +189,9 @@ class CausalSelfAttention(nn.Module):
             name="qkv",
         )(x)
         q, k, v = split_qkv(qkv, c.group_size)
+        if c.qk_norm:  # over each head's head_dim features, with a learned scale per feature
+            norm = dict(epsilon=c.norm_eps, dtype=dtype, param_dtype=jnp.dtype(c.param_dtype))
+            q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)
 
         if c.position == "rope":
             inv_freq, scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
@@ -185,20 +202,18 @@ class CausalSelfAttention(nn.Module):
         slopes = None
         if c.position == "alibi":
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
-        y = attend(q, k, v, kernel=c.attention, cache_index=cache_index, slopes=slopes)
+        y = attend(q, k, v, kernel=c.attention, cache_index=cache_index, slopes=slopes, window=c.attention_window)
         if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.attention_maps)
-            bias = causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes)
+            bias = causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes, c.attention_window)
             self.sow("intermediates", "attention_weights", attention_weights(q, k, bias))
 
-        # The output projection writes into the residual stream: GPT-2 scales its init by
-        # 1/sqrt(2 * n_layer) so the stream's variance does not grow with depth.
         return nn.DenseGeneral(
             features=c.d_model,
             axis=(-3, -2, -1),
             use_bias=c.bias,
             dtype=dtype,
             param_dtype=jnp.dtype(c.param_dtype),
-            kernel_init=nn.initializers.normal(c.init_std / math.sqrt(2 * c.n_layer)),
+            kernel_init=residual_output_init(c),
             name="out",
         )(y)
 

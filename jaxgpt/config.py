@@ -16,7 +16,7 @@ import math
 
 from jaxgpt.errors import UserError
 
-ACTIVATIONS = ("gelu", "relu", "swiglu")
+ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu")
 NORMS = ("layernorm", "rmsnorm")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
@@ -106,7 +106,8 @@ class ModelConfig:
     mlp_hidden: hidden width of the MLP. None means 4 * d_model, or for SwiGLU the Llama rule
         2/3 * 4 * d_model rounded up to a multiple of 64 (keeps the parameter count of a
         4x GELU MLP while adding the gate).
-    activation: "gelu" (tanh approximation, as GPT-2), "relu", or "swiglu" (Shazeer 2020).
+    activation: "gelu" (tanh approximation, as GPT-2), "relu", "relu2" (relu(x)^2, So et al.
+        2021, "Primer"), or "swiglu" (Shazeer 2020).
     norm: "layernorm" or "rmsnorm" (Zhang & Sennrich 2019).
     norm_position: "pre" (x + f(norm(x)), GPT-2 onwards; trains stably without warmup
         tricks) or "post" (norm(x + f(x)), the original Transformer).
@@ -128,6 +129,16 @@ class ModelConfig:
     remat: rematerialisation policy for each block: "none", "full" (save nothing),
         "dots" (save matmul outputs), "dots_no_batch" (save matmuls without batch dims).
     init_std: standard deviation of the GPT-2 initialisation (0.02).
+
+    Switches from the records since GPT-2 (each off by default):
+    qk_norm: RMSNorm over each query and key head before RoPE (Dehghani et al. 2023; OLMo 2),
+        which bounds the attention logits and lets higher learning rates train stably.
+    zero_init_residual: the attention and MLP output projections start at zero, so every block
+        starts as the identity and the residual stream is the embedding (modded-nanogpt).
+    logit_softcap: when > 0, logits become cap * tanh(logits / cap) (Gemma 2): no logit can
+        grow past the cap, which keeps early training from overconfident spikes.
+    attention_window: when > 0, each query sees only itself and the window - 1 tokens before it
+        (sliding-window attention; Beltagy et al. 2020, Mistral 7B); 0 sees the whole prefix.
     """
 
     vocab_size: int = 256
@@ -153,6 +164,10 @@ class ModelConfig:
     scan_layers: bool = False
     remat: str = "none"
     init_std: float = 0.02
+    qk_norm: bool = False
+    zero_init_residual: bool = False
+    logit_softcap: float = 0.0
+    attention_window: int = 0
 
     def __post_init__(self):
         # Resolve the derived defaults first so validation sees the numbers the model uses.
@@ -218,6 +233,9 @@ def _check_model(c: ModelConfig) -> None:
     if not 0.0 <= c.dropout < 1.0:
         problems.add("dropout", "must be in [0, 1)")
     problems.positive("rope_theta", "norm_eps", "init_std")
+    problems.not_negative("logit_softcap")
+    if not isinstance(c.attention_window, int) or isinstance(c.attention_window, bool) or c.attention_window < 0:
+        problems.add("attention_window", "must be a whole number of tokens, or 0 for the whole prefix")
     if c.rope_scaling is not None:
         s = c.rope_scaling
         if c.position != "rope":

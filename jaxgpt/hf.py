@@ -217,8 +217,18 @@ FAMILIES = {
 }
 
 
+# Switches GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).
+WORKBENCH_FIELDS = ("qk_norm", "logit_softcap", "attention_window")
+
+
 def _family_of(c: ModelConfig) -> str:
     """Which Hugging Face architecture a jaxgpt config is, if any."""
+    switched = [f for f in WORKBENCH_FIELDS if getattr(c, f) != getattr(ModelConfig, f)]
+    if switched:
+        raise UserError(
+            f"model.{switched[0]}={getattr(c, switched[0])!r} has no counterpart in Hugging Face's GPT-2 or Llama; "
+            "only a model with the workbench switches off can be exported"
+        )
     if (c.position, c.norm, c.activation, c.norm_position, c.bias) == ("learned", "layernorm", "gelu", "pre", True):
         if c.n_kv_head == c.n_head:
             return "gpt2"

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import math
+from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxgpt.attention import residual_output_init
 from jaxgpt.config import ModelConfig
 
 
@@ -28,9 +29,9 @@ def make_norm(config: ModelConfig, name: str) -> nn.Module:
 class MLP(nn.Module):
     """Two-layer feed-forward network, or its gated SwiGLU form (Shazeer 2020).
 
-    GELU/ReLU: down(act(up(x))). SwiGLU: down(silu(gate(x)) * up(x)), with gate and up made by
-    one matmul. The down projection writes into the residual stream, so its init is scaled
-    by 1/sqrt(2 * n_layer) as GPT-2 does.
+    GELU/ReLU/ReLU²: down(act(up(x))). SwiGLU: down(silu(gate(x)) * up(x)), with gate and up
+    made by one matmul. The down projection writes into the residual stream, so it is
+    initialised as attention's output projection is (attention.residual_output_init).
     """
 
     config: ModelConfig
@@ -46,7 +47,12 @@ class MLP(nn.Module):
             h = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]  # (b, t, hidden)
         else:
             h = nn.Dense(c.mlp_hidden, kernel_init=nn.initializers.normal(c.init_std), name="up", **dense)(x)
-            # GPT-2's GELU is the tanh approximation (Hendrycks & Gimpel 2016).
-            h = jax.nn.gelu(h, approximate=True) if c.activation == "gelu" else jax.nn.relu(h)
-        down_init = nn.initializers.normal(c.init_std / math.sqrt(2 * c.n_layer))
-        return nn.Dense(c.d_model, kernel_init=down_init, name="down", **dense)(h)
+            h = ACTIVATION_FUNCTIONS[c.activation](h)
+        return nn.Dense(c.d_model, kernel_init=residual_output_init(c), name="down", **dense)(h)
+
+
+ACTIVATION_FUNCTIONS = {
+    "gelu": partial(jax.nn.gelu, approximate=True),  # GPT-2's GELU: the tanh approximation (Hendrycks & Gimpel 2016)
+    "relu": jax.nn.relu,
+    "relu2": lambda h: jnp.square(jax.nn.relu(h)),  # Primer (So et al. 2021); modded-nanogpt's MLP
+}

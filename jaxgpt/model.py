@@ -81,7 +81,10 @@ class GPT(nn.Module):
             logits = nn.Dense(
                 c.vocab_size, use_bias=False, kernel_init=self._embed_init, **self._dtypes, name="lm_head"
             )(x)
-        return logits.astype(jnp.float32)
+        logits = logits.astype(jnp.float32)
+        if c.logit_softcap:
+            logits = c.logit_softcap * jnp.tanh(logits / c.logit_softcap)
+        return logits
 
     @property
     def _dtypes(self) -> dict:

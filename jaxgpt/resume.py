@@ -17,7 +17,7 @@ import jax
 
 from jaxgpt import workdir as run_dir
 from jaxgpt.checkpoint import Checkpoints
-from jaxgpt.config import RunConfig
+from jaxgpt.config import RunConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.optimizer import learning_rate_schedule
 
@@ -39,6 +39,7 @@ ARCHITECTURE_FIELDS = (
     "rope_scaling",
     "bias",
     "tie_embeddings",
+    "qk_norm",
 )
 
 
@@ -77,12 +78,22 @@ def resume_conflicts(saved: dict, current: dict) -> list[str]:
     """'key: saved -> current' for every difference between two RunConfig dicts outside
     RESUMABLE_FIELDS."""
     conflicts = []
+    saved = with_defaults(saved)
     for section in ("model", "data", "train", "mesh"):
         for key in sorted(set(saved.get(section, {})) | set(current.get(section, {}))):
             before, after = saved.get(section, {}).get(key), current.get(section, {}).get(key)
             if before != after and f"{section}.{key}" not in RESUMABLE_FIELDS:
                 conflicts.append(f"{section}.{key}: {before!r} -> {after!r}")
     return conflicts
+
+
+def with_defaults(saved: dict) -> dict:
+    """A saved RunConfig dict with the fields added since it was written at their defaults
+    (every new field is off by default, so an older run is what that default describes)."""
+    try:
+        return run_config_from_dict(saved).to_dict()
+    except (TypeError, ValueError):  # a field since removed: compare as saved, and report it
+        return saved
 
 
 def checkpoint_record(step: int, elapsed: float, pending_losses: list[float], config: RunConfig, tokenizer) -> dict:

@@ -1,0 +1,204 @@
+"""The switches from the records since GPT-2 (QK-norm, ReLU², zero-initialised output
+projections, logit soft-capping, sliding-window attention), each against an independent
+computation: a float64 reference, a closed form, or a property the switch must have."""
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from test_attention import TOL, attention_config, init_layer, normal, random_qkv, run_layer
+from test_model import closed_form_count, random_tokens, tiny
+
+from jaxgpt.attention import attend, causal_score_bias
+from jaxgpt.config import ConfigError, ModelConfig
+from jaxgpt.errors import UserError
+from jaxgpt.layers import MLP
+from jaxgpt.model import GPT, count_params, init_params
+from jaxgpt.resume import resume_conflicts
+
+
+def reference_attention(x, params, config, window=0, qk_norm_eps=None):
+    """Causal attention head by head in float64, with an optional sliding window (key j visible
+    to query i when i - window < j <= i) and optional RMS normalisation of each q and k head."""
+    x = np.asarray(x, np.float64)
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    H, G, D = config.n_head, config.group_size, config.head_dim
+    w, b = p["qkv"]["kernel"], p["qkv"]["bias"]
+    q = (np.einsum("btm,mkgd->btkgd", x, w[:, :, :G]) + b[:, :G]).reshape(*x.shape[:2], H, D)
+    k = np.einsum("btm,mkd->btkd", x, w[:, :, G]) + b[:, G]
+    v = np.einsum("btm,mkd->btkd", x, w[:, :, G + 1]) + b[:, G + 1]
+    if qk_norm_eps is not None:
+        rms = lambda a, scale: a / np.sqrt(np.mean(a * a, -1, keepdims=True) + qk_norm_eps) * scale  # noqa: E731
+        q, k = rms(q, p["q_norm"]["scale"]), rms(k, p["k_norm"]["scale"])
+    k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
+    scores = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
+    i, j = np.arange(x.shape[1])[:, None], np.arange(x.shape[1])[None, :]
+    visible = (j <= i) & ((j > i - window) if window else True)
+    scores = np.where(visible, scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    heads = np.einsum("bhts,bshd->bthd", weights, v)
+    return np.einsum("bthd,hdm->btm", heads, p["out"]["kernel"].reshape(H, D, -1)) + p["out"]["bias"]
+
+
+# ----------------------------------------------------------------------------- sliding window
+
+
+@pytest.mark.parametrize("window", [1, 3, 7])
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["MHA", "GQA"])
+def test_sliding_window_layer_matches_a_banded_mask_reference(window, n_kv_head):
+    config = attention_config(n_kv_head, attention_window=window)
+    layer, params, x = init_layer(config)
+    np.testing.assert_allclose(run_layer(layer, params, x), reference_attention(x, params, config, window), **TOL)
+
+
+def test_a_window_of_one_sees_only_itself():
+    visible = np.isfinite(np.asarray(causal_score_bias(4, 4, None, None, window=1)))[0, 0]
+    np.testing.assert_array_equal(visible, np.eye(4, dtype=bool))
+
+
+def test_a_window_as_long_as_the_sequence_is_full_attention():
+    q, k, v = random_qkv()  # 10 positions
+    full = jax.jit(partial(attend, kernel="xla"))(q, k, v)
+    windowed = jax.jit(partial(attend, kernel="xla", window=10))(q, k, v)
+    np.testing.assert_array_equal(windowed, full)  # the same -inf entries: the same numbers
+
+
+@pytest.mark.parametrize("cache", [False, True])
+def test_kernels_agree_under_a_window(cache):
+    q, k, v = random_qkv(s=16 if cache else 10)
+    kw = dict(window=4, cache_index=jnp.asarray(4) if cache else None)
+    xla = jax.jit(partial(attend, kernel="xla", **kw))(q, k, v)
+    dot = jax.jit(partial(attend, kernel="dot_product", **kw))(q, k, v)
+    np.testing.assert_allclose(xla, dot, atol=1e-5, rtol=1e-5)  # same float32 math reassociated
+
+
+def test_windowed_kv_cache_decoding_matches_the_full_forward():
+    from test_model import decode_stepwise, forward, params_for
+
+    config = tiny(attention_window=3, position="rope", block_size=16)
+    params = params_for(config)
+    tokens = random_tokens(config, (2, 12))
+    np.testing.assert_allclose(decode_stepwise(config, params, tokens, 5), forward(config, params, tokens), atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- QK-norm
+
+
+def test_qk_norm_layer_matches_reference():
+    config = attention_config(2, qk_norm=True)
+    layer, params, x = init_layer(config)
+    assert params["q_norm"]["scale"].shape == params["k_norm"]["scale"].shape == (config.head_dim,)
+    want = reference_attention(x, params, config, qk_norm_eps=config.norm_eps)
+    np.testing.assert_allclose(run_layer(layer, params, x), want, **TOL)
+
+
+def test_qk_norm_makes_attention_blind_to_the_scale_of_q_and_k():
+    """RMS normalisation divides out any scale of q and k: multiplying their projections by 50
+    changes nothing but epsilon's share of the mean square (1e-5 against squares of O(1) to
+    O(2500)), a relative change below 1e-5 in the logits."""
+    config = attention_config(2, qk_norm=True, bias=False)
+    layer, params, x = init_layer(config)
+    group = config.group_size
+    scaled = jax.tree.map(lambda a: a, params)
+    scaled["qkv"]["kernel"] = params["qkv"]["kernel"].copy()
+    scaled["qkv"]["kernel"][:, :, : group + 1] *= 50.0  # queries and keys, not values
+    np.testing.assert_allclose(run_layer(layer, scaled, x), run_layer(layer, params, x), rtol=1e-4, atol=1e-4)
+    plain = attention_config(2, bias=False)
+    plain_params = {k: v for k, v in params.items() if k in ("qkv", "out")}
+    unnormalised = jax.jit(layer.__class__(plain).apply)
+    before = unnormalised({"params": plain_params}, x, jnp.arange(x.shape[1]), None)
+    after = unnormalised({"params": {**plain_params, "qkv": scaled["qkv"]}}, x, jnp.arange(x.shape[1]), None)
+    assert np.abs(np.asarray(after) - np.asarray(before)).max() > 0.1  # without the norm, the scale matters
+
+
+# ----------------------------------------------------------------------------- ReLU², zero init
+
+
+def test_relu2_mlp_is_down_of_relu_squared():
+    config = tiny(activation="relu2")
+    x = normal((2, 5, config.d_model), 3)
+    mlp = MLP(config)
+    params = mlp.init(jax.random.key(1), x)["params"]
+    p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
+    hidden = np.maximum(np.asarray(x, np.float64) @ p["up"]["kernel"] + p["up"]["bias"], 0.0) ** 2
+    want = hidden @ p["down"]["kernel"] + p["down"]["bias"]
+    np.testing.assert_allclose(jax.jit(mlp.apply)({"params": params}, x), want, rtol=1e-5, atol=1e-5)
+    assert count_params(init_params(config, jax.random.key(0))) == closed_form_count(config)
+
+
+def test_zero_initialised_blocks_start_as_the_identity():
+    """With both output projections at zero (and zero biases, as initialised), every block adds
+    nothing: the logits are the embeddings through the final LayerNorm (unit scale, zero bias
+    at init) and the tied head, computed here by hand in float64."""
+    config = tiny(zero_init_residual=True)
+    params = init_params(config, jax.random.key(0))
+    for i in range(config.n_layer):
+        assert not np.any(params[f"block_{i}"]["attn"]["out"]["kernel"])
+        assert not np.any(params[f"block_{i}"]["mlp"]["down"]["kernel"])
+    tokens = random_tokens(config, (2, 9))
+    wte, wpe = (np.asarray(params[n]["embedding"], np.float64) for n in ("wte", "wpe"))
+    x = wte[np.asarray(tokens)] + wpe[:9]
+    x = (x - x.mean(-1, keepdims=True)) / np.sqrt(x.var(-1, keepdims=True) + config.norm_eps)
+    logits = GPT(config).apply({"params": params}, tokens)
+    np.testing.assert_allclose(logits, x @ wte.T, rtol=1e-4, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- soft-capping
+
+
+def test_soft_capped_logits_are_cap_tanh_of_the_plain_logits():
+    """The same parameters with and without the cap: capped = cap * tanh(plain / cap), elementwise
+    in float32 (a few ulps of O(cap) values), and never beyond the cap."""
+    cap = 2.0
+    plain_config, capped_config = tiny(), tiny(logit_softcap=cap)
+    params = init_params(plain_config, jax.random.key(0))
+    params["wte"]["embedding"] = params["wte"]["embedding"] * 200  # logits well past the cap
+    tokens = random_tokens(plain_config, (2, 8))
+    plain = np.asarray(GPT(plain_config).apply({"params": params}, tokens), np.float64)
+    capped = np.asarray(GPT(capped_config).apply({"params": params}, tokens))
+    assert np.abs(plain).max() > 5 * cap
+    np.testing.assert_allclose(capped, cap * np.tanh(plain / cap), rtol=1e-6, atol=1e-6)
+    assert np.abs(capped).max() <= cap
+
+
+# ----------------------------------------------------------------------------- config, export, resume
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(attention_window=-1), "model.attention_window=-1"),
+        (dict(attention_window=2.5), "model.attention_window=2.5"),
+        (dict(logit_softcap=-1.0), "model.logit_softcap=-1.0 must be >= 0"),
+        (dict(activation="relu3"), "'relu2'"),
+    ],
+)
+def test_bad_switch_values_are_named(changes, message):
+    with pytest.raises(ConfigError, match="invalid config") as error:
+        ModelConfig(**changes)
+    assert message in str(error.value)
+
+
+@pytest.mark.parametrize("switch", [dict(qk_norm=True), dict(logit_softcap=30.0), dict(attention_window=8)])
+def test_a_model_with_a_switch_on_is_not_exported_as_gpt2(tmp_path, switch):
+    from jaxgpt.hf import save_pretrained
+
+    config = tiny(**switch)
+    with pytest.raises(UserError, match=f"model.{next(iter(switch))}="):
+        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+
+
+def test_a_run_saved_before_the_switches_existed_resumes():
+    from jaxgpt.config import DataConfig, RunConfig, TrainConfig
+
+    current = RunConfig(tiny(), DataConfig(), TrainConfig()).to_dict()
+    saved = {section: dict(values) for section, values in current.items()}
+    for field in ("qk_norm", "zero_init_residual", "logit_softcap", "attention_window"):
+        del saved["model"][field]
+    assert resume_conflicts(saved, current) == []
+    switched = {**current, "model": {**current["model"], "qk_norm": True}}
+    assert resume_conflicts(saved, switched) == ["model.qk_norm: False -> True"]
