@@ -10,6 +10,7 @@ lets one einsum serve a whole group without copying the key/value heads.
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -21,20 +22,26 @@ from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
 
 
 def causal_score_bias(
-    q_len: int, kv_len: int, cache_index: jnp.ndarray | None, slopes: jnp.ndarray | None, window: int = 0
+    q_len: int,
+    kv_len: int,
+    cache_index: jnp.ndarray | None,
+    slopes: jnp.ndarray | None,
+    window: int = 0,
+    causal: bool = True,
 ) -> jnp.ndarray:
     """What is added to the attention scores: -inf above the diagonal, ALiBi's -m_h (i - j).
 
     Query i sits at position cache_index + i (cache_index None means 0: queries and keys are
     the same tokens); key j at position j. Key j is visible to query i when j <= its position,
     which in decoding also hides the cache slots not yet written, and, with a sliding window,
-    when it is one of the `window` positions ending there.
+    when it is one of the `window` positions ending there. causal=False (an ablation) shows
+    every written key to every query: in training, the future.
     Returns (1, 1, q_len, kv_len), or (k, g, q_len, kv_len) with ALiBi slopes of shape (k, g).
     """
     offset = 0 if cache_index is None else cache_index
     q_pos = offset + jnp.arange(q_len)[:, None]  # (t, 1)
     kv_pos = jnp.arange(kv_len)[None, :]  # (1, s)
-    visible = kv_pos <= q_pos
+    visible = kv_pos <= q_pos if causal else jnp.broadcast_to(kv_pos < offset + q_len, (q_len, kv_len))
     if window:
         visible &= kv_pos > q_pos - window
     bias = jnp.where(visible, 0.0, -jnp.inf).astype(jnp.float32)[None, None]
@@ -44,55 +51,77 @@ def causal_score_bias(
     return bias
 
 
-def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray) -> jnp.ndarray:
-    """softmax(q k^T / sqrt(d) + bias) over keys, in float32 whatever the inputs' dtype.
+class Mask(NamedTuple):
+    """Which keys each query sees, and ALiBi's bias on them: what every kernel is told.
+
+    cache_index: None when queries and keys are the same t tokens (training, or a forward pass
+        without a cache); otherwise the position of the first query in a KV cache.
+    slopes: ALiBi's per-head slopes (k, g), or None for no ALiBi.
+    window: a sliding window's length in tokens, or 0 for the whole prefix.
+    causal: False only for the ablation that lets training see the future.
+    """
+
+    cache_index: jnp.ndarray | None = None
+    slopes: jnp.ndarray | None = None
+    window: int = 0
+    causal: bool = True
+
+    @property
+    def plain_causal(self) -> bool:
+        """The lower-triangular mask alone: what fused kernels implement natively."""
+        return self.cache_index is None and self.slopes is None and not self.window and self.causal
+
+    def bias(self, q_len: int, kv_len: int) -> jnp.ndarray:
+        return causal_score_bias(q_len, kv_len, self.cache_index, self.slopes, self.window, self.causal)
+
+
+def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
+    """softmax(q k^T * scale + bias) over keys, in float32 whatever the inputs' dtype; scale
+    defaults to 1/sqrt(d), which keeps the scores' variance near 1 whatever the head width.
 
     q: (b, t, k, g, d); k: (b, s, k, d); bias broadcastable to (b, k, g, t, s).
     Returns (b, k, g, t, s) float32: bfloat16 has 8 bits of mantissa, too few to normalise
     hundreds of exponentials without visibly biasing the weights.
     """
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    scores = scores / math.sqrt(q.shape[-1]) + bias
-    return jax.nn.softmax(scores, axis=-1)
+    return jax.nn.softmax(scores * scale + bias, axis=-1)
 
 
 # Every kernel takes the same arguments and computes the same attention:
-#   q (b, t, k, g, d); k, v (b, s, k, d) -> (b, t, k, g, d)
-#   cache_index: None when queries and keys are the same t tokens (training, or a forward pass
-#       without a cache); otherwise the position of the first query in a KV cache of s slots.
-#   slopes: ALiBi's per-head slopes (k, g), or None for no ALiBi.
-#   window: a sliding window's length in tokens, or 0 for the whole prefix.
+#   q (b, t, k, g, d); k, v (b, s, k, d) -> (b, t, k, g, d), under a Mask, scores times `scale`.
 # Only the readable kernel is needed to understand the model; the others are faster on some
 # hardware and fall back to it where they cannot run.
 
 
-def xla_attention(q, k, v, cache_index, slopes, window):
+def xla_attention(q, k, v, mask: Mask, scale: float):
     """The readable kernel: two einsums around a float32 softmax."""
-    weights = attention_weights(q, k, causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes, window))
+    weights = attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 
-def dot_product_attention(q, k, v, cache_index, slopes, window):
+def dot_product_attention(q, k, v, mask: Mask, scale: float):
     """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
 
     It takes grouped-query attention natively (query heads as a multiple of key/value heads,
     same head order as ours). A plain causal mask is passed as `is_causal`, which lets cuDNN
-    skip the masked blocks; with ALiBi, a KV cache or a window a bias carries the mask.
+    skip the masked blocks; any other mask is passed as a bias.
     """
     b, t, n_kv, group, d = q.shape
     q = q.reshape(b, t, n_kv * group, d)
-    if cache_index is None and slopes is None and not window:
-        out = jax.nn.dot_product_attention(q, k, v, is_causal=True)
+    if mask.plain_causal:
+        out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
     else:
-        bias = causal_score_bias(t, k.shape[1], cache_index, slopes, window)
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype))
+        bias = mask.bias(t, k.shape[1])
+        bias = bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype)
+        out = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
     return out.reshape(b, t, n_kv, group, d)
 
 
 FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
 
 
-def flash_tpu_attention(q, k, v, cache_index, slopes, window):
+def flash_tpu_attention(q, k, v, mask: Mask, scale: float):
     """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
     are computed block by block in on-chip memory and never written out whole.
 
@@ -102,13 +131,13 @@ def flash_tpu_attention(q, k, v, cache_index, slopes, window):
     prompt of another length, ALiBi, a sliding window) goes to the XLA kernel.
     """
     b, t, n_kv, group, d = q.shape
-    if cache_index is not None or slopes is not None or window or t % FLASH_TPU_BLOCK:
-        return xla_attention(q, k, v, cache_index, slopes, window)
+    if not mask.plain_causal or t % FLASH_TPU_BLOCK:
+        return xla_attention(q, k, v, mask, scale)
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
     heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
     repeated = lambda x: heads(jnp.repeat(x[:, :, :, None], group, axis=3))  # noqa: E731
-    out = flash_attention(heads(q), repeated(k), repeated(v), causal=True, sm_scale=1 / math.sqrt(d))
+    out = flash_attention(heads(q), repeated(k), repeated(v), causal=True, sm_scale=scale)
     return out.transpose(0, 2, 1, 3).reshape(b, t, n_kv, group, d)
 
 
@@ -130,9 +159,11 @@ def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:
     return "xla"
 
 
-def attend(q, k, v, *, kernel: str, cache_index=None, slopes=None, window: int = 0) -> jnp.ndarray:
-    """Causal attention of q over k, v with the chosen kernel (see the arguments above KERNELS)."""
-    return KERNELS[kernel](q, k, v, cache_index, slopes, window)
+def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask) -> jnp.ndarray:
+    """Attention of q over k, v with the chosen kernel under Mask(**mask), scores times `scale`
+    (default 1/sqrt(head_dim))."""
+    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
+    return KERNELS[kernel](q, k, v, Mask(**mask), scale)
 
 
 def residual_output_init(c: ModelConfig):
@@ -194,18 +225,22 @@ class CausalSelfAttention(nn.Module):
             q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)
 
         if c.position == "rope":
-            inv_freq, scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
-            q = apply_rope(q, positions, inv_freq, scale)
-            k = apply_rope(k, positions, inv_freq, scale)
+            inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
+            interleaved = c.rope_pairing == "interleaved"
+            q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
+            k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)
         if cache_index is not None:
             k, v = self._extend_cache(k, v, cache_index)
         slopes = None
         if c.position == "alibi":
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
-        y = attend(q, k, v, kernel=c.attention, cache_index=cache_index, slopes=slopes, window=c.attention_window)
+        mask = Mask(cache_index, slopes, c.attention_window, c.causal)
+        scale = 1 / math.sqrt(c.head_dim) if c.scale_attention else 1.0
+        y = KERNELS[c.attention](q, k, v, mask, scale)
         if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.attention_maps)
-            bias = causal_score_bias(q.shape[1], k.shape[1], cache_index, slopes, c.attention_window)
-            self.sow("intermediates", "attention_weights", attention_weights(q, k, bias))
+            self.sow(
+                "intermediates", "attention_weights", attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
+            )
 
         return nn.DenseGeneral(
             features=c.d_model,

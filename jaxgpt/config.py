@@ -16,12 +16,13 @@ import math
 
 from jaxgpt.errors import UserError
 
-ACTIVATIONS = ("gelu", "relu", "relu2", "swiglu")
-NORMS = ("layernorm", "rmsnorm")
+ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu")
+NORMS = ("layernorm", "rmsnorm", "none")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "yarn")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
+ROPE_PAIRINGS = ("half", "interleaved")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -106,9 +107,9 @@ class ModelConfig:
     mlp_hidden: hidden width of the MLP. None means 4 * d_model, or for SwiGLU the Llama rule
         2/3 * 4 * d_model rounded up to a multiple of 64 (keeps the parameter count of a
         4x GELU MLP while adding the gate).
-    activation: "gelu" (tanh approximation, as GPT-2), "relu", "relu2" (relu(x)^2, So et al.
-        2021, "Primer"), or "swiglu" (Shazeer 2020).
-    norm: "layernorm" or "rmsnorm" (Zhang & Sennrich 2019).
+    activation: "gelu" (tanh approximation, as GPT-2), "gelu_exact" (the erf form), "relu",
+        "relu2" (relu(x)^2, So et al. 2021, "Primer"), or "swiglu" (Shazeer 2020).
+    norm: "layernorm", "rmsnorm" (Zhang & Sennrich 2019), or "none" (an ablation: no norms).
     norm_position: "pre" (x + f(norm(x)), GPT-2 onwards; trains stably without warmup
         tricks) or "post" (norm(x + f(x)), the original Transformer).
     norm_eps: epsilon inside the norms (GPT-2 uses 1e-5, Llama 1e-5 or 1e-6).
@@ -139,6 +140,14 @@ class ModelConfig:
         grow past the cap, which keeps early training from overconfident spikes.
     attention_window: when > 0, each query sees only itself and the window - 1 tokens before it
         (sliding-window attention; Beltagy et al. 2020, Mistral 7B); 0 sees the whole prefix.
+
+    Ablations, the questions the textbooks ask, each a switch (on = the standard model):
+    scale_attention: divide scores by sqrt(head_dim). Off, the scores' variance grows with
+        head_dim and the softmax saturates.
+    causal: the causal mask. Off, training sees the tokens it predicts: its loss collapses while
+        the model learns nothing it can use when generating (where the future does not exist).
+    residual: the residual connections. Off, each block replaces its input (norms stay).
+    rope_pairing: "half" (GPT-NeoX / Llama) or "interleaved" (the RoPE paper, GPT-J).
     """
 
     vocab_size: int = 256
@@ -168,6 +177,10 @@ class ModelConfig:
     zero_init_residual: bool = False
     logit_softcap: float = 0.0
     attention_window: int = 0
+    scale_attention: bool = True
+    causal: bool = True
+    residual: bool = True
+    rope_pairing: str = "half"
 
     def __post_init__(self):
         # Resolve the derived defaults first so validation sees the numbers the model uses.
@@ -212,6 +225,7 @@ def _check_model(c: ModelConfig) -> None:
     problems.one_of("position", POSITIONS)
     problems.one_of("attention", ATTENTION_KERNELS)
     problems.one_of("remat", REMAT_POLICIES)
+    problems.one_of("rope_pairing", ROPE_PAIRINGS)
     problems.one_of("dtype", DTYPES)
     problems.one_of("param_dtype", DTYPES)
     problems.raise_if_any()  # the divisibility checks below assume positive integers

@@ -14,7 +14,7 @@ import difflib
 
 import ml_collections
 
-from jaxgpt.config import ConfigError, DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
+from jaxgpt.config import ConfigError, DataConfig, MeshConfig, ModelConfig, RopeScaling, RunConfig, TrainConfig
 
 SECTIONS = ("model", "data", "train", "mesh")
 
@@ -32,14 +32,23 @@ def base_config() -> ml_collections.ConfigDict:
             if f.name in skip:
                 continue
             default = f.default
-            if default is None and f.name != "rope_scaling":  # typed placeholders keep CLI overrides typed
+            if default is None:  # typed placeholders keep CLI overrides typed
                 default = ml_collections.config_dict.placeholder(int)
             out[f.name] = default
         return ml_collections.ConfigDict(out)
 
     config = ml_collections.ConfigDict()
-    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS)
+    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS + ("rope_scaling",))
     config.model.vocab_size = ml_collections.config_dict.placeholder(int)  # from the tokenizer
+    # A section rather than None, so `--config.model.rope_scaling.kind=yarn` can switch it on;
+    # kind "" means no scaling.
+    config.model.rope_scaling = ml_collections.ConfigDict(
+        {
+            f.name: ml_collections.config_dict.placeholder(int) if f.default is None else f.default
+            for f in dataclasses.fields(RopeScaling)
+        }
+        | {"kind": "", "factor": 1.0}
+    )
     config.data = section(DataConfig)
     config.train = section(TrainConfig)
     config.mesh = section(MeshConfig)
@@ -69,6 +78,8 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
         if section not in SECTIONS:
             raise ConfigError(f"unknown config section {section!r}; a config has model, data, train and mesh")
     model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
+    if isinstance(model.get("rope_scaling"), dict) and not model["rope_scaling"].get("kind"):
+        model["rope_scaling"] = None  # the base config's section left off
     data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
     train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
     train_values = _clip_warmup(train_values, notes if notes is not None else [])

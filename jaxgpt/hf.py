@@ -217,8 +217,10 @@ FAMILIES = {
 }
 
 
-# Switches GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).
-WORKBENCH_FIELDS = ("qk_norm", "logit_softcap", "attention_window")
+# Switches and ablations GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).
+WORKBENCH_FIELDS = (
+    "qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
+)  # fmt: skip
 
 
 def _family_of(c: ModelConfig) -> str:

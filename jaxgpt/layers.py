@@ -23,6 +23,8 @@ def make_norm(config: ModelConfig, name: str) -> nn.Module:
     )
     if config.norm == "rmsnorm":
         return nn.RMSNorm(**common)
+    if config.norm == "none":  # the ablation: no normalisation, no parameters
+        return lambda x: x
     return nn.LayerNorm(use_bias=config.bias, **common)
 
 
@@ -53,6 +55,7 @@ class MLP(nn.Module):
 
 ACTIVATION_FUNCTIONS = {
     "gelu": partial(jax.nn.gelu, approximate=True),  # GPT-2's GELU: the tanh approximation (Hendrycks & Gimpel 2016)
+    "gelu_exact": partial(jax.nn.gelu, approximate=False),  # x * Phi(x), with erf
     "relu": jax.nn.relu,
     "relu2": lambda h: jnp.square(jax.nn.relu(h)),  # Primer (So et al. 2021); modded-nanogpt's MLP
 }

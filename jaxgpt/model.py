@@ -44,11 +44,12 @@ class Block(nn.Module):
         mlp = MLP(c, name="mlp")
         norm_1, norm_2 = make_norm(c, "norm_1"), make_norm(c, "norm_2")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
+        skip = (lambda x: x) if c.residual else (lambda x: 0)  # noqa: E731  (residual=False: an ablation)
         if c.norm_position == "pre":
-            x = x + dropout(attention(norm_1(x), positions, cache_index))
-            return x + dropout(mlp(norm_2(x)))
-        x = norm_1(x + dropout(attention(x, positions, cache_index)))
-        return norm_2(x + dropout(mlp(x)))
+            x = skip(x) + dropout(attention(norm_1(x), positions, cache_index))
+            return skip(x) + dropout(mlp(norm_2(x)))
+        x = norm_1(skip(x) + dropout(attention(x, positions, cache_index)))
+        return norm_2(skip(x) + dropout(mlp(x)))
 
 
 def _scan_step(block: Block, x, positions, cache_index):

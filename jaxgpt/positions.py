@@ -61,20 +61,30 @@ def _yarn(inv_freq: np.ndarray, head_dim: int, theta: float, scaling: RopeScalin
     return blended.astype(np.float32), 0.1 * math.log(s) + 1.0
 
 
-def apply_rope(x: jnp.ndarray, positions: jnp.ndarray, inv_freq: np.ndarray, scale: float = 1.0) -> jnp.ndarray:
+def apply_rope(
+    x: jnp.ndarray, positions: jnp.ndarray, inv_freq: np.ndarray, scale: float = 1.0, *, interleaved: bool = False
+) -> jnp.ndarray:
     """Rotate each pair of dimensions of x by position * frequency.
 
     x: (batch, seq, *heads, head_dim); positions: (seq,) or (batch, seq).
     Pairs are (x[i], x[i + head_dim/2]) — the "rotate half" layout of GPT-NeoX and Hugging Face
-    Llama checkpoints — so their q/k projections load without permutation. Angles are computed
-    in float32 whatever x's dtype, since position * frequency loses whole turns in bfloat16.
+    Llama checkpoints — so their q/k projections load without permutation; interleaved=True
+    pairs neighbours (x[2i], x[2i + 1]) as the RoPE paper and GPT-J do. The two are the same
+    rotation of permuted features, so a model trains the same with either; only checkpoints
+    care. Angles are computed in float32 whatever x's dtype, since position * frequency loses
+    whole turns in bfloat16.
     """
     n_head_axes = x.ndim - 3
     angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)  # (..., seq, hd/2)
     angles = angles.reshape(angles.shape[:-1] + (1,) * n_head_axes + angles.shape[-1:])
     cos, sin = jnp.cos(angles) * scale, jnp.sin(angles) * scale
-    x1, x2 = jnp.split(x.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    x32 = x.astype(jnp.float32)
+    if interleaved:
+        x1, x2 = x32[..., 0::2], x32[..., 1::2]
+        rotated = jnp.stack([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1).reshape(x.shape)
+    else:
+        x1, x2 = jnp.split(x32, 2, axis=-1)
+        rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
     return rotated.astype(x.dtype)
 
 

@@ -23,6 +23,10 @@ def get_config(where: str) -> ml_collections.ConfigDict:
     config = base_config()
     for section, values in saved.items():
         for key, value in values.items():
-            if key in config[section]:  # the run-owned model.dtype/param_dtype are not config keys
+            if key not in config[section]:  # the run-owned model.dtype/param_dtype are not config keys
+                continue
+            if isinstance(value, dict):  # rope_scaling: a section, updated in place
+                config[section][key].update(value)
+            elif value is not None or not isinstance(config[section][key], ml_collections.ConfigDict):
                 config[section][key] = value
     return config

@@ -20,7 +20,7 @@ from jaxgpt.model import GPT, count_params, init_params
 from jaxgpt.resume import resume_conflicts
 
 
-def reference_attention(x, params, config, window=0, qk_norm_eps=None):
+def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_scale=None):
     """Causal attention head by head in float64, with an optional sliding window (key j visible
     to query i when i - window < j <= i) and optional RMS normalisation of each q and k head."""
     x = np.asarray(x, np.float64)
@@ -34,7 +34,7 @@ def reference_attention(x, params, config, window=0, qk_norm_eps=None):
         rms = lambda a, scale: a / np.sqrt(np.mean(a * a, -1, keepdims=True) + qk_norm_eps) * scale  # noqa: E731
         q, k = rms(q, p["q_norm"]["scale"]), rms(k, p["k_norm"]["scale"])
     k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
-    scores = np.einsum("bthd,bshd->bhts", q, k) / math.sqrt(D)
+    scores = np.einsum("bthd,bshd->bhts", q, k) * (1 / math.sqrt(D) if score_scale is None else score_scale)
     i, j = np.arange(x.shape[1])[:, None], np.arange(x.shape[1])[None, :]
     visible = (j <= i) & ((j > i - window) if window else True)
     scores = np.where(visible, scores, -np.inf)
@@ -202,3 +202,123 @@ def test_a_run_saved_before_the_switches_existed_resumes():
     assert resume_conflicts(saved, current) == []
     switched = {**current, "model": {**current["model"], "qk_norm": True}}
     assert resume_conflicts(saved, switched) == ["model.qk_norm: False -> True"]
+
+
+# ----------------------------------------------------------------------------- ablations
+
+
+@pytest.mark.parametrize("kernel", ["xla", "dot_product"])
+def test_unscaled_attention_matches_the_reference_without_the_sqrt(kernel):
+    config = attention_config(2, scale_attention=False, attention=kernel)
+    layer, params, x = init_layer(config)
+    want = reference_attention(x, params, config, score_scale=1.0)
+    np.testing.assert_allclose(run_layer(layer, params, x), want, **TOL)
+
+
+def test_without_the_causal_mask_every_written_key_is_visible():
+    everything = np.isfinite(np.asarray(causal_score_bias(4, 4, None, None, causal=False)))[0, 0]
+    assert everything.all()
+    # Decoding still hides the cache slots not yet written: queries at 3 and 4 of 6 slots see 0..4.
+    decoding = np.isfinite(np.asarray(causal_score_bias(2, 6, jnp.asarray(3), None, causal=False)))[0, 0]
+    np.testing.assert_array_equal(decoding, [[1, 1, 1, 1, 1, 0]] * 2)
+
+
+def test_the_missing_mask_leaks_the_future_into_training_and_fails_at_generation():
+    """On uniformly random tokens nothing is predictable: a causal model's loss cannot go below
+    ln V. Without the mask the model sees the token it must predict and learns to copy it, so
+    its training loss collapses; asked to predict from the past alone, as when generating (the
+    KV-cache decode, where the future is not written yet), it does worse than the causal model."""
+    import optax
+    from test_model import decode_stepwise
+
+    vocab, seq, ln_v = 16, 12, math.log(16)
+
+    def train(config):
+        params = init_params(config, jax.random.key(0))
+        optimizer = optax.adam(3e-3)
+
+        def loss_fn(params, tokens):
+            logits = GPT(config).apply({"params": params}, tokens[:, :-1])
+            return optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean()
+
+        @jax.jit
+        def step(params, opt_state, tokens):
+            loss, grads = jax.value_and_grad(loss_fn)(params, tokens)
+            updates, opt_state = optimizer.update(grads, opt_state)
+            return optax.apply_updates(params, updates), opt_state, loss
+
+        opt_state, losses = optimizer.init(params), []
+        for i in range(150):
+            params, opt_state, loss = step(params, opt_state, random_tokens(config, (16, seq + 1), seed=i))
+            losses.append(float(loss))
+        return params, float(np.mean(losses[-20:]))
+
+    def loss_from_the_past_only(config, params):
+        tokens = random_tokens(config, (16, seq + 1), seed=10_000)
+        logits = decode_stepwise(config, params, tokens[:, :-1], 1)
+        return float(optax.softmax_cross_entropy_with_integer_labels(logits, tokens[:, 1:]).mean())
+
+    causal, leaky = tiny(vocab_size=vocab, block_size=seq), tiny(vocab_size=vocab, block_size=seq, causal=False)
+    causal_params, causal_train = train(causal)
+    leaky_params, leaky_train = train(leaky)
+    assert causal_train > 0.95 * ln_v  # nothing to learn from the past
+    assert leaky_train < 0.5 * ln_v  # the future copied
+    assert loss_from_the_past_only(leaky, leaky_params) > loss_from_the_past_only(causal, causal_params) + 0.1
+
+
+def test_blocks_without_residuals_replace_their_input():
+    """Zero-initialised output projections make each branch output zero; with the residual
+    connections that leaves the embeddings (the test above), without them nothing: every block
+    outputs exactly zero, the final LayerNorm maps zero to its zero bias, and the logits are 0."""
+    config = tiny(zero_init_residual=True, residual=False)
+    logits = GPT(config).apply({"params": init_params(config, jax.random.key(0))}, random_tokens(config, (2, 9)))
+    assert not np.any(np.asarray(logits))
+
+
+def test_a_model_without_norms_has_no_norm_parameters_and_adds_the_branches_directly():
+    config = tiny(norm="none", zero_init_residual=True)
+    params = init_params(config, jax.random.key(0))
+    assert not [p for p in jax.tree_util.tree_flatten_with_path(params)[0] if "norm" in jax.tree_util.keystr(p[0])]
+    tokens = random_tokens(config, (2, 9))
+    wte, wpe = (np.asarray(params[n]["embedding"], np.float64) for n in ("wte", "wpe"))
+    want = (wte[np.asarray(tokens)] + wpe[:9]) @ wte.T  # zero branches, no final norm: the embeddings
+    np.testing.assert_allclose(GPT(config).apply({"params": params}, tokens), want, rtol=1e-5, atol=1e-6)
+
+
+def test_exact_gelu_is_x_times_the_normal_cdf():
+    config = tiny(activation="gelu_exact", bias=False)
+    x = normal((2, 5, config.d_model), 3)
+    mlp = MLP(config)
+    params = mlp.init(jax.random.key(1), x)["params"]
+    pre = np.asarray(x, np.float64) @ np.asarray(params["up"]["kernel"], np.float64)
+    cdf = 0.5 * (1 + np.vectorize(math.erf)(pre / math.sqrt(2)))
+    want = (pre * cdf) @ np.asarray(params["down"]["kernel"], np.float64)
+    np.testing.assert_allclose(jax.jit(mlp.apply)({"params": params}, x), want, rtol=1e-5, atol=1e-5)
+    tanh_config = tiny(activation="gelu", bias=False)
+    assert not np.allclose(MLP(tanh_config).apply({"params": params}, x), want, rtol=0, atol=1e-7)
+
+
+def test_interleaved_rope_is_rotate_half_on_permuted_features():
+    """Pairing neighbours (2i, 2i+1) instead of (i, i + d/2) is the same rotation after moving
+    the even features to the front half and the odd to the back."""
+    from jaxgpt.positions import apply_rope, rope_frequencies
+
+    x = jnp.asarray(normal((2, 7, 3, 8), 5))
+    inv_freq, _ = rope_frequencies(8, 10000.0)
+    positions = jnp.arange(7)
+    to_half = np.concatenate([np.arange(0, 8, 2), np.arange(1, 8, 2)])  # interleaved -> half layout
+    interleaved = apply_rope(x, positions, inv_freq, interleaved=True)
+    via_half = apply_rope(x[..., to_half], positions, inv_freq)
+    np.testing.assert_allclose(np.asarray(interleaved)[..., to_half], via_half, rtol=1e-6, atol=1e-6)
+
+
+def test_rope_scaling_can_be_set_from_the_command_line():
+    from jaxgpt.config import RopeScaling
+    from jaxgpt.config_files import base_config, resolve
+
+    config = base_config()
+    assert resolve(config, vocab_size=96).model.rope_scaling is None  # off unless a kind is set
+    config.model.position = "rope"
+    config.model.rope_scaling.kind = "linear"  # what --config.model.rope_scaling.kind=linear does
+    config.model.rope_scaling.factor = 2.0
+    assert resolve(config, vocab_size=96).model.rope_scaling == RopeScaling("linear", 2.0)
