@@ -323,6 +323,12 @@ class TrainConfig:
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).
     decay_embeddings: also apply weight decay to the token/position embeddings.
+    optimizer: "adamw", or "muon": Muon (Jordan et al. 2024; optax.contrib) for the blocks'
+        matrices, whose momentum is orthogonalised by a Newton-Schulz iteration, at muon_lr
+        (following the same warmup and cosine), with train.weight_decay; Adam (with Nesterov
+        momentum, as optax's Muon has it) without weight decay at lr for everything else
+        (embeddings, LM head, norms, biases).
+    muon_lr, muon_momentum: Muon's peak learning rate and momentum (Nesterov).
     init_from: start from Hugging Face weights (a directory, or a Hub name such as "gpt2")
         instead of a random init; the model section must describe the same architecture.
     tensorboard: also write the metrics as TensorBoard event files in <workdir>/tensorboard
@@ -350,6 +356,9 @@ class TrainConfig:
     microbatches: int = 0
     dtype: str = "float32"
     decay_embeddings: bool = False
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
     init_from: str = ""
     tensorboard: bool = True
     wandb_project: str = ""
@@ -377,6 +386,10 @@ class TrainConfig:
                 problems.add(field, "must be in [0, 1)")
         problems.not_negative("weight_decay", "grad_clip")
         problems.one_of("dtype", ("float32", "bfloat16"))
+        problems.one_of("optimizer", ("adamw", "muon"))
+        problems.positive("muon_lr")
+        if not 0 <= self.muon_momentum < 1:
+            problems.add("muon_momentum", "must be in [0, 1)")
         problems.raise_if_any()
 
 

@@ -322,7 +322,7 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> None:
 
 # ----------------------------------------------------------------------------- batching
 
-TRAIN_STREAM, EVAL_VAL_STREAM, EVAL_TRAIN_STREAM = 0, 1, 2
+TRAIN_STREAM, EVAL_TRAIN_STREAM = 0, 2  # stream 1 was random validation windows, now fixed ones
 
 
 def batch_at(
@@ -335,6 +335,64 @@ def batch_at(
     rng = np.random.default_rng([seed, stream, index])
     starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)[rows]
     return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSet:
+    """The windows every evaluation scores: the same tokens each time, so two evaluations of
+    one checkpoint agree bit for bit and runs compare. `starts` are window offsets into the
+    validation split, `batch_size` windows per evaluation batch."""
+
+    starts: np.ndarray
+    seq_len: int
+    batch_size: int
+    split_tokens: int
+    target_bytes: int  # UTF-8 bytes of text the scored (target) tokens stand for
+
+    @property
+    def batches(self) -> int:
+        return len(self.starts) // self.batch_size
+
+    @property
+    def target_tokens(self) -> int:
+        return len(self.starts) * self.seq_len
+
+    def describe(self) -> str:
+        where = "the first" if self.contiguous else "spread over all"
+        return (
+            f"validation: {self.target_tokens:,} tokens in {len(self.starts)} fixed windows of {self.seq_len} "
+            f"({where} of the split's {self.split_tokens:,}), {self.target_bytes:,} bytes of text"
+        )
+
+    @property
+    def contiguous(self) -> bool:
+        return bool(np.all(np.diff(self.starts) == self.seq_len))
+
+
+def validation_set(tokens: np.ndarray, token_bytes: np.ndarray, seq_len: int, batch_size: int, batches: int):
+    """`batches` x `batch_size` windows of the validation split: back to back from its start
+    when it is long enough (a fixed prefix), else spread evenly over all of it (overlapping)."""
+    count = batches * batch_size
+    if count * seq_len + 1 <= len(tokens):
+        starts = np.arange(count) * seq_len
+    else:
+        starts = np.linspace(0, len(tokens) - seq_len - 1, count).round().astype(np.int64)
+    targets = np.concatenate([tokens[s + 1 : s + seq_len + 1] for s in starts])
+    target_bytes = int(token_bytes[targets].sum())
+    return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes)
+
+
+def validation_batch(tokens: np.ndarray, validation: ValidationSet, mesh, index: int):
+    """Evaluation batch `index` of the fixed validation set, sharded over `mesh`."""
+    from jaxgpt.sharding import global_batch
+
+    b, t = validation.batch_size, validation.seq_len
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        starts = validation.starts[index * b + start : index * b + stop]
+        return np.stack([tokens[s : s + t + 1] for s in starts]).astype(np.int32)
+
+    return global_batch(mesh, rows, b)
 
 
 def sharded_batch(tokens: np.ndarray, run, mesh, index: int, stream: int = TRAIN_STREAM):

@@ -23,6 +23,8 @@ TAGS = {
     "train_loss": "loss/train",
     "eval_train_loss": "loss/eval_train",
     "val_loss": "loss/val",
+    "val_bpb": "loss/val_bits_per_byte",
+    "val_perplexity": "loss/val_perplexity",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "tokens_per_sec": "speed/tokens_per_sec",

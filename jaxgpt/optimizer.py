@@ -1,9 +1,11 @@
-"""AdamW with warmup + cosine decay, global-norm clipping, and decay on matrices only."""
+"""AdamW (or Muon for the blocks' matrices) with warmup + cosine decay, global-norm clipping,
+and weight decay on matrices only."""
 
 from __future__ import annotations
 
 import jax
 import optax
+import optax.contrib
 
 from jaxgpt.config import TrainConfig
 
@@ -32,14 +34,46 @@ def weight_decay_mask(params, decay_embeddings: bool = False):
     return jax.tree_util.tree_map_with_path(decays, params)
 
 
+def muon_dimensions(params):
+    """Which axes of each parameter Muon treats as a matrix's input (reduction) and output;
+    None hands a parameter to AdamW. Only the blocks' kernels are Muon's: attention's fused
+    qkv (d_model -> kv heads x (group + 2) x head_dim), its output (heads -> d_model), and the
+    MLP's up and down. Under scan_layers their leading layer axis is a batch axis: each layer's
+    matrix is orthogonalised on its own."""
+    from optax.contrib import MuonDimensionNumbers
+
+    def dims(path, leaf):
+        names = [getattr(p, "key", "") for p in path]
+        if names[-1] != "kernel" or not any(n == "blocks" or n.startswith("block_") for n in names):
+            return None
+        layer = 1 if names[0] == "blocks" else 0  # scanned: axis 0 is the layer
+        if names[-2] == "out":  # (heads..., d_model): every axis but the last is input
+            return MuonDimensionNumbers(tuple(range(layer, leaf.ndim - 1)), leaf.ndim - 1)
+        return MuonDimensionNumbers(layer, tuple(range(layer + 1, leaf.ndim)))  # (d_in, outputs...)
+
+    return jax.tree_util.tree_map_with_path(dims, params)
+
+
 def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
-    adamw = optax.adamw(
-        learning_rate_schedule(train),
-        b1=train.beta1,
-        b2=train.beta2,
-        weight_decay=train.weight_decay,
-        mask=lambda params: weight_decay_mask(params, train.decay_embeddings),
-    )
+    schedule = learning_rate_schedule(train)
+    if train.optimizer == "muon":
+        update = optax.contrib.muon(
+            lambda step: schedule(step) * (train.muon_lr / train.lr),
+            beta=train.muon_momentum,
+            weight_decay=train.weight_decay,
+            adam_b1=train.beta1,
+            adam_b2=train.beta2,
+            adam_learning_rate=schedule,
+            muon_weight_dimension_numbers=muon_dimensions,
+        )
+    else:
+        update = optax.adamw(
+            schedule,
+            b1=train.beta1,
+            b2=train.beta2,
+            weight_decay=train.weight_decay,
+            mask=lambda params: weight_decay_mask(params, train.decay_embeddings),
+        )
     if train.grad_clip > 0:
-        return optax.chain(optax.clip_by_global_norm(train.grad_clip), adamw)
-    return adamw
+        return optax.chain(optax.clip_by_global_norm(train.grad_clip), update)
+    return update

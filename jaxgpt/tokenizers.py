@@ -12,6 +12,8 @@ import threading
 from functools import partial
 from pathlib import Path
 
+import numpy as np
+
 from jaxgpt.errors import UserError
 
 TIKTOKEN_ENCODINGS = ("gpt2", "r50k_base", "cl100k_base", "o200k_base")
@@ -49,6 +51,9 @@ class CharTokenizer:
     def decode(self, ids) -> str:
         return "".join(self.chars[i] for i in ids)
 
+    def token_bytes(self) -> np.ndarray:
+        return np.array([len(ch.encode("utf-8")) for ch in self.chars], np.int64)
+
     def to_dict(self) -> dict:
         return {"name": "char", "chars": self.chars}
 
@@ -65,6 +70,9 @@ class ByteTokenizer:
 
     def decode(self, ids) -> str:
         return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+    def token_bytes(self) -> np.ndarray:
+        return np.ones(256, np.int64)
 
     def to_dict(self) -> dict:
         return {"name": "byte"}
@@ -124,6 +132,17 @@ class TiktokenTokenizer:
 
     def decode(self, ids) -> str:
         return self._encoding.decode([int(i) for i in ids])
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes of text each id stands for; the end-of-text separator stands for none."""
+        out = np.zeros(self.vocab_size, np.int64)
+        for i in range(self.vocab_size):
+            if i != self.eot_id:
+                try:
+                    out[i] = len(self._encoding.decode_single_token_bytes(i))
+                except KeyError:  # an unused id in the vocabulary's range
+                    pass
+        return out
 
     def to_dict(self) -> dict:
         return {"name": self.name}

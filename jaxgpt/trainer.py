@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import time
 from pathlib import Path
 
@@ -122,6 +123,10 @@ class Trainer:
         self.tokens_per_step = config.train.batch_size * config.model.block_size
         self.flops_per_token = flops_per_token(config.model, config.model.block_size)
         self.peak_flops, self.peak_source = peak_flops(self.mesh.devices.flatten().tolist())
+        t = config.train
+        self.validation = data.validation_set(
+            dataset.val, dataset.tokenizer.token_bytes(), config.model.block_size, t.batch_size, t.eval_batches
+        )
 
     def train(self, start, progress: bool = True, stop_at: int | None = None) -> dict:
         """Train from `start` (a resume.StartingPoint) to train.steps, or to stop_at, or until
@@ -130,6 +135,7 @@ class Trainer:
         t = self.config.train
         self.state = start.state
         self.say(self._describe())
+        self.say(self.validation.describe())
         if start.step >= t.steps:
             self.say(f"already trained to step {start.step}; raise train.steps to continue")
             return {"step": start.step}
@@ -164,7 +170,10 @@ class Trainer:
                     last = self._record(done, losses, fetched, now - interval_start, elapsed)
                     if evals:
                         last |= self.evaluate()
-                        self.say(f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f}")
+                        self.say(
+                            f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f} "
+                            f"({last['val_bpb']:.4f} bits/byte)"
+                        )
                     log.write(last)
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
                     losses = []
@@ -181,7 +190,8 @@ class Trainer:
                 interval_start = time.perf_counter()  # eval/checkpoint time is not training time
         self.checkpoints.wait()
         self.say(
-            f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f}, "
+            f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f} "
+            f"({last.get('val_bpb', float('nan')):.4f} bits/byte), "
             f"{last['elapsed_sec']:.0f} s, {last['tokens_per_sec']:,.0f} tokens/s, MFU {last['mfu']:.1%}; "
             f"checkpoints in {self.checkpoints.directory}"
         )
@@ -193,16 +203,21 @@ class Trainer:
         return data.sharded_batch(tokens, self.config, self.mesh, step, stream)
 
     def evaluate(self) -> dict:
-        """Mean loss on train.eval_batches batches of the validation and of the training split."""
-        out = {}
-        for name, tokens, stream in (
-            ("val_loss", self.dataset.val, data.EVAL_VAL_STREAM),
-            ("eval_train_loss", self.dataset.train, data.EVAL_TRAIN_STREAM),
-        ):
-            batches = (self.batch(i, tokens, stream) for i in range(self.config.train.eval_batches))
-            losses = [self.eval_step(self.state.params, batch) for batch in batches]
-            out[name] = float(np.mean(jax.device_get(losses)))
-        return out
+        """The loss over the fixed validation set, with its bits per byte (the loss in nats per
+        token x tokens / bytes / ln 2: comparable across tokenizers) and perplexity; and the
+        mean loss on train.eval_batches training batches (each the same every time)."""
+        v = self.validation
+        val = [self.eval_step(self.state.params, data.validation_batch(self.dataset.val, v, self.mesh, i))
+               for i in range(v.batches)]  # fmt: skip
+        train = [self.eval_step(self.state.params, self.batch(i, self.dataset.train, data.EVAL_TRAIN_STREAM))
+                 for i in range(self.config.train.eval_batches)]  # fmt: skip
+        val_loss = float(np.mean(jax.device_get(val)))
+        return {
+            "val_loss": val_loss,
+            "val_bpb": val_loss * v.target_tokens / v.target_bytes / math.log(2),
+            "val_perplexity": math.exp(val_loss),
+            "eval_train_loss": float(np.mean(jax.device_get(train))),
+        }
 
     def _compile(self, batch):
         """The train step compiled for this state and batch (autotuning may have compiled it)."""

@@ -36,6 +36,18 @@ def test_gpt2_round_trips_with_the_offline_cache(gpt2_bpe):
     assert tok.encode("<|endoftext|>") != [tok.eot_id]  # special tokens in text stay text
 
 
+def test_token_bytes_count_the_utf8_text_each_id_stands_for(gpt2_bpe):
+    """Summed over an encoding, the bytes per id are the text's UTF-8 length (what bits per byte
+    divides by); the end-of-text separator stands for no text."""
+    text = TEXT + " naïve — ünïcödé 日本語"
+    for name in ("char", "byte", "gpt2"):
+        tok = make_tokenizer(name, text)
+        per_id = tok.token_bytes()
+        assert per_id.shape == (tok.vocab_size,)
+        assert int(per_id[tok.encode(text)].sum()) == len(text.encode("utf-8")), name
+    assert make_tokenizer("gpt2").token_bytes()[50256] == 0
+
+
 def test_missing_bpe_file_is_a_clear_error(tmp_path, monkeypatch):
     import tiktoken.load
 

@@ -93,3 +93,64 @@ def test_vocab_size_below_the_tokenizer_is_refused(tmp_path):
 def test_resolved_config_round_trips():
     run = resolve(small_config(), vocab_size=77)
     assert run_config_from_dict(json.loads(json.dumps(run.to_dict()))) == run
+
+
+def test_validation_is_fixed_windows_and_bits_per_byte_follow_from_the_loss(trained):
+    """Every evaluation scores the same windows (val_loss at a step is a pure function of the
+    parameters), and bits per byte is the loss in nats x tokens / bytes / ln 2. The built-in
+    corpus is ASCII apart from a few characters, so the byte count is checked by decoding the
+    scored tokens and encoding them as UTF-8 here."""
+    import numpy as np
+
+    from jaxgpt import data
+
+    run = resolve(small_config(), vocab_size=1)
+    dataset = data.prepare(run.data, progress=False)
+    t = run.train
+    v = data.validation_set(
+        dataset.val, dataset.tokenizer.token_bytes(), run.model.block_size, t.batch_size, t.eval_batches
+    )
+    assert v.contiguous and v.target_tokens == t.eval_batches * t.batch_size * run.model.block_size
+    targets = dataset.val[1 : v.target_tokens + 1]  # back-to-back windows: their targets are one span
+    assert v.target_bytes == len(dataset.tokenizer.decode(targets).encode("utf-8"))
+    for record in (r for r in read_metrics(trained[0]) if "val_loss" in r):
+        want = record["val_loss"] * v.target_tokens / v.target_bytes / math.log(2)
+        assert record["val_bpb"] == pytest.approx(want, rel=1e-12)
+        assert record["val_perplexity"] == pytest.approx(math.exp(record["val_loss"]), rel=1e-12)
+    assert np.all(np.diff(v.starts) == run.model.block_size)
+
+
+def test_a_short_validation_split_is_covered_by_spread_windows():
+    import numpy as np
+
+    from jaxgpt import data
+
+    tokens = np.arange(50) % 7
+    v = data.validation_set(tokens, np.full(7, 2), seq_len=8, batch_size=4, batches=3)  # wants 96 + 1 tokens
+    assert not v.contiguous and v.starts[0] == 0 and v.starts[-1] == 50 - 8 - 1
+    assert v.target_bytes == 2 * 12 * 8  # every token 2 bytes here
+    assert "spread over all of the split's 50" in v.describe()
+
+
+def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logged(trained):
+    workdir = trained[0]
+    from jaxgpt import data
+    from jaxgpt.resume import restore_or_start
+    from jaxgpt.trainer import Trainer
+
+    run = resolve(small_config(), vocab_size=1)
+    dataset = data.prepare(run.data, progress=False)
+    run = resolve(small_config(), vocab_size=dataset.tokenizer.vocab_size)
+    trainer = Trainer(run, dataset, workdir, lambda message: None)
+    try:
+        start = restore_or_start(
+            trainer.checkpoints, trainer.state, run, dataset.tokenizer, workdir, main=False, say=print, warn=print
+        )
+        trainer.state = start.state
+        first, second = trainer.evaluate(), trainer.evaluate()
+    finally:
+        trainer.checkpoints.close()
+    logged = read_metrics(workdir)[-1]
+    assert start.step == logged["step"]
+    assert first == second
+    assert first["val_loss"] == logged["val_loss"] and first["val_bpb"] == logged["val_bpb"]

@@ -322,3 +322,67 @@ def test_rope_scaling_can_be_set_from_the_command_line():
     config.model.rope_scaling.kind = "linear"  # what --config.model.rope_scaling.kind=linear does
     config.model.rope_scaling.factor = 2.0
     assert resolve(config, vocab_size=96).model.rope_scaling == RopeScaling("linear", 2.0)
+
+
+# ----------------------------------------------------------------------------- Muon
+
+
+def newton_schulz(g: np.ndarray, steps: int = 5) -> np.ndarray:
+    """The quintic Newton-Schulz iteration of the Muon write-up (Jordan et al. 2024), float64:
+    X <- aX + (bA + cA^2)X with A = XX^T, from X = G/||G||_F, on the wide orientation."""
+    a, b, c = 3.4445, -4.7750, 2.0315
+    x = g / np.linalg.norm(g)
+    tall = x.shape[0] > x.shape[1]
+    x = x.T if tall else x
+    for _ in range(steps):
+        gram = x @ x.T
+        x = a * x + (b * gram + c * gram @ gram) @ x
+    return x.T if tall else x
+
+
+def test_muon_orthogonalises_the_blocks_matrices_and_leaves_the_rest_to_adamw():
+    """One step from zero momentum (momentum 0, no decay, no clipping, no warmup): each block
+    matrix moves by -muon_lr * sqrt(max(1, fan_out / fan_in)) * NS(gradient) (the scale is
+    optax's, keeping the update's RMS steady across shapes), reshaped to (inputs, outputs);
+    the embedding moves by the first step of optax Muon's Adam, which uses Nesterov momentum
+    (NAdam): m_hat = g, and the step looks ahead, b1 * m / (1 - b1^2) + (1 - b1) g / (1 - b1),
+    = (1 + b1 (1 - b1) / (1 - b1^2)) g, divided by sqrt(v_hat) = |g|."""
+    from jaxgpt.config import TrainConfig
+    from jaxgpt.optimizer import make_optimizer
+
+    config = tiny(n_kv_head=2)
+    params = init_params(config, jax.random.key(0))
+    grads = jax.tree.map(lambda p: jnp.asarray(normal(p.shape, p.size % 97)), params)
+    train = TrainConfig(optimizer="muon", muon_momentum=0.0, weight_decay=0.0, grad_clip=0.0, warmup_steps=0)
+    optimizer = make_optimizer(train)
+    updates, _ = jax.jit(optimizer.update)(grads, optimizer.init(params), params)
+
+    block = updates["block_0"]
+    for name, update, fan_in in (
+        ("down", block["mlp"]["down"]["kernel"], config.mlp_hidden),
+        ("qkv", block["attn"]["qkv"]["kernel"], config.d_model),
+        ("out", block["attn"]["out"]["kernel"], config.d_model),
+    ):
+        g = np.asarray(grads["block_0"]["mlp" if name == "down" else "attn"][name]["kernel"], np.float64)
+        g = g.reshape(fan_in, -1)
+        scale = math.sqrt(max(1.0, g.shape[1] / g.shape[0]))
+        got = -np.asarray(update, np.float64).reshape(fan_in, -1) / (train.muon_lr * scale)
+        np.testing.assert_allclose(got, newton_schulz(g), atol=2e-4, err_msg=name)  # float32 iteration
+        singular = np.linalg.svd(got, compute_uv=False)
+        assert 0.6 < singular.min() and singular.max() < 1.25, name  # the quintic's band around 1
+
+    g = np.asarray(grads["wte"]["embedding"])
+    b1 = train.beta1
+    want = -train.lr * (1 + b1 * (1 - b1) / (1 - b1**2)) * g / (np.abs(g) + 1e-8)
+    np.testing.assert_allclose(updates["wte"]["embedding"], want, rtol=1e-4, atol=1e-7)
+
+
+def test_a_run_trains_with_muon(tmp_path):
+    from conftest import small_run_config
+
+    from jaxgpt.metrics import read_metrics
+    from jaxgpt.trainer import train_and_evaluate
+
+    train_and_evaluate(small_run_config(optimizer="muon", steps=30), tmp_path, progress=False)
+    records = read_metrics(tmp_path)
+    assert records[-1]["val_loss"] < records[0]["train_loss"] - 0.8
