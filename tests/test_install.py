@@ -49,7 +49,12 @@ def run_installed(installed, cwd, command, *args):
 
 
 def test_console_scripts_answer_help_from_any_directory(installed, tmp_path):
-    for command, a_flag in (("jaxgpt-train", "--workdir"), ("jaxgpt-sample", "--prompt"), ("jaxgpt-check", "--config")):
+    for command, a_flag in (
+        ("jaxgpt-train", "--workdir"),
+        ("jaxgpt-sample", "--prompt"),
+        ("jaxgpt-check", "--config"),
+        ("jaxgpt-compare", "--vary"),
+    ):
         result = run_installed(installed, tmp_path, command, "--help")
         assert result.returncode == 0, result.stderr
         assert "Examples:" in result.stdout and a_flag in result.stdout

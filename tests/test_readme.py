@@ -73,6 +73,8 @@ def argv_for(command: str, home) -> list[str]:
     args = [a.replace("~", str(home), 1) if a.startswith("~") else a for a in shlex.split(command[len(prefix) :])]
     if prefix in ("python train.py", "jaxgpt-train"):
         args += SHORT_TRAINING
+    elif prefix == "python -m" and args[0] == "jaxgpt.compare":
+        args += ["--steps=3", "--config.train.eval_every=3", "--config.train.eval_batches=1", "--quiet"]
     elif prefix in ("python sample.py", "jaxgpt-sample") and "--max_new_tokens" not in command:
         args.append("--max_new_tokens=8")
     return COMMANDS[prefix] + args

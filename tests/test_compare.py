@@ -1,0 +1,87 @@
+"""python -m jaxgpt.compare: a 2 x 2 comparison of a tiny model, read back independently."""
+
+import json
+
+import pytest
+from conftest import run_script
+
+TINY = [
+    "--config",
+    "configs/tiny.py",
+    "--config.model.n_layer=1",
+    "--config.model.d_model=32",
+    "--config.model.n_head=2",
+    "--config.model.block_size=32",
+    "--config.train.batch_size=4",
+    "--config.train.eval_every=5",
+    "--config.train.eval_batches=2",
+    "--config.train.warmup_steps=2",
+    "--steps=10",
+    "--quiet",
+]
+VARY = ["--vary", "model.position=learned,rope", "--vary", "model.activation=gelu,relu"]
+NAMES = [
+    "position=learned,activation=gelu",
+    "position=learned,activation=relu",
+    "position=rope,activation=gelu",
+    "position=rope,activation=relu",
+]
+
+
+@pytest.fixture(scope="module")
+def compared(tmp_path_factory):
+    out = tmp_path_factory.mktemp("compare")
+    result = run_script("jaxgpt.compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    return out, result
+
+
+def test_one_resumable_run_per_combination_and_one_table(compared):
+    out, result = compared
+    results = json.loads((out / "results.json").read_text())
+    assert [r["variant"] for r in results["runs"]] == NAMES
+    for row, name in zip(results["runs"], NAMES, strict=True):
+        records = [json.loads(line) for line in (out / name / "seed0" / "metrics.jsonl").read_text().splitlines()]
+        assert row["val_loss"] == [r for r in records if "val_loss" in r][-1]["val_loss"] and row["step"] == 10
+        config = json.loads((out / name / "seed0" / "config.json").read_text())
+        want = tuple(part.split("=")[1] for part in name.split(","))
+        assert (config["model"]["position"], config["model"]["activation"]) == want
+    learned, rope = results["runs"][0]["params"], results["runs"][2]["params"]
+    assert learned - rope == 32 * 32  # the learned position table: block_size x d_model
+    table = (out / "results.md").read_text()
+    assert table in result.stdout and all(f"| {name} | 1 |" in table for name in NAMES)
+    assert (out / "loss.png").stat().st_size > 1000
+
+
+def test_rerunning_skips_finished_runs_and_gives_the_same_table(compared):
+    out, _ = compared
+    before = (out / "results.json").read_text()
+    again = run_script("jaxgpt.compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert (out / "results.json").read_text() == before
+
+
+def test_seeds_average_and_spread():
+    from jaxgpt.compare import summarise
+
+    rows = [
+        {"variant": "a", "params": 5, "val_loss": v, "val_bpb": 2 * v, "tokens_per_sec": 10.0, "elapsed_sec": 1.0}
+        for v in (1.0, 1.5)
+    ]
+    (line,) = summarise(rows)
+    assert line["val_loss"] == 1.25 and line["val_loss_spread"] == 0.5 and line["val_bpb"] == 2.5
+
+
+@pytest.mark.parametrize(
+    "vary, message",
+    [
+        ("model.position", "is not section.key=v1,v2"),
+        ("model.positoin=rope", "no such config key"),
+        ("model.n_layer=two", "expected an integer"),
+        ("model.position=rope,spiral", "position='spiral' is not one of"),
+    ],
+)
+def test_a_bad_vary_is_one_line_before_any_run(tmp_path, vary, message):
+    result = run_script("jaxgpt.compare", *TINY, "--vary", vary, f"--out={tmp_path / 'out'}")
+    assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
+    assert not (tmp_path / "out").exists()
