@@ -83,24 +83,27 @@ def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: 
     Returns (b, k, g, t, s) float32: bfloat16 has 8 bits of mantissa, too few to normalise
     hundreds of exponentials without visibly biasing the weights.
     """
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
-    return jax.nn.softmax(scores * scale + bias, axis=-1)
+    # Divided, not multiplied by 1/sqrt(d): the two round differently, and runs stay bit-identical
+    # to those trained before the scale became a setting.
+    scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
+    return jax.nn.softmax(scores + bias, axis=-1)
 
 
 # Every kernel takes the same arguments and computes the same attention:
-#   q (b, t, k, g, d); k, v (b, s, k, d) -> (b, t, k, g, d), under a Mask, scores times `scale`.
+#   q (b, t, k, g, d); k, v (b, s, k, d) -> (b, t, k, g, d), under a Mask, scores times `scale`
+#   (None: divided by sqrt(head_dim), the standard scaling).
 # Only the readable kernel is needed to understand the model; the others are faster on some
 # hardware and fall back to it where they cannot run.
 
 
-def xla_attention(q, k, v, mask: Mask, scale: float):
+def xla_attention(q, k, v, mask: Mask, scale: float | None):
     """The readable kernel: two einsums around a float32 softmax."""
     weights = attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 
-def dot_product_attention(q, k, v, mask: Mask, scale: float):
+def dot_product_attention(q, k, v, mask: Mask, scale: float | None):
     """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
 
     It takes grouped-query attention natively (query heads as a multiple of key/value heads,
@@ -121,7 +124,7 @@ def dot_product_attention(q, k, v, mask: Mask, scale: float):
 FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
 
 
-def flash_tpu_attention(q, k, v, mask: Mask, scale: float):
+def flash_tpu_attention(q, k, v, mask: Mask, scale: float | None):
     """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
     are computed block by block in on-chip memory and never written out whole.
 
@@ -137,7 +140,8 @@ def flash_tpu_attention(q, k, v, mask: Mask, scale: float):
 
     heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
     repeated = lambda x: heads(jnp.repeat(x[:, :, :, None], group, axis=3))  # noqa: E731
-    out = flash_attention(heads(q), repeated(k), repeated(v), causal=True, sm_scale=scale)
+    sm_scale = 1 / math.sqrt(d) if scale is None else scale
+    out = flash_attention(heads(q), repeated(k), repeated(v), causal=True, sm_scale=sm_scale)
     return out.transpose(0, 2, 1, 3).reshape(b, t, n_kv, group, d)
 
 
@@ -162,7 +166,6 @@ def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:
 def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask) -> jnp.ndarray:
     """Attention of q over k, v with the chosen kernel under Mask(**mask), scores times `scale`
     (default 1/sqrt(head_dim))."""
-    scale = 1 / math.sqrt(q.shape[-1]) if scale is None else scale
     return KERNELS[kernel](q, k, v, Mask(**mask), scale)
 
 
@@ -235,7 +238,7 @@ class CausalSelfAttention(nn.Module):
         if c.position == "alibi":
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
         mask = Mask(cache_index, slopes, c.attention_window, c.causal)
-        scale = 1 / math.sqrt(c.head_dim) if c.scale_attention else 1.0
+        scale = None if c.scale_attention else 1.0  # None: the standard 1/sqrt(head_dim)
         y = KERNELS[c.attention](q, k, v, mask, scale)
         if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.attention_maps)
             self.sow(

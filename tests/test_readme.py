@@ -162,9 +162,16 @@ def test_the_preflight_table_is_what_check_prints():
     )
     assert result.returncode == 0, result.stderr[-2000:]
     printed = result.stdout.splitlines()
+    # Where 100 steps of overfitting end depends on the CPU: near zero, rounding differences
+    # between matmul kernels are amplified (0.014 and 0.043 measured on two slices of one VM
+    # type). The README says so; here that end only has to be near zero.
+    overfit_end = re.compile(r"-> ([\d.]+) in")
     for name in ("initial loss", "gradients", "overfit one batch", "size"):
         ours = next(line for line in printed if name in line)
         theirs = next(line for line in quoted if name in line)
+        if name == "overfit one batch":
+            assert float(overfit_end.search(ours).group(1)) < 0.1, ours
+            ours, theirs = overfit_end.sub("", ours), overfit_end.sub("", theirs)
         without_time = re.compile(r"\([\d.]+ s\)")
         assert agree(without_time.sub("", ours), without_time.sub("", theirs)), (ours, theirs)
     ours, theirs = (next(line for line in lines if "memory" in line) for lines in (printed, quoted))
