@@ -358,10 +358,10 @@ class ValidationSet:
         return len(self.starts) * self.seq_len
 
     def describe(self) -> str:
-        where = "the first" if self.contiguous else "spread over all"
+        where = "from the start" if self.contiguous else "spread over all"
         return (
             f"validation: {self.target_tokens:,} tokens in {len(self.starts)} fixed windows of {self.seq_len} "
-            f"({where} of the split's {self.split_tokens:,}), {self.target_bytes:,} bytes of text"
+            f"{where} of the {self.split_tokens:,}-token split, {self.target_bytes:,} bytes of text"
         )
 
     @property

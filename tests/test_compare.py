@@ -54,6 +54,8 @@ def test_one_resumable_run_per_combination_and_one_table(compared):
 
 
 def test_rerunning_skips_finished_runs_and_gives_the_same_table(compared):
+    # results.json holds each run's tokens/s and training time: a retrained run (same losses,
+    # bit for bit) would still change them, so equal files mean nothing was trained again.
     out, _ = compared
     before = (out / "results.json").read_text()
     again = run_script("jaxgpt.compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)

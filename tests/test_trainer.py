@@ -129,7 +129,7 @@ def test_a_short_validation_split_is_covered_by_spread_windows():
     v = data.validation_set(tokens, np.full(7, 2), seq_len=8, batch_size=4, batches=3)  # wants 96 + 1 tokens
     assert not v.contiguous and v.starts[0] == 0 and v.starts[-1] == 50 - 8 - 1
     assert v.target_bytes == 2 * 12 * 8  # every token 2 bytes here
-    assert "spread over all of the split's 50" in v.describe()
+    assert "spread over all of the 50-token split" in v.describe()
 
 
 def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logged(trained):
