@@ -5,8 +5,9 @@
 On the backend JAX finds (CPU here; GPU or TPU where present) it measures, each in a fresh
 process so that nothing one measurement compiles or allocates helps another:
   training   the bare step: tokens/s, step time, MFU, step memory and process peak RSS for
-             each case, as train.py runs it (one CPU device, microbatches chosen by the run),
-             with two CPU devices (opt-in), and untuned (no remat, one microbatch), beside
+             each case, as train.py runs it (one program per CPU core, microbatches chosen by
+             the run), on one CPU device (JAXGPT_CPU_CORES=1, the previous default), and
+             untuned (one device, no remat, one microbatch), beside
              the PyTorch reference (bench/torch_reference.py, nanoGPT's model and step;
              eager, and torch.compile for the first case);
   loops      the whole loop: train.py as a user runs it (data, step, metrics, eval and
@@ -116,7 +117,7 @@ def training(cases, on_cpu: bool, rounds: int, with_torch: bool, say) -> list[di
     for case in cases:
         variants = {"jaxgpt (as train.py runs it)": lambda c=case: jaxgpt_train(c, "auto")}
         if on_cpu:
-            variants["jaxgpt, 2 CPU devices (opt-in)"] = lambda c=case: jaxgpt_train(c, "2")
+            variants["jaxgpt, one CPU device (the previous default)"] = lambda c=case: jaxgpt_train(c, "1")
             variants["jaxgpt untuned (no remat, 1 microbatch)"] = lambda c=case: jaxgpt_train(c, "1", c.baseline)
         if with_torch and case.torch_shape:
             variants["PyTorch eager (nanoGPT model)"] = lambda c=case: torch_train(c, compile=False)

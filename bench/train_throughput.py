@@ -41,7 +41,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     import jax
     import numpy as np
 
-    from jaxgpt import sharding
+    from jaxgpt import core_parallel, sharding
     from jaxgpt.autotune import fill_microbatches
     from jaxgpt.config_files import resolve
     from jaxgpt.hardware import peak_flops
@@ -50,19 +50,21 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh)
-    run = fill_microbatches(run, mesh).run
+    plan = core_parallel.plan(run, core_parallel.cores_for(mesh))
+    per_core = len(plan.devices) > 1  # as train.py: one program per CPU core (jaxgpt/core_parallel.py)
+    run = plan.run if per_core else fill_microbatches(run, mesh).run
     start = time.perf_counter()
     state, step, _ = compiled_steps(run, mesh)
+    if per_core:
+        step = core_parallel.CoreParallelStep(run, plan.devices)
     batch, seq = run.train.batch_size, run.model.block_size
     rng = np.random.default_rng(0)
-    batches = [
-        jax.device_put(rng.integers(0, vocab_size, (batch, seq + 1), dtype=np.int32), sharding.batch_sharding(mesh))
-        for _ in range(4)
-    ]
-    lowered = step.lower(state, batches[0])
+    where = sharding.batch_sharding(step.batch_mesh if per_core else mesh)
+    batches = [jax.device_put(rng.integers(0, vocab_size, (batch, seq + 1), dtype=np.int32), where) for _ in range(4)]
+    lowered = None if per_core else step.lower(state, batches[0])
     trace_sec = time.perf_counter() - start
     start = time.perf_counter()
-    compiled = lowered.compile()
+    compiled = step.compile(state, batches[0]) if per_core else lowered.compile()
     compile_sec = time.perf_counter() - start
     if compile_only:
         return {"trace_sec": trace_sec, "compile_sec": compile_sec}
@@ -84,6 +86,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     peak, source = peak_flops(devices)
     return {
         "devices": len(devices),
+        "cores": len(plan.devices) if per_core else 1,
         "microbatches": run.train.microbatches,
         "device_kind": devices[0].device_kind,
         "params": count_params(state.params),

@@ -3,15 +3,16 @@
   - The persistent compilation cache: a compiled train step is written under the user's
     cache directory, so a second run of the same config (a resume, a sample after training)
     skips most of compilation.
-  - On a CPU, one XLA device, whatever the core count. XLA's CPU backend can also expose each
-    core as a device, and splitting the batch over them was faster on some machines, but then
-    every step ends in an all-reduce between devices of one process, and XLA's in-process
-    collectives block threads of pools the devices share: when one device's thread is starved
-    (a busy machine) the other waits in the rendezvous until XLA ends the process (SIGABRT
-    after 40 s, "Expected 2 threads to join the rendezvous"). A single device has no
-    collectives to wait in; docs/benchmarks.md has the measurements behind the choice.
-    JAX_NUM_CPU_DEVICES or XLA_FLAGS=--xla_force_host_platform_device_count=N still give N
-    devices to whoever asks, with a warning.
+  - On a CPU, one XLA device per core the process may use, for the trainer to run one
+    single-device program per core on its share of the batch (jaxgpt/core_parallel.py). Every
+    mesh built without naming its devices still has one CPU device: a mesh over several CPU
+    devices ends every step in an in-process all-reduce, and XLA's CPU collectives block
+    threads of pools the devices share, so when one device's thread is starved (a busy machine)
+    the other waits in the rendezvous until XLA ends the process (SIGABRT after 40 s, "Expected 2
+    threads to join the rendezvous"). Per-core programs have no collective to wait in.
+    $JAXGPT_CPU_CORES sets the core count (1: one device, nothing per core).
+    JAX_NUM_CPU_DEVICES or XLA_FLAGS=--xla_force_host_platform_device_count=N still give meshes
+    of N devices to whoever asks, with a warning.
 Scripts call `configure` first thing; a notebook calls it in its first cell.
 """
 
@@ -24,12 +25,17 @@ from pathlib import Path
 
 import jax
 
+from jaxgpt.errors import UserError
+
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
+CORES_ENV = "JAXGPT_CPU_CORES"  # how many CPU cores train; 1: one device
 COLLECTIVES_WARNING = (
     "{n} CPU devices in one process end every step in an in-process all-reduce, which XLA aborts "
     "(SIGABRT) when a busy machine starves one device's thread for 40 s; the default of one CPU device "
     "cannot hit this (unset JAX_NUM_CPU_DEVICES / --xla_force_host_platform_device_count)"
 )
+
+_cpu_devices_are_cores = False  # set by configure: the CPU devices stand for cores, not a mesh
 
 
 def compilation_cache_dir() -> Path | None:
@@ -69,11 +75,43 @@ def requested_cpu_devices() -> int | None:
     return None
 
 
+def cpu_cores() -> int:
+    """The CPU cores to train on: $JAXGPT_CPU_CORES, else every core this process may run on
+    (its affinity mask: what taskset, cgroups and container limits leave it)."""
+    setting = os.environ.get(CORES_ENV, "")
+    if setting:
+        if not setting.isdigit() or int(setting) < 1:
+            raise UserError(f"{CORES_ENV}={setting!r} is not a core count; set it to a whole number >= 1, or unset it")
+        return int(setting)
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def mesh_devices() -> list:
+    """The devices a mesh spans when none are named: all of the default backend's, except the
+    per-core CPU devices `configure` made, of which a mesh takes one (see the module's doc)."""
+    devices = jax.devices()
+    return devices[:1] if _cpu_devices_are_cores and devices[0].platform == "cpu" else devices
+
+
+def core_devices() -> list:
+    """The CPU devices that stand for cores (one, unless `configure` made one per core)."""
+    devices = jax.devices("cpu")
+    return devices if _cpu_devices_are_cores else devices[:1]
+
+
 def configure(single_process: bool = True, warn=None) -> None:
-    """Enable the compilation cache; warn (through `warn`, default `warnings.warn`) when one
-    process was given several CPU devices. Starts no backend: multi-process runs initialise
-    jax.distributed after this."""
+    """Enable the compilation cache; give JAX one CPU device per core (single-process runs
+    with no device count in the environment); warn (through `warn`, default `warnings.warn`)
+    when one process was given several CPU devices for meshes. Starts no backend:
+    multi-process runs initialise jax.distributed after this."""
+    global _cpu_devices_are_cores
     enable_compilation_cache()
     requested = requested_cpu_devices()
     if single_process and requested and requested > 1 and os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
         (warn or partial(warnings.warn, stacklevel=2))(COLLECTIVES_WARNING.format(n=requested))
+    if single_process and requested is None and cpu_cores() > 1 and not _cpu_devices_are_cores:
+        try:
+            jax.config.update("jax_num_cpu_devices", cpu_cores())
+            _cpu_devices_are_cores = True
+        except RuntimeError:  # JAX already started (a notebook's later cell): stay on one device
+            pass

@@ -46,37 +46,49 @@ def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None 
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
 
 
-def train_step(
-    state: TrainState, windows: jax.Array, *, model: GPT, optimizer: optax.GradientTransformation, microbatches: int = 1
-) -> tuple[TrainState, dict]:
-    """One optimizer step on a batch of windows (batch, seq + 1).
+def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microbatches: int = 1):
+    """(mean loss, mean gradient) over a batch of windows (batch, seq + 1).
 
     With microbatches > 1 the batch is split and gradients are averaged over the pieces in a
-    scan inside the step: the same update as the whole batch (up to float32 summation order),
-    with the activation memory of one piece. Piece i takes rows i, i + m, i + 2m, ... so that
-    under data parallelism every device keeps its own rows in every piece (contiguous pieces
-    would each sit on one device, and XLA would move rows between devices for every piece).
+    scan: the same result as the whole batch (up to float32 summation order), with the
+    activation memory of one piece. Piece i takes rows i, i + m, i + 2m, ... so that under data
+    parallelism every device keeps its own rows in every piece (contiguous pieces would each
+    sit on one device, and XLA would move rows between devices for every piece).
     """
-    rng = jax.random.fold_in(state.rng, state.step)
     loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
     if microbatches == 1:
-        loss, grads = loss_and_grads(state.params, windows, rng)
-    else:
-        pieces = windows.reshape(-1, microbatches, windows.shape[-1]).swapaxes(0, 1)
+        return loss_and_grads(params, windows, rng)
+    pieces = windows.reshape(-1, microbatches, windows.shape[-1]).swapaxes(0, 1)
 
-        def accumulate(total, xs):
-            i, piece = xs
-            loss, grads = loss_and_grads(state.params, piece, jax.random.fold_in(rng, i))
-            return jax.tree.map(jnp.add, total, (loss, grads)), None
+    def accumulate(total, xs):
+        i, piece = xs
+        loss, grads = loss_and_grads(params, piece, jax.random.fold_in(rng, i))
+        return jax.tree.map(jnp.add, total, (loss, grads)), None
 
-        zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, state.params))
-        (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces))
-        loss, grads = jax.tree.map(lambda x: x / microbatches, (loss, grads))
+    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+    (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces))
+    return jax.tree.map(lambda x: x / microbatches, (loss, grads))
+
+
+def apply_gradients(
+    state: TrainState, loss: jax.Array, grads, *, optimizer: optax.GradientTransformation
+) -> tuple[TrainState, dict]:
+    """The optimizer's update of `state` by `grads`, and the step's metrics."""
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )
     return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+
+
+def train_step(
+    state: TrainState, windows: jax.Array, *, model: GPT, optimizer: optax.GradientTransformation, microbatches: int = 1
+) -> tuple[TrainState, dict]:
+    """One optimizer step on a batch of windows (batch, seq + 1); dropout draws from
+    fold_in(state.rng, step), so a step's randomness does not depend on the steps before it."""
+    rng = jax.random.fold_in(state.rng, state.step)
+    loss, grads = gradients(state.params, windows, rng, model=model, microbatches=microbatches)
+    return apply_gradients(state, loss, grads, optimizer=optimizer)
 
 
 def eval_step(params, windows: jax.Array, *, model: GPT) -> jax.Array:

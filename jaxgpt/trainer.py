@@ -24,6 +24,7 @@ import contextlib
 import json
 import math
 import time
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -31,7 +32,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from jaxgpt import data, runtime, sharding
+from jaxgpt import core_parallel, data, runtime, sharding
 from jaxgpt import workdir as run_dir
 from jaxgpt.attention import kernel_fallback
 from jaxgpt.autotune import fill_microbatches
@@ -39,6 +40,7 @@ from jaxgpt.checkpoint import Checkpoints
 from jaxgpt.cli import warn
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve
+from jaxgpt.core_parallel import CoreParallelStep
 from jaxgpt.distributed import is_main_process
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops
@@ -112,7 +114,16 @@ class Trainer:
 
     def __init__(self, config: RunConfig, dataset: data.Dataset, workdir: Path, say):
         self.mesh = sharding.make_mesh(config.mesh)
-        config, note, self.compiled_train_step = fill_microbatches(config, self.mesh)
+        self.core_step: CoreParallelStep | None = None  # one program per CPU core (jaxgpt/core_parallel.py)
+        self.compiled_train_step = None
+        cores = core_parallel.cores_for(self.mesh)
+        if len(cores) > 1:
+            plan = core_parallel.plan(config, cores)
+            config, note = plan.run, plan.note
+            if len(plan.devices) > 1:
+                self.core_step = CoreParallelStep(config, plan.devices)
+        else:
+            config, note, self.compiled_train_step = fill_microbatches(config, self.mesh)
         if note:
             say(note)
         self.config, self.dataset, self.workdir, self.say = config, dataset, workdir, say
@@ -197,20 +208,26 @@ class Trainer:
         )
         return last
 
-    def batch(self, step: int, tokens=None, stream: int = data.TRAIN_STREAM) -> jax.Array:
-        """Batch `step` of a stream (default: training) as one array sharded over the mesh."""
-        tokens = self.dataset.train if tokens is None else tokens
-        return data.sharded_batch(tokens, self.config, self.mesh, step, stream)
+    def batch(self, step: int) -> jax.Array:
+        """Training batch `step` as one array sharded over the devices the train step splits it
+        over (the mesh's, or the CPU cores')."""
+        mesh = self.core_step.batch_mesh if self.core_step else self.mesh
+        return data.sharded_batch(self.dataset.train, self.config, mesh, step)
 
     def evaluate(self) -> dict:
         """The loss over the fixed validation set, with its bits per byte (the loss in nats per
         token x tokens / bytes / ln 2: comparable across tokenizers) and perplexity; and the
         mean loss on train.eval_batches training batches (each the same every time)."""
-        v = self.validation
-        val = [self.eval_step(self.state.params, data.validation_batch(self.dataset.val, v, self.mesh, i))
-               for i in range(v.batches)]  # fmt: skip
-        train = [self.eval_step(self.state.params, self.batch(i, self.dataset.train, data.EVAL_TRAIN_STREAM))
-                 for i in range(self.config.train.eval_batches)]  # fmt: skip
+        v, params = self.validation, self.state.params
+        if self.core_step:  # batch i on core i % cores
+            losses = partial(self.core_step.eval_losses, params)
+        else:
+            losses = lambda make, count: [self.eval_step(params, make(i, self.mesh)) for i in range(count)]  # noqa: E731
+        val = losses(lambda i, mesh: data.validation_batch(self.dataset.val, v, mesh, i), v.batches)
+        train = losses(
+            lambda i, mesh: data.sharded_batch(self.dataset.train, self.config, mesh, i, data.EVAL_TRAIN_STREAM),
+            self.config.train.eval_batches,
+        )
         val_loss = float(np.mean(jax.device_get(val)))
         return {
             "val_loss": val_loss,
@@ -222,7 +239,10 @@ class Trainer:
     def _compile(self, batch):
         """The train step compiled for this state and batch (autotuning may have compiled it)."""
         started = time.perf_counter()
-        compiled = self.compiled_train_step or self.train_step.lower(self.state, batch).compile()
+        if self.core_step:
+            compiled = self.core_step.compile(self.state, batch)
+        else:
+            compiled = self.compiled_train_step or self.train_step.lower(self.state, batch).compile()
         self.say(f"compiled train_step in {time.perf_counter() - started:.1f} s")
         return compiled
 

@@ -1,5 +1,5 @@
-"""Process-wide settings: one CPU device by default (no in-process collectives), and the
-compilation cache."""
+"""Process-wide settings: one CPU device per core, meshes of one CPU device (no in-process
+collectives), and the compilation cache."""
 
 import json
 import os
@@ -13,23 +13,30 @@ from jaxgpt import runtime
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
-# What train.py builds on a CPU with no device settings in the environment: the mesh, and the
-# compiled train step of configs/tiny.py with the microbatches the run chooses.
+# What train.py builds on a CPU with no device settings in the environment: the mesh, the cores
+# it splits each batch over, and the compiled programs of configs/tiny.py's step.
 DEFAULT_PATH = """
-import json, runpy, sys
+import json, os, runpy
 from jaxgpt import runtime
 runtime.configure()
 import jax
-from jaxgpt import sharding
+from jaxgpt import core_parallel, sharding
 from jaxgpt.autotune import fill_microbatches
 from jaxgpt.config_files import resolve
 from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh)
-run = fill_microbatches(run, mesh).run
-layout, _ = state_layout(run, mesh)
-text = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile().as_text()
-print(json.dumps({"devices": mesh.size, "hlo": text}))
+cores = core_parallel.cores_for(mesh)
+plan = core_parallel.plan(run, cores)
+layout, create = state_layout(plan.run, mesh)
+if len(plan.devices) > 1:
+    step = core_parallel.CoreParallelStep(plan.run, plan.devices)
+    batch = jax.device_put(jax.numpy.zeros((12, 129), "int32"), sharding.batch_sharding(step.batch_mesh))
+    texts = step.program_texts(create(), batch)
+else:
+    run = fill_microbatches(run, mesh).run
+    texts = [jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile().as_text()]
+print(json.dumps({"mesh": mesh.size, "cores": len(cores), "used": len(plan.devices), "texts": texts}))
 """
 
 
@@ -38,16 +45,31 @@ def default_environment() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
 
 
-def test_the_default_cpu_train_step_has_no_collective_to_abort_in():
+def test_the_default_cpu_path_has_no_collective_to_abort_in():
     """The mechanism behind XLA's CPU aborts (SIGABRT, "Expected 2 threads to join the
     rendezvous") is a cross-device collective inside one process. The default CPU path must
-    have none: one device, and a compiled step without any collective op."""
+    have none: a one-device mesh, one program per core (as many cores as the process may use
+    and the batch of 12 divides), and no collective op in any compiled program."""
     env = default_environment() | {"JAXGPT_COMPILATION_CACHE": "off"}
+    env.pop(runtime.CORES_ENV, None)
     result = run_script("-c", DEFAULT_PATH, env=env, replace_env=True)
     assert result.returncode == 0, result.stderr
     out = json.loads(result.stdout.strip().splitlines()[-1])
-    assert out["devices"] == 1
-    assert not [op for op in COLLECTIVES if op in out["hlo"]]
+    available = len(os.sched_getaffinity(0))
+    assert out["mesh"] == 1
+    assert out["cores"] == available
+    assert out["used"] == max(n for n in range(1, available + 1) if 12 % n == 0)
+    assert len(out["texts"]) == (out["used"] + 1 if out["used"] > 1 else 1)
+    for text in out["texts"]:
+        assert not [op for op in COLLECTIVES if op in text]
+
+
+def test_one_core_when_told(tmp_path):
+    env = default_environment() | {"JAXGPT_COMPILATION_CACHE": "off", runtime.CORES_ENV: "1"}
+    result = run_script("-c", DEFAULT_PATH, env=env, replace_env=True)
+    assert result.returncode == 0, result.stderr
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert (out["mesh"], out["cores"], out["used"], len(out["texts"])) == (1, 1, 1, 1)
 
 
 @pytest.mark.parametrize(

@@ -1,0 +1,163 @@
+"""Data parallelism over a CPU's cores, with no collective in any program.
+
+One XLA CPU device runs a small model's step mostly on one core: XLA spreads a large matmul
+over its thread pool but runs the many small elementwise ops, the softmax and the optimizer
+one after another. Splitting the batch over one device per core uses them all, but as one
+SPMD program it ends every step in an all-reduce, and XLA's in-process collectives can abort
+the process on a busy machine (jaxgpt/runtime.py says how). So each core runs the one-device
+program on its own rows instead, and the host joins them:
+
+    params  --copy-->  every other core            (a memcpy; the runtime's, not XLA's)
+    each core: (loss, gradient) of its rows         (`train_step.gradients`, its microbatches)
+    results --copy-->  the first core; averaged there in a fixed order, then the optimizer
+
+The state lives on the first core, in exactly the layout of a one-device run, so checkpoints
+do not depend on the core count. No thread ever waits for another inside XLA: a starved core
+only makes the step slower. The update equals the one-device step's up to float32 summation
+order (the mean of per-core means of equal-sized shares is the batch mean); dropout draws
+from fold_in(step key, core).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from concurrent.futures import ThreadPoolExecutor
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgpt import runtime, sharding
+from jaxgpt.autotune import fill_microbatches, with_microbatches
+from jaxgpt.config import MeshConfig, RunConfig
+from jaxgpt.model import GPT
+from jaxgpt.optimizer import make_optimizer
+from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
+
+
+def cores_for(mesh) -> list:
+    """The CPU devices, one per core, a run on `mesh` can split its batch over: those
+    `runtime.configure` made, when the mesh is the first of them alone (the CPU default) and
+    this is the only process; else the mesh's first device alone (no split)."""
+    cores = runtime.core_devices()
+    if mesh.size == 1 and mesh.devices.flat[0] == cores[0] and jax.process_count() == 1:
+        return cores
+    return [mesh.devices.flat[0]]
+
+
+def usable_cores(run: RunConfig, cores: int) -> int:
+    """How many of `cores` can take an equal share of the batch: the largest count, at most
+    `cores`, dividing batch_size (and batch_size / microbatches when those are set)."""
+    rows = run.train.batch_size // (run.train.microbatches or 1)
+    return max(n for n in range(1, cores + 1) if rows % n == 0)
+
+
+def core_gradients(params, key, step, windows, core, *, model, microbatches: int):
+    """One core's (mean loss, mean gradient) over its rows."""
+    rng = jax.random.fold_in(jax.random.fold_in(key, step), core)
+    return gradients(params, windows, rng, model=model, microbatches=microbatches)
+
+
+def average_and_apply(state: TrainState, per_core: list, *, optimizer) -> tuple[TrainState, dict]:
+    """The optimizer step on the mean of the cores' results, summed in core order."""
+    total = per_core[0]
+    for result in per_core[1:]:
+        total = jax.tree.map(jnp.add, total, result)
+    loss, grads = jax.tree.map(lambda x: x / len(per_core), total)
+    return apply_gradients(state, loss, grads, optimizer=optimizer)
+
+
+class CoreParallelStep:
+    """`train_step`'s update of a one-device state on the first of `devices`, computed from a
+    batch sharded over `devices` (`batch_mesh`), one single-device program per device."""
+
+    def __init__(self, run: RunConfig, devices: list):
+        self.devices = list(devices)
+        self.batch_mesh = sharding.make_mesh(MeshConfig(data=len(devices)), self.devices)
+        model, optimizer = GPT(run.model), make_optimizer(run.train)
+        self._gradients = jax.jit(partial(core_gradients, model=model, microbatches=run.train.microbatches))
+        self._apply = jax.jit(partial(average_and_apply, optimizer=optimizer), donate_argnums=0)
+        self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
+        self._eval_loss = jax.jit(partial(eval_step, model=model))
+        self.device_meshes = [sharding.make_mesh(MeshConfig(1, 1, 1), [d]) for d in self.devices]
+        self._compiled_gradients: dict | None = None
+        self._compiled_apply = None
+
+    def _gradient_inputs(self, state, windows) -> list[tuple]:
+        """Per core: its copy of (params, key, step), its rows, its index."""
+        rows = {shard.device: shard.data for shard in windows.addressable_shards}
+        shared = (state.params, state.rng, state.step)
+        return [
+            (*(shared if i == 0 else jax.device_put(shared, device)), rows[device], self._core_ids[i])
+            for i, device in enumerate(self.devices)
+        ]
+
+    def __call__(self, state: TrainState, windows: jax.Array) -> tuple[TrainState, dict]:
+        gradients_on = self._compiled_gradients or {d: self._gradients for d in self.devices}
+        inputs = self._gradient_inputs(state, windows)
+        results = [gradients_on[d](*args) for d, args in zip(self.devices, inputs, strict=True)]
+        home = self.devices[0]
+        results = [results[0]] + [jax.device_put(r, home) for r in results[1:]]  # runs when each core is done
+        return (self._compiled_apply or self._apply)(state, results)
+
+    def eval_losses(self, params, make_batch, count: int) -> list[jax.Array]:
+        """The loss of each of `count` batches, batch i built by make_batch(i, mesh) on core
+        i % cores and evaluated there: the same numbers as on one device, computed side by side."""
+        copies = [params] + [jax.device_put(params, d) for d in self.devices[1:]]
+        n = len(self.devices)
+        return [self._eval_loss(copies[i % n], make_batch(i, self.device_meshes[i % n])) for i in range(count)]
+
+    def compile(self, state: TrainState, windows: jax.Array) -> CoreParallelStep:
+        """Compile every core's program ahead of time, all at once (XLA compiles without the
+        GIL, one compilation per core), and the update; returns self."""
+        inputs = self._gradient_inputs(state, windows)
+        lowered = [self._gradients.lower(*args) for args in inputs]  # tracing: once, then cached
+        with ThreadPoolExecutor(len(lowered)) as pool:
+            compiled = list(pool.map(lambda program: program.compile(), lowered))
+        self._compiled_gradients = dict(zip(self.devices, compiled, strict=True))
+        home = jax.sharding.SingleDeviceSharding(self.devices[0])
+        result = jax.eval_shape(self._gradients, *inputs[0])
+        result = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home), result)
+        self._compiled_apply = self._apply.lower(state, [result] * len(self.devices)).compile()
+        return self
+
+    def memory_analysis(self):
+        """XLA's memory analysis of one core's compiled program (after `compile`)."""
+        return next(iter(self._compiled_gradients.values())).memory_analysis()
+
+    def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
+        """The compiled programs' HLO (each core's, then the update's): for checking that none
+        holds a collective."""
+        self.compile(state, windows)
+        return [c.as_text() for c in self._compiled_gradients.values()] + [self._compiled_apply.as_text()]
+
+
+@dataclasses.dataclass(frozen=True)
+class CorePlan:
+    run: RunConfig  # train.microbatches filled in: per core, passes over its rows
+    devices: list  # the cores' CPU devices; one means the plain one-device step
+    note: str | None  # what was chosen, for the start-up lines
+
+
+def plan(run: RunConfig, devices: list) -> CorePlan:
+    """How a one-device CPU run uses `devices` (one per core): as many cores as share the batch
+    evenly, each with the fewest microbatches whose program fits the CPU's cache
+    (jaxgpt/autotune.py, applied to one core's rows on one device)."""
+    n = usable_cores(run, len(devices))
+    if n == 1:
+        return CorePlan(run, devices[:1], None)
+    per_core = dataclasses.replace(run, train=dataclasses.replace(run.train, batch_size=run.train.batch_size // n))
+    started = time.perf_counter()
+    tuned = fill_microbatches(per_core, sharding.make_mesh(MeshConfig(1, 1, 1), devices[:1]))
+    microbatches = tuned.run.train.microbatches
+    note = (
+        f"{n} CPU cores, each running the step on {run.train.batch_size // n} of the {run.train.batch_size} rows "
+        f"({microbatches} microbatch{'es' if microbatches > 1 else ''}); no collectives "
+        f"(JAXGPT_CPU_CORES=1 for one device)"
+    )
+    if tuned.note:
+        note += f"; {tuned.note.replace('train.microbatches=0 -> ', 'microbatches per core ')}"
+        note += f" [{time.perf_counter() - started:.1f} s]"
+    return CorePlan(with_microbatches(run, microbatches), devices[:n], note)
