@@ -31,8 +31,8 @@ CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
 CORES_ENV = "JAXGPT_CPU_CORES"  # how many CPU cores train; 1: one device
 COLLECTIVES_WARNING = (
     "{n} CPU devices in one process end every step in an in-process all-reduce, which XLA aborts "
-    "(SIGABRT) when a busy machine starves one device's thread for 40 s; the default of one CPU device "
-    "cannot hit this (unset JAX_NUM_CPU_DEVICES / --xla_force_host_platform_device_count)"
+    "(SIGABRT) when a busy machine starves one device's thread for 40 s; the default (one program per core, "
+    "no collectives) cannot hit this (unset JAX_NUM_CPU_DEVICES / --xla_force_host_platform_device_count)"
 )
 
 _cpu_devices_are_cores = False  # set by configure: the CPU devices stand for cores, not a mesh
@@ -109,9 +109,10 @@ def configure(single_process: bool = True, warn=None) -> None:
     requested = requested_cpu_devices()
     if single_process and requested and requested > 1 and os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
         (warn or partial(warnings.warn, stacklevel=2))(COLLECTIVES_WARNING.format(n=requested))
-    if single_process and requested is None and cpu_cores() > 1 and not _cpu_devices_are_cores:
+    cores = cpu_cores()
+    if single_process and requested is None and cores > 1 and not _cpu_devices_are_cores:
         try:
-            jax.config.update("jax_num_cpu_devices", cpu_cores())
+            jax.config.update("jax_num_cpu_devices", cores)
             _cpu_devices_are_cores = True
         except RuntimeError:  # JAX already started (a notebook's later cell): stay on one device
             pass

@@ -120,7 +120,7 @@ def test_evaluation_on_cores_gives_the_one_device_losses():
     assert [next(iter(loss.devices())) for loss in losses] == [jax.devices()[i % 2] for i in range(5)]
     reference = jax.jit(partial(eval_step, model=GPT(run.model)))
     want = [float(reference(params, jnp.asarray(w))) for w in windows]
-    np.testing.assert_allclose([float(x) for x in losses], want, rtol=1e-6)
+    assert [float(x) for x in losses] == want  # the same program on another core: the same bits
 
 
 @pytest.mark.parametrize(
