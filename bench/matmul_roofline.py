@@ -1,11 +1,15 @@
-"""How fast this device multiplies the matrices of one training shape, each alone: the ceiling
+"""How fast this machine multiplies the matrices of one training shape, each alone: the ceiling
 on MFU that the shape's matmuls set before anything else in the step costs time.
 
     python bench/matmul_roofline.py [--width 384 --heads 6 --seq 256 --batch 16] [--out FILE]
 
 For each matmul of a transformer block's forward pass (the backward pass runs the same shapes
-transposed) it times the jitted einsum and reports GFLOP/s and the share of the peak that
-jaxgpt.hardware uses for MFU. Prints a table and writes JSON.
+transposed) it times the jitted einsum two ways: on one CPU device (XLA spreading it over its
+threads), and split by rows over one device per core, each core multiplying its share at the
+same time (how train.py runs a step on CPU, jaxgpt/core_parallel.py). It reports GFLOP/s and the
+share of the peak that jaxgpt.hardware uses for MFU, and the block's ceiling: its matmul FLOPs
+over the time they take at these rates, the MFU a step made of nothing but these matmuls would
+reach. Prints a table and writes JSON.
 """
 
 from __future__ import annotations
@@ -22,27 +26,38 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxgpt.hardware import peak_flops  # noqa: E402
+from jaxgpt import runtime  # noqa: E402
+from jaxgpt.hardware import describe_cpu, peak_flops  # noqa: E402
 
 
-def rate(equation: str, a_shape: tuple, b_shape: tuple, seconds: float = 0.5) -> float:
-    """FLOP/s of einsum(equation, a, b), the best of five windows."""
+def rate(equation: str, a_shape: tuple, b_shape: tuple, devices: list, seconds: float = 0.5) -> float:
+    """FLOP/s of einsum(equation, a, b) with a's first axis split evenly over `devices`, each
+    device multiplying its share at the same time; the best of five windows."""
     rng = np.random.default_rng(0)
-    a = jnp.asarray(rng.normal(size=a_shape).astype(np.float32))
-    b = jnp.asarray(rng.normal(size=b_shape).astype(np.float32))
+    share = (a_shape[0] // len(devices), *a_shape[1:])
+    b_share = b_shape if len(b_shape) == 2 else (share[0], *b_shape[1:])  # batched: b splits too
+    pairs = [
+        (jax.device_put(rng.normal(size=share).astype(np.float32), device),
+         jax.device_put(rng.normal(size=b_share).astype(np.float32), device))
+        for device in devices
+    ]  # fmt: skip
     f = jax.jit(lambda a, b: jnp.einsum(equation, a, b))
-    out_shape = jax.eval_shape(f, a, b).shape
-    contracted = a_shape[-1]  # every equation below contracts a's last axis
-    flops = 2 * np.prod(out_shape) * contracted
-    f(a, b).block_until_ready()
+    out_shape = jax.eval_shape(f, *pairs[0]).shape
+    flops = 2 * np.prod(out_shape) * share[-1] * len(devices)  # every equation contracts a's last axis
+    jax.block_until_ready([f(a, b) for a, b in pairs])
     best = 0.0
     for _ in range(5):
         runs, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds / 5:
-            f(a, b).block_until_ready()
+            jax.block_until_ready([f(a, b) for a, b in pairs])
             runs += 1
         best = max(best, flops * runs / elapsed)
     return best
+
+
+def ceiling(flops_and_rates: list[tuple[float, float]]) -> float:
+    """FLOP/s of a sequence of matmuls run one after another: total FLOPs over total time."""
+    return sum(f for f, _ in flops_and_rates) / sum(f / r for f, r in flops_and_rates)
 
 
 def main() -> None:
@@ -53,6 +68,7 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=16)
     parser.add_argument("--out", default="bench/results/matmul_roofline.json")
     args = parser.parse_args()
+    runtime.configure()  # one CPU device per core, as train.py
     d, t, h = args.width, args.seq, args.heads
     tokens = args.batch * t
     head_dim = d // h
@@ -65,16 +81,37 @@ def main() -> None:
         "MLP down": ("md,dk->mk", (tokens, 4 * d), (4 * d, d)),
     }
     peak, source = peak_flops()
+    cores = runtime.core_devices()
+    ways = {"one_device": cores[:1], "per_core": cores}  # the second: split over the cores, as train.py
+    titles = {"one_device": "one device", "per_core": f"{len(cores)} cores"}
     print(f"peak {peak / 1e9:,.0f} GFLOP/s ({source}); shape d={d}, T={t}, heads={h}, batch={args.batch}")
-    print(f"{'matmul':26} {'GFLOP/s':>9} {'of peak':>8}")
-    results = []
+    print(f"{describe_cpu()}; GFLOP/s (share of the peak)")
+    print(f"{'matmul':26}" + "".join(f"{titles[way]:>18}" for way in ways))
+    results, timed = [], {way: [] for way in ways}
     for name, (equation, a_shape, b_shape) in cases.items():
-        flops_per_sec = rate(equation, a_shape, b_shape)
-        results.append({"matmul": name, "gflops": flops_per_sec / 1e9, "of_peak": flops_per_sec / peak})
-        print(f"{name:26} {flops_per_sec / 1e9:>9,.0f} {flops_per_sec / peak:>8.0%}")
+        flops = 2 * np.prod(a_shape) * b_shape[-1]  # per pass over the batch, any split
+        row = {"matmul": name, "flops": float(flops)}
+        for way, devices in ways.items():
+            row[way] = rate(equation, a_shape, b_shape, devices)
+            timed[way].append((flops, row[way]))
+        results.append(row)
+        print(f"{name:26}" + "".join(f"{row[w] / 1e9:>10,.0f} ({row[w] / peak:>4.0%})" for w in ways))
+    block = {way: ceiling(pairs) for way, pairs in timed.items()}
+    print(
+        f"{'block ceiling (by FLOPs)':26}"
+        + "".join(f"{block[w] / 1e9:>10,.0f} ({block[w] / peak:>4.0%})" for w in ways)
+    )
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = {"peak_flops": peak, "peak_source": source, "shape": vars(args), "rows": results}
+    result = {
+        "machine": describe_cpu(),
+        "peak_flops": peak,
+        "peak_source": source,
+        "shape": vars(args),
+        "cores": len(cores),
+        "rows": results,
+        "block_ceiling": block,
+    }
     out.write_text(json.dumps(result, indent=2))
     print(f"wrote {out}")
 

@@ -9,7 +9,8 @@ process so that nothing one measurement compiles or allocates helps another:
              the run), on one CPU device (JAXGPT_CPU_CORES=1, the previous default), and
              untuned (one device, no remat, one microbatch), beside
              the PyTorch reference (bench/torch_reference.py, nanoGPT's model and step;
-             eager, and torch.compile for the first case);
+             eager, and torch.compile for the first case), and on CPU the ceiling: the case's
+             matmuls alone, split over the cores (bench/matmul_roofline.py);
   loops      the whole loop: train.py as a user runs it (data, step, metrics, eval and
              checkpoint cadence) against nanoGPT's loop in PyTorch (a batch from the
              memory-mapped token file, the step, loss.item(), the same cadence);
@@ -112,6 +113,38 @@ def torch_train(case: Case, compile: bool) -> dict:
     return run_json(command, clean_env())
 
 
+def matmul_ceiling(case: Case) -> dict:
+    """The MFU a step made only of the case's matmuls would reach, split over the cores as
+    train.py splits it (bench/matmul_roofline.py: the block's forward shapes, each timed alone;
+    the backward pass is assumed to run its transposes as fast)."""
+    _, heads, width, seq, batch = case.torch_shape
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "roofline.json"
+        command = [sys.executable, str(BENCH / "matmul_roofline.py"), "--width", str(width), "--heads", str(heads)]
+        command += ["--seq", str(seq), "--batch", str(batch), "--out", str(out)]
+        result = subprocess.run(command, capture_output=True, text=True, cwd=ROOT, env=clean_env())
+        if result.returncode != 0:
+            raise SystemExit(f"error: matmul_roofline.py failed:\n{result.stderr.strip()[-2000:]}")
+        roofline = json.loads(out.read_text())
+    return {"mfu": roofline["block_ceiling"]["per_core"] / roofline["peak_flops"]}
+
+
+def fill_in_by_flops(rows: list[dict]) -> None:
+    """Give every row of one case both tokens/s and MFU: the PyTorch model does the same FLOPs
+    per token as jaxgpt's (the same matmuls), and MFU is against the same peak, so the two
+    convert by jaxgpt's measured ratio; step time follows from tokens/s."""
+    reference = next(r for r in rows if "mfu" in r and "tokens_per_sec" in r)
+    mfu_per_token_rate = reference["mfu"] / reference["tokens_per_sec"]
+    tokens_per_step = reference["tokens_per_sec"] * reference["step_ms"] / 1000
+    for row in rows:
+        row.setdefault("mfu", row.get("tokens_per_sec", 0) * mfu_per_token_rate)
+        row.setdefault("tokens_per_sec", row["mfu"] / mfu_per_token_rate)
+        row.setdefault("step_ms", 1000 * tokens_per_step / row["tokens_per_sec"])
+
+
+CEILING = "matmuls alone over the cores: ceiling"
+
+
 def training(cases, on_cpu: bool, rounds: int, with_torch: bool, say) -> list[dict]:
     rows = []
     for case in cases:
@@ -123,17 +156,22 @@ def training(cases, on_cpu: bool, rounds: int, with_torch: bool, say) -> list[di
             variants["PyTorch eager (nanoGPT model)"] = lambda c=case: torch_train(c, compile=False)
             if case.torch_compile:
                 variants["PyTorch torch.compile"] = lambda c=case: torch_train(c, compile=True)
+        if on_cpu and case.torch_shape:
+            variants[CEILING] = lambda c=case: matmul_ceiling(c)
         runs: dict[str, list[dict]] = {name: [] for name in variants}
         for round_ in range(rounds):
             for name, measure in variants.items():
                 say(f"  {case.name} / {name} (round {round_ + 1} of {rounds})")
                 runs[name].append(measure())
+        case_rows = []
         for name, results in runs.items():
             row = {"case": case.name, "variant": name, "rounds": len(results)}
             for key in results[0]:
                 values = [r[key] for r in results]
                 row[key] = statistics.median(values) if isinstance(values[0], (int, float)) else values[0]
-            rows.append(row)
+            case_rows.append(row)
+        fill_in_by_flops(case_rows)
+        rows += case_rows
     return rows
 
 
@@ -236,7 +274,7 @@ def print_table(result: dict) -> None:
     eager = {r["case"]: r["tokens_per_sec"] for r in result["training"] if r["variant"].startswith("PyTorch eager")}
     for r in result["training"]:
         ratio = f"{r['tokens_per_sec'] / eager[r['case']]:.2f}x" if r["case"] in eager else "-"
-        mfu = f"{r['mfu']:.1%}" if "mfu" in r else "-"
+        mfu = f"{r['mfu']:.1%}"
         temp = f"{r['step_temp_mb']:.0f}" if r.get("step_temp_mb") is not None else "-"
         rss = f"{r['max_rss_mb']:.0f}" if "max_rss_mb" in r else "-"
         print(
