@@ -30,6 +30,12 @@ from jaxgpt import runtime  # noqa: E402
 from jaxgpt.hardware import describe_cpu, peak_flops  # noqa: E402
 
 
+def matmul_flops(a_shape: tuple, b_shape: tuple) -> int:
+    """FLOPs of one of the einsums below: each contracts a's last axis, and b's last is the
+    output's (batched ones share their leading axis)."""
+    return 2 * int(np.prod(a_shape)) * b_shape[-1]
+
+
 def rate(equation: str, a_shape: tuple, b_shape: tuple, devices: list, seconds: float = 0.5) -> float:
     """FLOP/s of einsum(equation, a, b) with a's first axis split evenly over `devices`, each
     device multiplying its share at the same time; the best of five windows."""
@@ -42,8 +48,7 @@ def rate(equation: str, a_shape: tuple, b_shape: tuple, devices: list, seconds: 
         for device in devices
     ]  # fmt: skip
     f = jax.jit(lambda a, b: jnp.einsum(equation, a, b))
-    out_shape = jax.eval_shape(f, *pairs[0]).shape
-    flops = 2 * np.prod(out_shape) * share[-1] * len(devices)  # every equation contracts a's last axis
+    flops = matmul_flops(share, b_share) * len(devices)
     jax.block_until_ready([f(a, b) for a, b in pairs])
     best = 0.0
     for _ in range(5):
@@ -89,8 +94,8 @@ def main() -> None:
     print(f"{'matmul':26}" + "".join(f"{titles[way]:>18}" for way in ways))
     results, timed = [], {way: [] for way in ways}
     for name, (equation, a_shape, b_shape) in cases.items():
-        flops = 2 * np.prod(a_shape) * b_shape[-1]  # per pass over the batch, any split
-        row = {"matmul": name, "flops": float(flops)}
+        flops = matmul_flops(a_shape, b_shape)
+        row = {"matmul": name, "flops": flops}
         for way, devices in ways.items():
             row[way] = rate(equation, a_shape, b_shape, devices)
             timed[way].append((flops, row[way]))
