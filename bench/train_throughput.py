@@ -16,6 +16,7 @@ datasheet bfloat16 peak. Prints one JSON line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import resource
 import statistics
@@ -37,15 +38,26 @@ REPEATS = flags.DEFINE_integer("repeats", 5, "timings; the median is reported")
 COMPILE_ONLY = flags.DEFINE_bool("compile_only", False, "report the seconds to build and compile the step")
 
 
-def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: bool = False) -> dict:
+@dataclasses.dataclass
+class PreparedStep:
+    run: object  # the RunConfig train.py would train with (microbatches filled in)
+    mesh: object
+    state: object
+    compiled: object  # (state, batch) -> (state, metrics): train.py's step, compiled
+    batches: list  # synthetic batches, already on the devices
+    cores: int  # CPU cores the batch is split over (1: the plain one-device step)
+    trace_sec: float
+    compile_sec: float
+
+
+def prepare(config, vocab_size: int) -> PreparedStep:
+    """The step train.py would run for `config`, built and compiled, with batches to feed it."""
     import jax
     import numpy as np
 
     from jaxgpt import core_parallel, sharding
     from jaxgpt.autotune import fill_microbatches
     from jaxgpt.config_files import resolve
-    from jaxgpt.hardware import peak_flops
-    from jaxgpt.model import count_params, flops_per_token
     from jaxgpt.train_step import compiled_steps
 
     run = resolve(config, vocab_size=vocab_size)
@@ -66,9 +78,22 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     start = time.perf_counter()
     compiled = step.compile(state, batches[0]) if per_core else lowered.compile()
     compile_sec = time.perf_counter() - start
+    cores = len(plan.devices) if per_core else 1
+    return PreparedStep(run, mesh, state, compiled, batches, cores, trace_sec, compile_sec)
+
+
+def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: bool = False) -> dict:
+    import jax
+
+    from jaxgpt.hardware import peak_flops
+    from jaxgpt.model import count_params, flops_per_token
+
+    prepared = prepare(config, vocab_size)
+    run, state, compiled, batches = prepared.run, prepared.state, prepared.compiled, prepared.batches
     if compile_only:
-        return {"trace_sec": trace_sec, "compile_sec": compile_sec}
+        return {"trace_sec": prepared.trace_sec, "compile_sec": prepared.compile_sec}
     memory = compiled.memory_analysis()
+    batch, seq = run.train.batch_size, run.model.block_size
 
     for i in range(3):
         state, metrics = compiled(state, batches[i % 4])
@@ -82,11 +107,11 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
         times.append((time.perf_counter() - start) / steps)
     step_sec = statistics.median(times)
     tokens_per_sec = batch * seq / step_sec
-    devices = mesh.devices.flatten().tolist()
+    devices = prepared.mesh.devices.flatten().tolist()
     peak, source = peak_flops(devices)
     return {
         "devices": len(devices),
-        "cores": len(plan.devices) if per_core else 1,
+        "cores": prepared.cores,
         "microbatches": run.train.microbatches,
         "device_kind": devices[0].device_kind,
         "params": count_params(state.params),
@@ -95,8 +120,8 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
         "mfu": flops_per_token(run.model, seq) * tokens_per_sec / peak,
         "peak_flops": peak,
         "peak_source": source,
-        "trace_sec": trace_sec,
-        "compile_sec": compile_sec,
+        "trace_sec": prepared.trace_sec,
+        "compile_sec": prepared.compile_sec,
         "step_temp_mb": memory.temp_size_in_bytes / 2**20 if memory else None,
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "spread": (max(times) - min(times)) / step_sec,

@@ -1,0 +1,148 @@
+"""Where train.py's step spends its time: the compiled step run under JAX's profiler, every
+operation XLA executed summed by kind (matmuls, layout copies, the rest), with the largest ones.
+
+    python bench/step_profile.py --config configs/tiny.py --config.model.block_size=64 [--steps 10]
+
+It takes bench/train_throughput.py's flags (--config and overrides, --vocab, --steps) and builds
+the step as it does.
+
+Each event the profiler records on XLA's threads is one operation of a compiled program, named
+as in the program's HLO; its kind is read from that HLO (a dot, or a fusion around one, is a
+matmul; copies and transposes alone move data between layouts; everything else computes
+elementwise values or reductions). The profiler slows the step (its own bookkeeping per event),
+so the table gives each kind's share of the recorded time, not a speed: speeds come from
+bench/train_throughput.py. Writes JSON (--out).
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import re
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+from absl import flags  # noqa: E402
+from train_throughput import CONFIG, STEPS, VOCAB, prepare  # noqa: E402  (its flags are this script's)
+
+from jaxgpt import cli, runtime  # noqa: E402
+
+TOP = flags.DEFINE_integer("top", 15, "largest single operations listed")
+OUT = flags.DEFINE_string("out", "bench/results/step_profile.json", "where the JSON goes")
+
+MOVES_DATA = {"copy", "transpose", "bitcast", "broadcast", "reshape", "parameter", "slice", "concatenate", "tuple"}
+COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
+INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (\S+) ([\w\-]+)\(")
+CALLS = re.compile(r"calls=%([\w.\-]+)")
+
+
+def instruction_kinds(hlo_text: str) -> dict[str, tuple[str, str]]:
+    """{instruction name: (kind, shape)} for a compiled program's HLO text."""
+    opcodes: dict[str, set] = collections.defaultdict(set)  # computation -> the opcodes in it
+    instructions = []  # (name, shape, opcode, the computation it calls)
+    computation = None
+    for line in hlo_text.splitlines():
+        if header := COMPUTATION.match(line):
+            computation = header.group(1)
+        elif instruction := INSTRUCTION.match(line):
+            name, shape, opcode = instruction.groups()
+            opcodes[computation].add(opcode)
+            called = CALLS.search(line)
+            instructions.append((name, shape, opcode, called.group(1) if called else None))
+    kinds = {}
+    for name, shape, opcode, called in instructions:
+        inner = opcodes[called] if opcode == "fusion" else {opcode}
+        if inner & {"dot", "convolution"}:
+            kind = "matmul"
+        elif inner <= MOVES_DATA:
+            kind = "layout copy"
+        else:
+            kind = "elementwise and reductions"
+        kinds[name] = (kind, shape)
+    return kinds
+
+
+def recorded_operations(trace_dir: str, kinds: dict) -> collections.Counter:
+    """Nanoseconds per HLO instruction name, summed over every XLA thread's events."""
+    import jax
+
+    [path] = Path(trace_dir).rglob("*.xplane.pb")
+    profile = jax.profiler.ProfileData.from_file(str(path))
+    spent = collections.Counter()
+    for plane in profile.planes:
+        for line in plane.lines:
+            for event in line.events:
+                if event.name in kinds:
+                    spent[event.name] += event.duration_ns
+    return spent
+
+
+def main() -> None:
+    cli.parse_flags(sys.argv, usage=__doc__)
+    cli.require_config(CONFIG)
+    runtime.configure()
+    import jax
+
+    from jaxgpt.hardware import describe_cpu
+
+    prepared = prepare(CONFIG.value, VOCAB.value)
+    state, step, batches = prepared.state, prepared.compiled, prepared.batches
+    if prepared.cores > 1:
+        texts = step.program_texts(state, batches[0])
+    else:
+        texts = [step.as_text()]
+    kinds = {}
+    for text in texts:  # the gradient program first: the update's few names that repeat its own are left to it
+        kinds = instruction_kinds(text) | kinds
+    for i in range(3):
+        state, metrics = step(state, batches[i % len(batches)])
+    jax.block_until_ready(metrics)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        started = time.perf_counter()
+        with jax.profiler.trace(trace_dir):
+            for i in range(STEPS.value):
+                state, metrics = step(state, batches[i % len(batches)])
+            jax.block_until_ready(metrics)
+        profiled_ms = 1000 * (time.perf_counter() - started) / STEPS.value
+        spent = recorded_operations(trace_dir, kinds)
+
+    total = sum(spent.values())
+    by_kind = collections.Counter()
+    for name, ns in spent.items():
+        by_kind[kinds[name][0]] += ns
+    per_step = 1e-6 / STEPS.value
+    machine = describe_cpu() if jax.default_backend() == "cpu" else jax.devices()[0].device_kind
+    print(f"{machine}; {prepared.cores} core(s), {prepared.run.train.microbatches} microbatch(es)")
+    print(f"profiled step {profiled_ms:.1f} ms (slowed by the profiler); operations recorded per step, all threads:")
+    print(f"{'kind':<28}{'ms/step':>10}{'share':>8}")
+    for kind, ns in by_kind.most_common():
+        print(f"{kind:<28}{ns * per_step:>10.2f}{ns / total:>8.1%}")
+    print(f"\nlargest operations ({TOP.value}):")
+    top = spent.most_common(TOP.value)
+    for name, ns in top:
+        kind, shape = kinds[name]
+        print(f"{ns * per_step:>9.2f} ms  {ns / total:>6.1%}  {kind:<28}{name:<28}{shape}")
+    result = {
+        "machine": machine,
+        "cores": prepared.cores,
+        "microbatches": prepared.run.train.microbatches,
+        "steps": STEPS.value,
+        "profiled_step_ms": profiled_ms,
+        "ms_per_step_by_kind": {kind: ns * per_step for kind, ns in by_kind.items()},
+        "share_by_kind": {kind: ns / total for kind, ns in by_kind.items()},
+        "largest": [
+            {"name": n, "kind": kinds[n][0], "shape": kinds[n][1], "ms_per_step": ns * per_step} for n, ns in top
+        ],
+    }
+    out = Path(OUT.value)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+
+
+if __name__ == "__main__":
+    main()
