@@ -129,8 +129,9 @@ class CoreParallelStep:
 
     def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
         """The compiled programs' HLO (each core's, then the update's): for checking that none
-        holds a collective."""
-        self.compile(state, windows)
+        holds a collective. Compiles them first unless `compile` already has."""
+        if self._compiled_gradients is None:
+            self.compile(state, windows)
         return [c.as_text() for c in self._compiled_gradients.values()] + [self._compiled_apply.as_text()]
 
 
