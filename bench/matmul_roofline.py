@@ -112,7 +112,7 @@ def main() -> None:
         "machine": describe_cpu(),
         "peak_flops": peak,
         "peak_source": source,
-        "shape": vars(args),
+        "shape": {key: value for key, value in vars(args).items() if key != "out"},
         "cores": len(cores),
         "rows": results,
         "block_ceiling": block,
