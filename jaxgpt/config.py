@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+from pathlib import Path
 
 from jaxgpt.errors import UserError
 
@@ -25,6 +27,12 @@ ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
+
+
+def cache_root() -> Path:
+    """Where jaxgpt keeps what it derives and can rebuild (prepared tokens, compiled programs,
+    the CPU's measured peak): $JAXGPT_CACHE, else ~/.cache/jaxgpt."""
+    return Path(os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt")
 
 
 class ConfigError(UserError, ValueError):

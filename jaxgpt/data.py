@@ -42,6 +42,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxgpt.config import DataConfig
+from jaxgpt.config import cache_root as config_cache_root
 from jaxgpt.errors import UserError
 from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
 
@@ -244,7 +245,7 @@ def _read_hub(spec: str, text_column: str) -> Iterator[str]:
 
 
 def cache_root(config: DataConfig) -> Path:
-    return Path(config.cache_dir or os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt") / "data"
+    return (Path(config.cache_dir) if config.cache_dir else config_cache_root()) / "data"
 
 
 def _fingerprint(config: DataConfig) -> str:

@@ -13,6 +13,8 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
+from jaxgpt.config import cache_root
+
 # Dense bfloat16 peak FLOP/s per device from the vendors' datasheets (no sparsity). Matched
 # against jax's device_kind by substring, first match wins.
 DATASHEET_PEAK_FLOPS = (
@@ -33,15 +35,22 @@ DATASHEET_PEAK_FLOPS = (
 )
 
 
+CPUINFO = Path("/proc/cpuinfo")
+SYS_CPU = Path("/sys/devices/system/cpu")
+
+
+def cpuinfo() -> dict[str, str]:
+    """The first processor's fields in /proc/cpuinfo ({} where there is none)."""
+    try:
+        block = CPUINFO.read_text().split("\n\n")[0]
+    except OSError:
+        return {}
+    return {key.strip(): value.strip() for key, _, value in (line.partition(":") for line in block.splitlines())}
+
+
 def cpu_model() -> str:
     """The CPU's marketing name from /proc/cpuinfo (platform.processor() elsewhere)."""
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    return cpuinfo().get("model name") or platform.processor() or platform.machine()
 
 
 CPU_CACHE_DIR = Path("/sys/devices/system/cpu/cpu0/cache")
@@ -69,28 +78,109 @@ def describe_cpu() -> str:
     return f"{cpu_model()} ({os.cpu_count()} cores{cache})"
 
 
+def physical_cores() -> int:
+    """Physical cores among the CPUs this process may run on: two hyperthreads of one core
+    share its FMA units, so they count once (Linux sysfs topology; the CPU count elsewhere)."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else range(os.cpu_count() or 1)
+    cores = set()
+    for cpu in cpus:
+        topology = SYS_CPU / f"cpu{cpu}" / "topology"
+        try:
+            cores.add(tuple((topology / name).read_text().strip() for name in ("physical_package_id", "core_id")))
+        except OSError:
+            cores.add(("cpu", str(cpu)))
+    return len(cores)
+
+
+def cpu_clock_hz() -> tuple[float, str] | None:
+    """(clock, where it was read): the maximum clock cpufreq reports, else the clock in
+    /proc/cpuinfo, which a VM without cpufreq reports as the nominal (base) clock."""
+    try:
+        return int((SYS_CPU / "cpu0" / "cpufreq" / "cpuinfo_max_freq").read_text()) * 1e3, "cpufreq maximum"
+    except (OSError, ValueError):
+        pass
+    try:
+        return float(cpuinfo()["cpu MHz"]) * 1e6, "clock in /proc/cpuinfo"
+    except (KeyError, ValueError):
+        return None
+
+
+def float32_flops_per_cycle(info: dict[str, str]) -> tuple[int, str] | None:
+    """Float32 FLOPs one x86 core can issue per cycle, from its instruction-set flags: vector
+    lanes x 2 (a fused multiply-add is two FLOPs) x FMA units. The number of FMA units is not
+    in any flag; two is what server cores since Haswell and Zen 2 have (an AVX-512 Xeon with
+    one 512-bit unit, some Silver and Bronze parts, does half this). None for other CPUs."""
+    flags = set(info.get("flags", "").split())
+    if "avx512f" in flags:
+        if info.get("vendor_id") == "AuthenticAMD" and int(info.get("cpu family", 0)) < 26:
+            return 32, "AVX-512 on two 256-bit FMA units (Zen 4)"
+        return 64, "AVX-512, two 512-bit FMA units"
+    if {"avx2", "fma"} <= flags:
+        return 32, "AVX2, two 256-bit FMA units"
+    if "avx" in flags:
+        return 16, "AVX, one 256-bit multiply and one add"
+    if "sse2" in flags:
+        return 8, "SSE, one 128-bit multiply and one add"
+    return None
+
+
+def computed_cpu_peak() -> tuple[float, str] | None:
+    """(FLOP/s, how): physical cores x clock x float32 FLOPs per cycle. It does not depend on
+    what else the machine is doing; None where the clock or the instruction set is unknown."""
+    clock, per_cycle = cpu_clock_hz(), float32_flops_per_cycle(cpuinfo())
+    if clock is None or per_cycle is None:
+        return None
+    cores = physical_cores()
+    return cores * clock[0] * per_cycle[0], (
+        f"{cores} cores x {clock[0] / 1e9:.2f} GHz ({clock[1]}) x {per_cycle[0]} float32 FLOP/cycle ({per_cycle[1]})"
+    )
+
+
 def _peak_record() -> Path:
-    root = Path(os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt")
-    return root / "cpu_peak.json"
+    return cache_root() / "cpu_peak.json"
 
 
-@functools.cache
-def measured_cpu_peak_flops() -> float:
-    """The float32 matmul FLOP/s this CPU has been seen to reach: the ceiling that training
-    FLOPs are compared against on CPU (no datasheet number fits every CPU).
+# A measurement counts only if the rest of the machine used less than this share of its CPUs
+# meanwhile: under load a matmul ran at 40-60% of its idle speed even per CPU-second (shared
+# caches, the hypervisor), so a busy measurement says nothing about the hardware.
+IDLE_SHARE = 0.05
 
-    One measurement is at the mercy of whatever else the machine runs at that moment (MFU
-    figures swung from 23% to 69% across identical runs when the peak was measured afresh each
-    time), so the best figure seen on this machine is kept in the cache folder and each start
-    can only raise it: the figure settles at what the CPU does when idle."""
+
+def _machine_busy_seconds() -> float | None:
+    """CPU-seconds all processes (and the hypervisor, as steal) have used since boot."""
+    try:
+        fields = Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]
+    except OSError:
+        return None
+    jiffies = [int(field) for field in fields]
+    idle = jiffies[3] + jiffies[4]  # idle + iowait; steal (field 8) counts as busy
+    return (sum(jiffies[:8]) - idle) / os.sysconf("SC_CLK_TCK")
+
+
+def measure_when_idle(measure) -> tuple[float, bool]:
+    """(measure(), whether the rest of the machine was idle while it ran)."""
+    busy, own, started = _machine_busy_seconds(), os.times(), time.perf_counter()
+    result = measure()
+    wall, busy_after, own_after = time.perf_counter() - started, _machine_busy_seconds(), os.times()
+    if busy is None or busy_after is None:
+        return result, False
+    others = (busy_after - busy) - (own_after.user + own_after.system - own.user - own.system)
+    return result, others <= IDLE_SHARE * wall * (os.cpu_count() or 1)
+
+
+def idle_measured_cpu_peak() -> float:
+    """The best float32 matmul FLOP/s seen on this machine while it was otherwise idle (0 if
+    never): measured now, kept in the cache folder, only ever raised."""
     key = f"{describe_cpu()}; jax {jax.__version__}"
     record = _peak_record()
     try:
         known = json.loads(record.read_text())
     except (OSError, ValueError):
         known = {}
-    best = max(matmul_flops(), float(known.get(key, 0.0)))
-    if best > known.get(key, 0.0):
+    best = float(known.get(key, 0.0))
+    flops, idle = measure_when_idle(matmul_flops)
+    if idle and flops > best:
+        best = flops
         try:
             record.parent.mkdir(parents=True, exist_ok=True)
             tmp = record.with_suffix(f".tmp{os.getpid()}")
@@ -99,6 +189,35 @@ def measured_cpu_peak_flops() -> float:
         except OSError:  # a read-only home: the figure is still this start's best
             pass
     return best
+
+
+@functools.cache
+def cpu_peak_flops() -> tuple[float, str]:
+    """(FLOP/s, where from): the ceiling training FLOPs are compared against on CPU.
+
+    The reference is computed from the hardware (cores x clock x FLOPs per cycle), so it is the
+    same at every start whatever else runs. A matmul measured while the machine was idle is
+    the check: where it beats the computed figure, the cores run faster than the clock the OS
+    reports (a VM hides the boost clock), and the measurement becomes the peak, since no MFU
+    may exceed what the hardware has been seen to do. A measurement under load never counts."""
+    computed, measured = computed_cpu_peak(), idle_measured_cpu_peak()
+    check = f"; idle matmul measured {measured / 1e9:,.0f}" if measured else "; no idle matmul measurement yet"
+    if computed and computed[0] >= measured:
+        return computed[0], computed[1] + check
+    if computed:
+        return measured, (
+            f"float32 matmul measured on this machine while idle, above the {computed[0] / 1e9:,.0f} of "
+            f"{computed[1]}: the cores run faster than that clock"
+        )
+    if measured:
+        return measured, "float32 matmul measured on this machine while idle (no clock or FLOPs per cycle known)"
+    return float("nan"), "unknown: no clock or FLOPs per cycle known and no idle measurement yet"
+
+
+def remeasure_cpu_peak() -> tuple[float, str]:
+    """The CPU peak again, with a fresh measurement (when a run's own FLOP/s come near it)."""
+    cpu_peak_flops.cache_clear()
+    return cpu_peak_flops()
 
 
 def matmul_flops(size: int = 1024, windows: int = 5, seconds: float = 0.2) -> float:
@@ -121,12 +240,12 @@ def peak_flops(devices=None) -> tuple[float, str]:
     """(peak FLOP/s of all `devices` together, where the number comes from).
 
     On CPU the fake devices of --xla_force_host_platform_device_count share the same cores,
-    so the machine's measured peak is the ceiling whatever their number.
+    so the machine's peak is the ceiling whatever their number.
     """
     devices = devices or jax.devices()
     kind = devices[0].device_kind
     if devices[0].platform == "cpu":
-        return measured_cpu_peak_flops(), "measured float32 matmul peak of this CPU"
+        return cpu_peak_flops()
     for name, flops in DATASHEET_PEAK_FLOPS:
         if name.lower() in kind.lower():
             return flops * len(devices), f"datasheet bfloat16 peak of {len(devices)} x {kind}"

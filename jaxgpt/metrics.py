@@ -58,9 +58,20 @@ def training_record(
         "grad_norm": grad_norm,
         "tokens_per_sec": tokens_per_sec,
         "tokens_per_sec_per_device": tokens_per_sec / devices,
-        "mfu": tokens_per_sec * flops_per_token / peak_flops,
+        "mfu": model_flops_utilisation(tokens_per_sec * flops_per_token, peak_flops),
         "elapsed_sec": elapsed,
     }
+
+
+def model_flops_utilisation(achieved_flops: float, peak_flops: float) -> float:
+    """achieved / peak, or NaN (null in metrics.jsonl) where that is above 1: a peak the run
+    beats is not the hardware's peak, and an MFU over 100% would only report that error."""
+    ratio = achieved_flops / peak_flops
+    return ratio if ratio <= 1 else math.nan
+
+
+def describe_mfu(mfu: float) -> str:
+    return f"MFU {mfu:.1%}" if math.isfinite(mfu) else "MFU n/a (the run beat the peak it was measured against)"
 
 
 def read_metrics(workdir: str | Path) -> list[dict]:

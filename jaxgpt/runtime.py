@@ -25,6 +25,7 @@ from pathlib import Path
 
 import jax
 
+from jaxgpt.config import cache_root
 from jaxgpt.errors import UserError
 
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
@@ -46,7 +47,7 @@ def compilation_cache_dir() -> Path | None:
         return None
     if setting:
         return Path(setting)
-    return Path(os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt") / "xla"
+    return cache_root() / "xla"
 
 
 def enable_compilation_cache() -> Path | None:

@@ -1,19 +1,101 @@
 """What the hardware is: the CPU's name and caches, and a peak that does not swing with the
 load of the moment."""
 
+import math
+from types import SimpleNamespace
+
+import pytest
+
 from jaxgpt import hardware
+from jaxgpt.metrics import model_flops_utilisation
+
+ZEN3 = {"vendor_id": "AuthenticAMD", "cpu family": "25", "flags": "sse2 avx fma avx2", "cpu MHz": "2445.4"}
 
 
-def test_the_cpu_peak_is_the_best_seen_so_a_busy_start_cannot_lower_it(monkeypatch, tmp_path):
+@pytest.fixture
+def machine(monkeypatch, tmp_path):
+    """A CPU described by hand: cpuinfo fields, a cache folder, and matmul measurements that
+    say whether the rest of the machine was idle."""
     monkeypatch.setenv("JAXGPT_CACHE", str(tmp_path))
-    measured = iter([100e9, 40e9, 130e9])  # an idle start, a busy one, a quieter one
-    monkeypatch.setattr(hardware, "matmul_flops", lambda: next(measured))
-    peaks = []
-    for _ in range(3):
-        hardware.measured_cpu_peak_flops.cache_clear()
-        peaks.append(hardware.measured_cpu_peak_flops())
-    assert peaks == [100e9, 100e9, 130e9]
-    assert (tmp_path / "cpu_peak.json").is_file()
+    monkeypatch.setattr(hardware, "cpuinfo", lambda: dict(ZEN3))
+    monkeypatch.setattr(hardware, "physical_cores", lambda: 2)
+    monkeypatch.setattr(hardware, "cpu_clock_hz", lambda: (2.5e9, "clock in /proc/cpuinfo"))
+    measurements = []  # (FLOP/s, idle) per start
+    monkeypatch.setattr(hardware, "measure_when_idle", lambda measure: measurements.pop(0))
+
+    def start(flops: float, idle: bool) -> tuple[float, str]:
+        measurements.append((flops, idle))
+        hardware.cpu_peak_flops.cache_clear()
+        return hardware.cpu_peak_flops()
+
+    yield start
+    hardware.cpu_peak_flops.cache_clear()
+
+
+def test_the_cpu_peak_is_computed_from_cores_clock_and_flops_per_cycle(machine):
+    """2 cores x 2.5 GHz x (8 float32 lanes x 2 FLOPs per FMA x 2 FMA units) = 160 GFLOP/s,
+    whatever a busy start measures."""
+    for measured in (40e9, 150e9, 10e9):
+        peak, source = machine(measured, idle=False)
+        assert peak == 2 * 2.5e9 * 32
+        assert "2 cores x 2.50 GHz" in source and "32 float32 FLOP/cycle" in source
+
+
+def test_an_idle_measurement_above_the_computed_peak_raises_it_and_a_busy_one_never_counts(machine):
+    """A VM hides the boost clock: an idle matmul beating 160 GFLOP/s proves the cores faster;
+    later starts keep that figure, busy or not, and only a faster idle one raises it."""
+    assert machine(222e9, idle=False)[0] == 160e9
+    peak, source = machine(222e9, idle=True)
+    assert peak == 222e9 and "while idle" in source and "160" in source
+    assert machine(100e9, idle=False)[0] == 222e9
+    assert machine(200e9, idle=True)[0] == 222e9
+    assert machine(230e9, idle=True)[0] == 230e9
+
+
+@pytest.mark.parametrize(
+    "info, per_cycle",
+    [
+        (ZEN3, 32),  # Zen 3: two 256-bit FMA pipes
+        (ZEN3 | {"cpu family": "25", "flags": ZEN3["flags"] + " avx512f"}, 32),  # Zen 4: 512-bit on 256-bit pipes
+        (ZEN3 | {"cpu family": "26", "flags": ZEN3["flags"] + " avx512f"}, 64),  # Zen 5: full 512-bit pipes
+        ({"vendor_id": "GenuineIntel", "cpu family": "6", "flags": "avx fma avx2 avx512f"}, 64),
+        ({"vendor_id": "GenuineIntel", "cpu family": "6", "flags": "sse2 avx"}, 16),  # Sandy Bridge: no FMA
+        ({"vendor_id": "ARM", "flags": "asimd"}, None),
+    ],
+)
+def test_flops_per_cycle_follow_the_vector_width_and_fma_units(info, per_cycle):
+    found = hardware.float32_flops_per_cycle(info)
+    assert (found and found[0]) == per_cycle
+
+
+def test_hyperthreads_of_one_core_count_once(monkeypatch, tmp_path):
+    """Two logical CPUs on core 0 and one on core 1: two physical cores share the FMA units."""
+    for cpu, core in enumerate([0, 0, 1]):
+        topology = tmp_path / f"cpu{cpu}" / "topology"
+        topology.mkdir(parents=True)
+        (topology / "physical_package_id").write_text("0\n")
+        (topology / "core_id").write_text(f"{core}\n")
+    monkeypatch.setattr(hardware, "SYS_CPU", tmp_path)
+    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert hardware.physical_cores() == 2
+
+
+def test_a_measurement_is_idle_only_if_other_processes_used_almost_no_cpu(monkeypatch):
+    """Our own CPU time is subtracted from the machine's; what is left belongs to others."""
+    busy = iter([100.0, 100.0 + 0.9])  # the machine's busy CPU-seconds before and after
+    monkeypatch.setattr(hardware, "_machine_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(hardware.os, "cpu_count", lambda: 2)
+    times = iter([1.0, 1.9])  # our own user time: 0.9 s, i.e. all the machine's busy time
+    monkeypatch.setattr(hardware.os, "times", lambda: SimpleNamespace(user=next(times), system=0.0))
+    assert hardware.measure_when_idle(lambda: 7) == (7, True)
+    busy = iter([100.0, 100.0 + 1.9])  # someone else used a whole second meanwhile
+    times = iter([1.0, 1.9])
+    assert hardware.measure_when_idle(lambda: 7) == (7, False)
+
+
+def test_an_mfu_above_one_is_not_printed_as_a_number():
+    assert model_flops_utilisation(50e9, 100e9) == 0.5
+    assert math.isnan(model_flops_utilisation(120e9, 100e9))
 
 
 def test_the_machine_is_described_by_name_cores_and_cache(monkeypatch):
