@@ -9,8 +9,9 @@ One run per combination of the --vary values and seed (seed = train.seed, train.
 each in its own workdir under --out (resumable: rerunning skips finished runs and continues
 unfinished ones), on the same data. Then one table, printed and written as <out>/results.md and
 <out>/results.json: per variant the final val loss and bits per byte (mean and spread, the
-largest minus the smallest, over seeds), parameters, tokens/s and training time; and <out>/loss.png,
-the val loss against steps, one line per variant (mean over seeds).
+largest minus the smallest, over seeds), parameters, tokens/s and training time; and <out>/loss.png:
+each variant's logged training loss as a line and its evaluations as dots (mean over seeds).
+train.log_every is lowered where needed so every run logs at least 25 training losses.
 """
 
 from __future__ import annotations
@@ -111,23 +112,50 @@ def markdown(summary: list[dict]) -> str:
     return head + body + "\n(± half the spread, largest minus smallest, over seeds)\n"
 
 
+POINTS_PER_CURVE = 25  # logged training losses per run, at least, so a short run still draws a curve
+
+
+def log_often_enough(config) -> str | None:
+    """Lower train.log_every so each run logs at least POINTS_PER_CURVE training losses (a
+    10-step comparison at the config's log_every of 50 would draw one point); a note saying
+    so, or None. Logging changes no loss."""
+    t = config.train
+    wanted = max(1, t.steps // POINTS_PER_CURVE)
+    if t.log_every <= wanted:
+        return None
+    old, t.log_every = t.log_every, wanted
+    return f"train.log_every {old} -> {wanted}, so each run's curve has {t.steps // wanted} points"
+
+
 def plot(runs: dict[str, list[Path]], out: Path) -> Path:
-    """Val loss against steps, one line per variant: the mean over its seeds."""
+    """Loss against steps, one colour per variant (mean over its seeds): the logged training
+    loss as a line, each evaluation's val loss as a dot of the same colour."""
     import numpy as np
+    from matplotlib.lines import Line2D
 
     from jaxgpt.metrics import read_metrics
     from jaxgpt.plot import plt, save_png
 
-    figure, axes = plt.subplots(figsize=(7, 4), dpi=100)
+    def mean_curve(workdirs: list[Path], key: str) -> tuple[list[int], np.ndarray]:
+        curves = [[(r["step"], r[key]) for r in read_metrics(w) if r.get(key) is not None] for w in workdirs]
+        return [s for s, _ in curves[0]], np.mean([[v for _, v in curve] for curve in curves], axis=0)
+
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
     for i, (name, workdirs) in enumerate(runs.items()):
-        curves = [[(r["step"], r["val_loss"]) for r in read_metrics(w) if "val_loss" in r] for w in workdirs]
-        steps = [s for s, _ in curves[0]]
-        mean = np.mean([[v for _, v in curve] for curve in curves], axis=0)
-        axes.plot(steps, mean, color=f"C{i % 10}", label=name, marker="o", markersize=3)
+        colour = f"C{i % 10}"
+        axes.plot(*mean_curve(workdirs, "train_loss"), color=colour, alpha=0.85, linewidth=1.5, label=name)
+        axes.plot(*mean_curve(workdirs, "val_loss"), "o", color=colour, markeredgecolor="black", markersize=6)
+    seeds = len(next(iter(runs.values())))
+    axes.set_title(f"{len(runs)} variants" + (f", mean of {seeds} seeds" if seeds > 1 else ""))
     axes.set_xlabel("step")
-    axes.set_ylabel("val loss")
+    axes.set_ylabel("loss (nats per token)")
     axes.grid(alpha=0.3)
-    axes.legend(fontsize="small")
+    kinds = [
+        Line2D([], [], color="grey", label="train loss (logged)"),
+        Line2D([], [], color="grey", marker="o", markeredgecolor="black", linestyle="", label="val loss"),
+    ]
+    axes.add_artist(axes.legend(handles=kinds, loc="upper center", fontsize="small"))
+    axes.legend(fontsize="small", loc="upper right")
     return save_png(figure, out)
 
 
@@ -184,14 +212,16 @@ def _compare() -> None:
     config = CONFIG.value
     if STEPS.value is not None:
         config.train.steps = STEPS.value
-    from jaxgpt.config_files import resolve
-
-    for variant in variants(vary):  # every variant validated before the first run starts
-        resolve(with_values(config, variant))
+    if note := log_often_enough(config):
+        print(f"note: {note}")
     out = Path(OUT.value or Path("runs") / ("compare-" + "-".join(k.split(".")[-1] for k, _ in vary)))
     from jaxgpt import runtime
 
     runtime.configure(warn=cli.warn)
+    from jaxgpt.trainer import check_runnable
+
+    for variant in variants(vary):  # every variant checked as train.py would, before the first run
+        check_runnable(with_values(config, variant))
     _, table = compare(config, vary, SEEDS.value, out, progress=not QUIET.value)
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'loss.png'}")

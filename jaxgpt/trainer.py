@@ -79,9 +79,7 @@ def train_and_evaluate(
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
     notes: list[str] = []
-    run = config if isinstance(config, RunConfig) else resolve(config, notes=notes)  # validate before slow work
-    check_sinks_available(run.train.wandb_project)
-    kernel_fallback(run.model.attention, jax.default_backend(), training=True)
+    run = check_runnable(config, notes)  # validate before slow work
     dataset = data.prepare(run.data, progress=progress)
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
@@ -109,6 +107,15 @@ def train_and_evaluate(
                 (workdir / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2))
                 save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
             return trainer.train(start, progress=progress and main, stop_at=stop_at)
+
+
+def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
+    """The run `config` describes, if it can train here: a valid config, its logging sinks
+    installed, its attention kernel available on this backend; else one UserError line."""
+    run = config if isinstance(config, RunConfig) else resolve(config, notes=notes)
+    check_sinks_available(run.train.wandb_project)
+    kernel_fallback(run.model.attention, jax.default_backend(), training=True)
+    return run
 
 
 class Trainer:

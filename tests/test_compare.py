@@ -63,6 +63,22 @@ def test_rerunning_skips_finished_runs_and_gives_the_same_table(compared):
     assert (out / "results.json").read_text() == before
 
 
+def test_a_ten_step_comparison_draws_each_variants_training_curve_and_its_evaluations(compared, monkeypatch):
+    """--steps=10 with tiny's log_every of 50 would log one training loss; compare logs every
+    step instead, and the plot draws all ten per variant, with the evaluations (steps 5, 10)."""
+    from jaxgpt import compare, plot
+
+    out, result = compared
+    assert "train.log_every 50 -> 1" in result.stdout
+    drawn = {}
+    monkeypatch.setattr(plot, "save_png", lambda figure, path: drawn.setdefault("figure", figure))
+    compare.plot({name: [out / name / "seed0"] for name in NAMES}, out / "unused.png")
+    lines = drawn["figure"].axes[0].get_lines()
+    curves = [list(line.get_xdata()) for line in lines if line.get_linestyle() == "-"]
+    dots = [list(line.get_xdata()) for line in lines if line.get_linestyle() == "None"]
+    assert curves == [list(range(1, 11))] * len(NAMES) and dots == [[5, 10]] * len(NAMES)
+
+
 def test_seeds_average_and_spread():
     from jaxgpt.compare import summarise
 
@@ -81,6 +97,7 @@ def test_seeds_average_and_spread():
         ("model.positoin=rope", "no such config key"),
         ("model.n_layer=two", "expected an integer"),
         ("model.position=rope,spiral", "position='spiral' is not one of"),
+        ("model.attention=xla,dot_product,flash_tpu", "is a TPU kernel and this run is on cpu"),
     ],
 )
 def test_a_bad_vary_is_one_line_before_any_run(tmp_path, vary, message):
