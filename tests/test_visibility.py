@@ -175,6 +175,32 @@ def test_colab_notebook_executes_top_to_bottom(tmp_path):
     assert (tmp_path / "runs" / "resume" / "metrics.jsonl").exists()
 
 
+def test_on_colab_an_empty_repo_url_stops_the_first_cell_with_one_sentence(monkeypatch, capsys):
+    """The first cell as IPython runs it, with google.colab imported and no clone yet: one
+    line naming the edit, no traceback; with REPO_URL set the cell runs through."""
+    import types
+
+    import nbformat
+    from IPython.core.interactiveshell import InteractiveShell
+
+    cells = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4).cells
+    first = next(cell for cell in cells if cell.cell_type == "code")
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    shell = InteractiveShell.instance()
+    try:
+        result = shell.run_cell(first.source)
+        shown = capsys.readouterr().out.strip().splitlines()
+        assert type(result.error_in_exec).__name__ == "SetupNeeded"
+        assert shown == [
+            "Set REPO_URL in this cell to the git URL of your copy of jaxgpt "
+            "(e.g. https://github.com/<you>/jaxgpt), then run this cell again."
+        ]
+        set_url = first.source.replace('REPO_URL = ""', 'REPO_URL = "https://example.org/jaxgpt.git"')
+        assert shell.run_cell(set_url).success
+    finally:
+        InteractiveShell.clear_instance()
+
+
 class FakeWandb:
     """Stands in for the wandb package (not installed here, and it would need the network):
     records what jaxgpt hands it."""
