@@ -22,7 +22,7 @@ ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu")
 NORMS = ("layernorm", "rmsnorm", "none")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
-ROPE_SCALINGS = ("linear", "ntk", "yarn")
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -86,10 +86,16 @@ class RopeScaling:
           "yarn" — YaRN (Peng et al. 2023): per-frequency blend of interpolation and
             extrapolation by wavelength relative to `original_block_size`, plus a logit
             temperature 0.1 * ln(factor) + 1.
+          "llama3" — Llama 3.1's rule (Meta, "The Llama 3 herd of models", 2024): pairs whose
+            wavelength is shorter than original_block_size / high_freq_factor keep their
+            frequency, those longer than original_block_size / low_freq_factor are divided by
+            `factor`, and the ones between blend the two smoothly.
     factor: how many times longer the new context is than the original (> 1 stretches).
-    original_block_size: the context length the model was trained with; YaRN needs it to
-        decide which frequencies complete a full rotation inside that window.
+    original_block_size: the context length the model was trained with; YaRN and llama3 need
+        it to decide which frequencies complete a full rotation inside that window.
     beta_fast, beta_slow: YaRN's ramp bounds in rotations per original window (paper: 32, 1).
+    low_freq_factor, high_freq_factor: llama3's bounds, also in rotations per original window
+        (Llama 3.1: 1 and 4).
     """
 
     kind: str
@@ -97,6 +103,8 @@ class RopeScaling:
     original_block_size: int | None = None
     beta_fast: float = 32.0
     beta_slow: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -267,10 +275,15 @@ def _check_model(c: ModelConfig) -> None:
             problems.found.append(f"model.rope_scaling.kind={s.kind!r} is not one of {allowed}")
         if not s.factor > 0:
             problems.found.append(f"model.rope_scaling.factor={s.factor!r} must be positive")
-        if s.kind == "yarn" and not (s.original_block_size or 0) > 0:
+        if s.kind in ("yarn", "llama3") and not (s.original_block_size or 0) > 0:
             problems.found.append(
-                f"model.rope_scaling.original_block_size={s.original_block_size!r}: YaRN needs the positive context "
-                "length the model was trained with"
+                f"model.rope_scaling.original_block_size={s.original_block_size!r}: {s.kind} needs the positive "
+                "context length the model was trained with"
+            )
+        if s.kind == "llama3" and not 0 < s.low_freq_factor < s.high_freq_factor:
+            problems.found.append(
+                f"model.rope_scaling.low_freq_factor={s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}: "
+                "llama3 needs 0 < low_freq_factor < high_freq_factor (Llama 3.1: 1 and 4)"
             )
     problems.raise_if_any()
 

@@ -1,4 +1,5 @@
-"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel and LlamaForCausalLM.
+"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 RoPE scaling included)
+and MistralForCausalLM (Llama with a sliding window).
 
     config, params = load_pretrained("path/to/dir")     # or a Hub name such as "gpt2", online
     save_pretrained(config, params, "out/dir")          # safetensors + config.json for transformers
@@ -20,7 +21,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxgpt.config import ModelConfig
+from jaxgpt.config import ModelConfig, RopeScaling
 from jaxgpt.errors import UserError
 from jaxgpt.model import init_params
 
@@ -113,15 +114,43 @@ def _gpt2_hf_config(c: ModelConfig) -> dict:
 # ----------------------------------------------------------------------------- Llama
 
 
-def _llama_config(hf: dict) -> ModelConfig:
-    rope = hf.get("rope_parameters") or {"rope_theta": hf.get("rope_theta", 10000.0), "rope_type": "default"}
-    rope_type = rope.get("rope_type", rope.get("type", "default"))
-    if rope_type != "default" or hf.get("rope_scaling"):
-        raise UserError(
-            f"Llama RoPE scaling {rope_type!r} is not supported by the converter yet; use a checkpoint without it"
+def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
+    """(rope_theta, rope_scaling) from a Llama-family config.json: transformers 5 writes
+    `rope_parameters`; older files (Llama 3.1's on the Hub) keep `rope_theta` beside a
+    `rope_scaling` section, whose type is under "rope_type" or "type"."""
+    field = "rope_parameters" if hf.get("rope_parameters") else "rope_scaling"
+    rope = {"rope_theta": hf.get("rope_theta", 10000.0)} | (hf.get(field) or {})
+    kind = rope.get("rope_type", rope.get("type", "default"))
+    if kind == "default":
+        return rope["rope_theta"], None
+    if kind == "linear":
+        return rope["rope_theta"], RopeScaling("linear", rope["factor"])
+    if kind == "llama3":
+        return rope["rope_theta"], RopeScaling(
+            "llama3",
+            rope["factor"],
+            original_block_size=rope["original_max_position_embeddings"],
+            low_freq_factor=rope["low_freq_factor"],
+            high_freq_factor=rope["high_freq_factor"],
         )
-    if hf.get("hidden_act", "silu") != "silu" or hf.get("attention_bias", False) != hf.get("mlp_bias", False):
-        raise UserError("this Llama variant (activation or mixed biases) does not map onto jaxgpt's Llama recipe")
+    raise UserError(
+        f"config.json {field}.rope_type={kind!r} is not supported; jaxgpt converts 'default', 'linear' and 'llama3'"
+    )
+
+
+def _llama_config(hf: dict) -> ModelConfig:
+    """Llama, and Mistral (Llama's recipe with a sliding attention window)."""
+    if hf.get("hidden_act", "silu") != "silu":
+        raise UserError(f"config.json hidden_act={hf['hidden_act']!r}: jaxgpt's Llama recipe is SwiGLU ('silu')")
+    if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
+        raise UserError("config.json attention_bias and mlp_bias differ: jaxgpt's `bias` covers both or neither")
+    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
+    if head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
+        raise UserError(
+            f"config.json head_dim={head_dim} x num_attention_heads={hf['num_attention_heads']} is not "
+            f"hidden_size={hf['hidden_size']}: jaxgpt's heads split the residual width exactly"
+        )
+    rope_theta, rope_scaling = _rope(hf)
     return ModelConfig(
         vocab_size=hf["vocab_size"],
         block_size=hf["max_position_embeddings"],
@@ -134,7 +163,9 @@ def _llama_config(hf: dict) -> ModelConfig:
         norm="rmsnorm",
         norm_eps=hf.get("rms_norm_eps", 1e-6),
         position="rope",
-        rope_theta=rope["rope_theta"],
+        rope_theta=rope_theta,
+        rope_scaling=rope_scaling,
+        attention_window=hf.get("sliding_window") or 0,  # Mistral: the query and window - 1 before it
         bias=hf.get("attention_bias", False),
         tie_embeddings=hf.get("tie_word_embeddings", False),
     )
@@ -191,29 +222,42 @@ def _llama_weights(c: ModelConfig, params: dict) -> dict:
 
 
 def _llama_hf_config(c: ModelConfig) -> dict:
+    rope = {"rope_theta": c.rope_theta, "rope_type": "default"}
+    if c.rope_scaling is not None:
+        s = c.rope_scaling
+        rope |= {"rope_type": s.kind, "factor": s.factor}
+        if s.kind == "llama3":
+            rope |= {
+                "original_max_position_embeddings": s.original_block_size,
+                "low_freq_factor": s.low_freq_factor,
+                "high_freq_factor": s.high_freq_factor,
+            }
+    mistral = c.attention_window > 0
     return {
-        "model_type": "llama",
-        "architectures": ["LlamaForCausalLM"],
+        "model_type": "mistral" if mistral else "llama",
+        "architectures": ["MistralForCausalLM" if mistral else "LlamaForCausalLM"],
         "vocab_size": c.vocab_size,
         "hidden_size": c.d_model,
         "intermediate_size": c.mlp_hidden,
         "num_hidden_layers": c.n_layer,
         "num_attention_heads": c.n_head,
         "num_key_value_heads": c.n_kv_head,
+        "head_dim": c.head_dim,
         "max_position_embeddings": c.block_size,
         "hidden_act": "silu",
         "rms_norm_eps": c.norm_eps,
         "rope_theta": c.rope_theta,
-        "rope_parameters": {"rope_theta": c.rope_theta, "rope_type": "default"},
+        "rope_parameters": rope,
         "attention_bias": c.bias,
         "mlp_bias": c.bias,
         "tie_word_embeddings": c.tie_embeddings,
-    }
+    } | ({"sliding_window": c.attention_window} if mistral else {})
 
 
 FAMILIES = {
     "gpt2": (_gpt2_config, _gpt2_params, _gpt2_weights, _gpt2_hf_config),
     "llama": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),
+    "mistral": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),  # same weights as Llama
 }
 
 
@@ -226,22 +270,24 @@ WORKBENCH_FIELDS = (
 def _family_of(c: ModelConfig) -> str:
     """Which Hugging Face architecture a jaxgpt config is, if any."""
     switched = [f for f in WORKBENCH_FIELDS if getattr(c, f) != getattr(ModelConfig, f)]
+    llama_recipe = (c.position, c.norm, c.activation, c.norm_position) == ("rope", "rmsnorm", "swiglu", "pre")
+    if llama_recipe and switched == ["attention_window"]:
+        switched = []  # Mistral: Llama with a sliding window
     if switched:
         raise UserError(
-            f"model.{switched[0]}={getattr(c, switched[0])!r} has no counterpart in Hugging Face's GPT-2 or Llama; "
-            "only a model with the workbench switches off can be exported"
+            f"model.{switched[0]}={getattr(c, switched[0])!r} has no counterpart in Hugging Face's GPT-2, Llama or "
+            "Mistral; only a model with the workbench switches off can be exported"
         )
     if (c.position, c.norm, c.activation, c.norm_position, c.bias) == ("learned", "layernorm", "gelu", "pre", True):
         if c.n_kv_head == c.n_head:
             return "gpt2"
-    if (c.position, c.norm, c.activation, c.norm_position, c.rope_scaling) == (
-        "rope",
-        "rmsnorm",
-        "swiglu",
-        "pre",
-        None,
-    ):
-        return "llama"
+    if llama_recipe and (c.rope_scaling is None or c.rope_scaling.kind in ("linear", "llama3")):
+        return "mistral" if c.attention_window else "llama"
+    if llama_recipe:
+        raise UserError(
+            f"model.rope_scaling.kind={c.rope_scaling.kind!r} has no Hugging Face counterpart jaxgpt writes; "
+            "export a model with rope_scaling 'linear', 'llama3' or none"
+        )
     raise UserError(
         "this model is neither GPT-2 (learned positions, LayerNorm, GELU, biases, multi-head) nor Llama (RoPE, "
         "RMSNorm, SwiGLU): Hugging Face has no matching architecture to export it to"
@@ -306,7 +352,7 @@ def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
     hf = json.loads((directory / "config.json").read_text())
     family = hf.get("model_type")
     if family not in FAMILIES:
-        raise UserError(f"{directory}: model_type {family!r} is not supported; jaxgpt converts gpt2 and llama")
+        raise UserError(f"{directory}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama and mistral")
     to_config, to_params, _, _ = FAMILIES[family]
     config = to_config(hf)
     weights = {k: np.asarray(v, np.float32) for k, v in _read_weights(directory).items()}

@@ -33,6 +33,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
         return ((theta * s ** (head_dim / (head_dim - 2))) ** -exponents).astype(np.float32), 1.0
     if scaling.kind == "yarn":
         return _yarn(inv_freq, head_dim, theta, scaling)
+    if scaling.kind == "llama3":
+        return _llama3(inv_freq, scaling).astype(np.float32), 1.0
     raise ValueError(f"unknown rope_scaling.kind {scaling.kind!r}")
 
 
@@ -59,6 +61,17 @@ def _yarn(inv_freq: np.ndarray, head_dim: int, theta: float, scaling: RopeScalin
     keep = 1.0 - ramp  # 1: extrapolate (keep frequency), 0: interpolate
     blended = inv_freq / s * (1.0 - keep) + inv_freq * keep
     return blended.astype(np.float32), 0.1 * math.log(s) + 1.0
+
+
+def _llama3(inv_freq: np.ndarray, scaling: RopeScaling) -> np.ndarray:
+    """Llama 3.1's rule: a pair completing at least high_freq_factor rotations within the
+    original window keeps its frequency, one completing at most low_freq_factor is
+    interpolated (divided by the factor), and in between the frequency is a blend weighted by
+    where the pair's rotation count lies between the two."""
+    rotations = scaling.original_block_size * inv_freq / (2 * math.pi)  # per original window
+    low, high = scaling.low_freq_factor, scaling.high_freq_factor
+    keep = np.clip((rotations - low) / (high - low), 0.0, 1.0)  # 1: keep, 0: interpolate
+    return inv_freq * keep + inv_freq / scaling.factor * (1.0 - keep)
 
 
 def apply_rope(

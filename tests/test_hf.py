@@ -4,6 +4,7 @@ Needs the optional extras (pip install -r requirements-hf.txt); skipped without 
 """
 
 import json
+import re
 
 import jax
 import jax.numpy as jnp
@@ -15,7 +16,7 @@ transformers = pytest.importorskip(
     "transformers", reason="the parity tests need transformers: pip install -r requirements-hf.txt"
 )
 
-from jaxgpt.config import ModelConfig  # noqa: E402
+from jaxgpt.config import ModelConfig, RopeScaling  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.hf import load_pretrained, save_pretrained  # noqa: E402
 from jaxgpt.model import GPT, init_params  # noqa: E402
@@ -34,37 +35,55 @@ def with_visible_weights(model, seed: int = 0):
     return model.eval()
 
 
+LLAMA = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    intermediate_size=64,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,  # grouped-query attention: 4 query heads share 2 key/value heads
+    max_position_embeddings=32,
+    rms_norm_eps=1e-6,
+    tie_word_embeddings=False,
+    bos_token_id=0,
+    eos_token_id=0,
+)
+# Llama 3.1's scaling with head_dim 8 and theta 500: over the 32-token original window the four
+# rotary pairs turn 5.1, 1.07, 0.23 and 0.05 times, so one pair keeps its frequency (>= 4), one
+# is blended (between 1 and 4) and two are divided by the factor (<= 1): every branch is used.
+LLAMA_31_ROPE = {
+    "rope_type": "llama3",
+    "rope_theta": 500.0,
+    "factor": 4.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 32,
+}
+
+
 def reference_model(kind: str):
     """A small random transformers model."""
     if kind == "gpt2":
         config = transformers.GPT2Config(
             vocab_size=VOCAB, n_positions=32, n_embd=32, n_layer=2, n_head=4, bos_token_id=0, eos_token_id=0
         )
-        model = transformers.GPT2LMHeadModel(config)
-    else:  # grouped-query attention: 4 query heads share 2 key/value heads
-        config = transformers.LlamaConfig(
-            vocab_size=VOCAB,
-            hidden_size=32,
-            intermediate_size=64,
-            num_hidden_layers=2,
-            num_attention_heads=4,
-            num_key_value_heads=2,
-            max_position_embeddings=32,
-            rope_theta=500.0,
-            rms_norm_eps=1e-6,
-            tie_word_embeddings=False,
-            bos_token_id=0,
-            eos_token_id=0,
-        )
-        model = transformers.LlamaForCausalLM(config)
-    return with_visible_weights(model)
+        return with_visible_weights(transformers.GPT2LMHeadModel(config))
+    if kind == "llama":
+        config = transformers.LlamaConfig(**LLAMA, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+        return with_visible_weights(transformers.LlamaForCausalLM(config))
+    if kind == "llama3.1":
+        config = transformers.LlamaConfig(**LLAMA | {"max_position_embeddings": 128}, rope_parameters=LLAMA_31_ROPE)
+        return with_visible_weights(transformers.LlamaForCausalLM(config))
+    assert kind == "mistral"  # Llama plus a sliding window of 4 tokens, well inside the 16-token inputs
+    config = transformers.MistralConfig(**LLAMA, sliding_window=4, rope_theta=500.0)
+    return with_visible_weights(transformers.MistralForCausalLM(config))
 
 
 def tokens(shape=(2, 16), seed=0):
     return np.random.default_rng(seed).integers(0, VOCAB, shape)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "llama3.1", "mistral"])
 def saved(request, tmp_path_factory):
     model = reference_model(request.param)
     directory = tmp_path_factory.mktemp(request.param)
@@ -82,6 +101,56 @@ def test_logits_equal_transformers(saved):
     assert np.abs(theirs).max() > 1.0  # logits that really vary
     # Two float32 implementations of the same math: O(1e-6) relative apart on logits of O(10).
     assert np.abs(ours - theirs).max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "kind, without, config_field",
+    [("llama3.1", {"rope_scaling": None}, "rope scaling"), ("mistral", {"attention_window": 0}, "sliding window")],
+)
+def test_the_parity_depends_on_the_feature_under_test(kind, without, config_field, tmp_path):
+    """Without the scaling or the window the same weights give other logits (by whole units),
+    so the parity above is a check of each feature, not of plain Llama."""
+    reference_model(kind).save_pretrained(tmp_path)
+    config, params, _ = load_pretrained(str(tmp_path))
+    ids = jnp.asarray(tokens())
+    logits = lambda c: np.asarray(GPT(c).apply({"params": params}, ids))  # noqa: E731
+    assert np.abs(logits(config) - logits(config.replace(**without))).max() > 0.1, config_field
+
+
+def test_llama_31s_config_as_the_hub_writes_it_loads_with_its_scaling(tmp_path):
+    """Llama 3.1's config.json on the Hub predates `rope_parameters`: rope_theta sits beside a
+    `rope_scaling` section. Both spellings give the same model."""
+    reference_model("llama3.1").save_pretrained(tmp_path)
+    current, _, _ = load_pretrained(str(tmp_path))
+    hf = json.loads((tmp_path / "config.json").read_text())
+    rope = hf.pop("rope_parameters")
+    hf |= {"rope_theta": rope.pop("rope_theta"), "rope_scaling": rope}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    hub, _, _ = load_pretrained(str(tmp_path))
+    assert hub == current and hub.rope_scaling.kind == "llama3" and hub.rope_scaling.original_block_size == 32
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (
+            {"rope_parameters": {"rope_type": "yarn", "rope_theta": 500.0, "factor": 2.0}},
+            "config.json rope_parameters.rope_type='yarn' is not supported",
+        ),
+        (
+            {"rope_parameters": None, "rope_scaling": {"type": "dynamic", "factor": 2.0}},
+            "config.json rope_scaling.rope_type='dynamic' is not supported",
+        ),
+        ({"hidden_act": "gelu"}, "config.json hidden_act='gelu'"),
+        ({"head_dim": 16}, "config.json head_dim=16 x num_attention_heads=4 is not hidden_size=32"),
+    ],
+)
+def test_an_unsupported_llama_variant_is_refused_naming_the_field(edit, message, tmp_path):
+    reference_model("llama").save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf | edit))
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_pretrained(str(tmp_path))
 
 
 def test_cached_greedy_generation_equals_transformers_generate(saved):
@@ -130,8 +199,23 @@ def test_export_loads_in_transformers_with_the_same_logits(saved, tmp_path):
             bias=False,
             tie_embeddings=False,
         ),
+        ModelConfig(
+            vocab_size=VOCAB,
+            block_size=64,
+            n_layer=1,
+            n_head=4,
+            n_kv_head=1,
+            d_model=32,
+            position="rope",
+            norm="rmsnorm",
+            activation="swiglu",
+            bias=False,
+            tie_embeddings=False,
+            attention_window=8,
+            rope_scaling=RopeScaling("llama3", 2.0, original_block_size=32),
+        ),
     ],
-    ids=["gpt2", "llama"],
+    ids=["gpt2", "llama", "mistral-with-llama3-rope"],
 )
 def test_round_trip_through_a_hugging_face_directory_is_exact(config, tmp_path):
     params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(3))

@@ -94,6 +94,17 @@ def test_yarn_frequencies_match_hand_computation():
     assert scale == pytest.approx(1 + 0.1 * math.log(4))
 
 
+def test_llama3_frequencies_match_hand_computation():
+    # head_dim 8, theta 1e4: plain frequencies 1, 0.1, 0.01, 0.001. Original window 100, so
+    # pair i turns 100 * f / (2 pi) = 15.9, 1.59, 0.159, 0.0159 times in it. Llama 3.1's bounds
+    # 1 and 4: pair 0 (>= 4) keeps 1; pairs 2, 3 (<= 1) are divided by the factor 8; pair 1
+    # blends with weight w = (1.5915494 - 1) / 3 = 0.1971831 on keeping:
+    # 0.1 * (w + (1 - w) / 8) = 0.02975352.
+    inv_freq, scale = rope_frequencies(8, 10000.0, RopeScaling("llama3", 8.0, original_block_size=100))
+    np.testing.assert_allclose(inv_freq, [1.0, 0.02975352, 0.00125, 0.000125], rtol=1e-6)
+    assert scale == 1.0
+
+
 def test_sinusoidal_matches_vaswani_formula():
     table = np.asarray(sinusoidal_embedding(jnp.arange(3), 4))
     # d = 4: PE[p] = [sin(p), cos(p), sin(p / 100), cos(p / 100)].
