@@ -2,7 +2,7 @@
 
   - The persistent compilation cache: a compiled train step is written under the user's
     cache directory, so a second run of the same config (a resume, a sample after training)
-    skips most of compilation.
+    skips most of compilation; at most 2 GiB, least recently used programs evicted first.
   - On a CPU, one XLA device per core the process may use, for the trainer to run one
     single-device program per core on its share of the batch (jaxgpt/core_parallel.py). Every
     mesh built without naming its devices still has one CPU device: a mesh over several CPU
@@ -29,6 +29,7 @@ from jaxgpt.config import cache_root
 from jaxgpt.errors import UserError
 
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
+COMPILATION_CACHE_BYTES = 2 << 30  # a tiny config's step is ~1 MB, GPT-2 small's ~10 MB
 CORES_ENV = "JAXGPT_CPU_CORES"  # how many CPU cores train; 1: one device
 COLLECTIVES_WARNING = (
     "{n} CPU devices in one process end every step in an in-process all-reduce, which XLA aborts "
@@ -63,6 +64,10 @@ def enable_compilation_cache() -> Path | None:
     # compiles in about two, its eval step and sampler in less, and all are worth keeping.
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.2)
     jax.config.update("jax_persistent_cache_min_entry_size_bytes", 0)
+    # A size limit makes JAX evict the least recently used programs and take a file lock around
+    # every read and write, so runs started at once (a sweep, the test suite's workers) never
+    # read a program another is still writing.
+    jax.config.update("jax_compilation_cache_max_size", COMPILATION_CACHE_BYTES)
     return path
 
 

@@ -4,6 +4,7 @@ XLA reads XLA_FLAGS once, when jax is first imported, so this must run before an
 module imports jax; pytest imports conftest.py first.
 """
 
+import itertools
 import os
 import shutil
 import tempfile
@@ -14,9 +15,30 @@ import pytest
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
-# Prepared token files go to a throwaway cache, never the user's ~/.cache.
-os.environ["JAXGPT_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
+# Prepared token files and compiled programs go to a throwaway cache, never the user's ~/.cache.
+# pytest-xdist's workers (and the scripts they start) share one per test run, so a corpus
+# prepared or a step compiled by one test is found by the others (both caches are written
+# atomically: two processes filling them at once is a case they handle).
+_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
+if _RUN:
+    os.environ["JAXGPT_CACHE"] = os.path.join(tempfile.gettempdir(), f"jaxgpt-test-cache-{_RUN}")
+    os.makedirs(os.environ["JAXGPT_CACHE"], exist_ok=True)
+else:
+    os.environ["JAXGPT_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
 os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-datasets")
+
+
+def pytest_configure(config):
+    """Every test process keeps its compiled programs in that cache from the start, the small
+    ones too: tests that build the same model (most train small_run_config) compile it once
+    per test run, whichever worker gets there first."""
+    import jax
+
+    from jaxgpt import runtime
+
+    runtime.enable_compilation_cache()
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
 
 # tiktoken downloads its GPT-2 BPE file once; these tests must not. They read a cached copy from
 # $JAXGPT_TEST_TIKTOKEN_CACHE, else from the shared/ folder CI keeps beside the repository.
@@ -51,6 +73,30 @@ def small_run_config(**train):
     )
     config.train.update(defaults | train)
     return config
+
+
+@pytest.fixture(scope="session")
+def trained_small_run(tmp_path_factory):
+    """small_run_config(steps=20) trained once for every test that only reads a finished run
+    (resuming it must change nothing, so no test may write to it)."""
+    from jaxgpt.trainer import train_and_evaluate
+
+    workdir = tmp_path_factory.mktemp("trained-small-run")
+    train_and_evaluate(small_run_config(steps=20), workdir, progress=False)
+    return workdir
+
+
+def matrix(*axes: dict):
+    """pytest params for every combination of `axes` (each {id: value}), of which the quick set
+    keeps a diagonal holding every value of every axis at least once; the other combinations
+    are marked slow, for CI and `python -m pytest -m slow` to run the whole cross."""
+    axes = [list(axis.items()) for axis in axes]
+    diagonal = {tuple(axis[i % len(axis)][0] for axis in axes) for i in range(max(map(len, axes)))}
+    return [
+        pytest.param(*(value for _, value in combo), id="-".join(name for name, _ in combo),
+                     marks=() if tuple(name for name, _ in combo) in diagonal else pytest.mark.slow)
+        for combo in itertools.product(*axes)
+    ]  # fmt: skip
 
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -53,7 +53,7 @@ def core_parallel_run(run: RunConfig, windows: list, cores: int):
     return state, losses, step
 
 
-@pytest.mark.parametrize("cores, microbatches", [(2, 1), (4, 1), (2, 2)])
+@pytest.mark.parametrize("cores, microbatches", [(2, 1), pytest.param(4, 1, marks=pytest.mark.slow), (2, 2)])
 def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches):
     """The mean of per-core mean gradients over equal shares is the batch mean: losses and
     gradient norms differ by float32 summation order only (~1e-7 relative). Adam divides each

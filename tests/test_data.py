@@ -91,9 +91,10 @@ def test_bad_sources_are_clear_errors(source, message):
 
 def test_empty_corpus_is_a_clear_error(tmp_path):
     (tmp_path / "empty.txt").write_text("")
+    config = DataConfig(source=f"text:{tmp_path / 'empty.txt'}", cache_dir=str(tmp_path / "cache"))
     with pytest.raises(UserError, match="holds no text"):
-        data.prepare(DataConfig(source=f"text:{tmp_path / 'empty.txt'}"), progress=False)
-    assert not any(p.name.startswith(".preparing") for p in data.cache_root(DataConfig()).iterdir())
+        data.prepare(config, progress=False)
+    assert not any(p.name.startswith(".preparing") for p in data.cache_root(config).iterdir())
 
 
 def test_corpus_shorter_than_a_window_is_a_clear_error(tmp_path):

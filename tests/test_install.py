@@ -60,6 +60,7 @@ def test_console_scripts_answer_help_from_any_directory(installed, tmp_path):
         assert "Examples:" in result.stdout and a_flag in result.stdout
 
 
+@pytest.mark.slow
 def test_installed_train_finds_a_shipped_config_and_sample_reads_its_run(installed, tmp_path):
     """`--config configs/tiny.py` outside the repository: no such file here, so the shipped
     config of that name; then sampling from the run it wrote."""

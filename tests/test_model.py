@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 import pytest
+from conftest import matrix
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model import GPT, count_params, flops_per_token, init_cache, init_params, stack_blocks, unstack_blocks
@@ -17,6 +18,7 @@ from jaxgpt.model import GPT, count_params, flops_per_token, init_cache, init_pa
 GPT2_STYLE = dict()  # the defaults: MHA, learned positions, LayerNorm, GELU, biases, tied
 LLAMA_STYLE = dict(n_kv_head=2, position="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False)
 POSITIONS = ["rope", "learned", "sinusoidal", "alibi", "none"]
+REMAT_POLICIES = ["full", "dots", "dots_no_batch"]
 
 
 def tiny(**changes) -> ModelConfig:
@@ -74,9 +76,8 @@ def test_overfits_one_batch(style):
     assert float(value) < 0.05  # memorised: ~0.013 measured
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("kernel", ["xla", "dot_product"])
-def test_future_tokens_do_not_change_the_past(position, kernel):
+@pytest.mark.parametrize("kernel, position", matrix({k: k for k in ("xla", "dot_product")}, {p: p for p in POSITIONS}))
+def test_future_tokens_do_not_change_the_past(kernel, position):
     config = tiny(position=position, attention=kernel)
     params = params_for(config)
     tokens = random_tokens(config, (2, 16))
@@ -115,8 +116,7 @@ def decode_stepwise(config, params, tokens, prompt_len):
     return jnp.concatenate(steps, axis=1)
 
 
-@pytest.mark.parametrize("position", POSITIONS)
-@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize("n_kv_head, position", matrix({"MHA": 4, "GQA": 2, "MQA": 1}, {p: p for p in POSITIONS}))
 def test_kv_cache_decoding_matches_full_forward(n_kv_head, position):
     config = tiny(n_kv_head=n_kv_head, position=position, block_size=16)
     params = params_for(config)
@@ -153,9 +153,8 @@ def test_scanned_layers_match_unscanned():
     jax.tree.map(np.testing.assert_array_equal, unstack_blocks(stacked), params)  # exact round trip
 
 
-@pytest.mark.parametrize("policy", ["full", "dots", "dots_no_batch"])
-@pytest.mark.parametrize("scan", [False, True])
-def test_remat_changes_memory_not_math(policy, scan):
+@pytest.mark.parametrize("scan, policy", matrix({"False": False, "True": True}, {p: p for p in REMAT_POLICIES}))
+def test_remat_changes_memory_not_math(scan, policy):
     config = tiny(scan_layers=scan)
     params = params_for(config)
     tokens = random_tokens(config, (2, 17))

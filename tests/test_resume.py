@@ -34,12 +34,10 @@ def assert_same_run(a, b):
     jax.tree.map(np.testing.assert_array_equal, params_a, params_b)
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory):
-    """The reference: 20 steps without interruption."""
-    workdir = tmp_path_factory.mktemp("straight")
-    train_and_evaluate(small_run_config(steps=20), workdir, progress=False)
-    return workdir
+@pytest.fixture
+def straight(trained_small_run):
+    """The reference: small_run_config(steps=20) without interruption (trained once, shared)."""
+    return trained_small_run
 
 
 def test_stop_then_resume_equals_the_straight_run(straight, tmp_path):
@@ -190,6 +188,7 @@ def test_kill_9_at_any_moment_loses_nothing(tmp_path_factory, tmp_path):
 # ---------------------------------------------------------------------------- accidents
 
 
+@pytest.mark.slow
 def test_a_divergence_keeps_only_finite_checkpoints_and_a_lower_lr_continues(tmp_path):
     run = dict(steps=20, checkpoint_every=1, log_every=1, keep_checkpoints=20)
     with pytest.raises(UserError, match=r"training diverged at step \d+: .*--config\.train\.lr=1000") as error:

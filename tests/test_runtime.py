@@ -45,6 +45,7 @@ def default_environment() -> dict:
     return {k: v for k, v in os.environ.items() if k not in ("XLA_FLAGS", "JAX_NUM_CPU_DEVICES")}
 
 
+@pytest.mark.slow
 def test_the_default_cpu_path_has_no_collective_to_abort_in():
     """The mechanism behind XLA's CPU aborts (SIGABRT, "Expected 2 threads to join the
     rendezvous") is a cross-device collective inside one process. The default CPU path must
@@ -64,6 +65,7 @@ def test_the_default_cpu_path_has_no_collective_to_abort_in():
         assert not [op for op in COLLECTIVES if op in text]
 
 
+@pytest.mark.slow
 def test_one_core_when_told(tmp_path):
     env = default_environment() | {"JAXGPT_COMPILATION_CACHE": "off", runtime.CORES_ENV: "1"}
     result = run_script("-c", DEFAULT_PATH, env=env, replace_env=True)
@@ -103,6 +105,7 @@ def test_the_compilation_cache_lives_beside_the_data_cache_unless_told(monkeypat
     assert runtime.compilation_cache_dir() is None
 
 
+@pytest.mark.slow
 def test_train_py_fills_the_compilation_cache_and_reuses_it(tmp_path):
     cache = tmp_path / "xla"
     args = ["--config", "configs/tiny.py", "--config.model.n_layer=1", "--config.model.d_model=32"]
@@ -118,6 +121,7 @@ def test_train_py_fills_the_compilation_cache_and_reuses_it(tmp_path):
 
     written = train_steps()
     assert written, sorted(p.name for p in cache.iterdir())
+    assert (cache / ".lockfile").exists()  # bounded, so reads and writes are locked: safe to share
     second = run_script("train.py", *args, f"--workdir={tmp_path / 'b'}", env=env_cache)
     assert second.returncode == 0, second.stderr
     assert train_steps() == written  # the second run found its step in the cache (a miss adds an entry)

@@ -8,14 +8,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import run_script
+from conftest import matrix, run_script
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.config_files import base_config
 from jaxgpt.errors import UserError
 from jaxgpt.model import GPT, init_cache, init_params
 from jaxgpt.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token
-from jaxgpt.trainer import train_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingConfig(temperature=0.0)
@@ -38,8 +36,9 @@ def greedy_without_cache(config, params, prompt, n):
     return tokens[:, length:]
 
 
-@pytest.mark.parametrize("position", ["rope", "learned"])
-@pytest.mark.parametrize("n_kv_head", [4, 2, 1], ids=["MHA", "GQA", "MQA"])
+@pytest.mark.parametrize(
+    "n_kv_head, position", matrix({"MHA": 4, "GQA": 2, "MQA": 1}, {p: p for p in ("rope", "learned")})
+)
 def test_cached_greedy_equals_argmax_of_the_full_forward(n_kv_head, position):
     config, params = model(n_kv_head=n_kv_head, position=position)
     prompt = jnp.asarray(np.random.default_rng(0).integers(0, 48, (2, 5)), jnp.int32)
@@ -181,20 +180,17 @@ def test_bad_sampling_requests_are_clear_errors(make, message):
         make()
 
 
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory):
-    config = base_config()
-    config.model.update(n_layer=1, n_head=2, d_model=32, block_size=48)
-    config.train.update(steps=10, batch_size=8, warmup_steps=1, eval_batches=1, checkpoint_every=5)
-    path = tmp_path_factory.mktemp("run")
-    train_and_evaluate(config, path, progress=False)
-    return path
+@pytest.fixture
+def workdir(trained_small_run):
+    """A finished run with learned positions and block_size 32 (shared: read, never written)."""
+    return trained_small_run
 
 
 def sample_cli(*args):
     return run_script("sample.py", *args)
 
 
+@pytest.mark.slow
 def test_sample_py_writes_from_a_trained_workdir(workdir):
     result = sample_cli(f"--workdir={workdir}", "--prompt=The ", "--max_new_tokens=20", "--num_samples=2", "--seed=4")
     assert result.returncode == 0, result.stderr
@@ -213,8 +209,8 @@ def test_sample_py_writes_from_a_trained_workdir(workdir):
         (["--top_k=0"], "top_k=0"),
         (["--top_p=1.5"], "top_p=1.5"),
         (["--prompt=\u2603"], "character '\u2603' is not in"),
-        (["--max_new_tokens=100"], "room for 47 more, and its learned positions stop there. Ask for at most 47"),
-        (["--prompt=" + "a" * 60], "the prompt is 60 tokens but the model's context (block_size) is 48"),
+        (["--max_new_tokens=100"], "room for 31 more, and its learned positions stop there. Ask for at most 31"),
+        (["--prompt=" + "a" * 60], "the prompt is 60 tokens but the model's context (block_size) is 32"),
     ],
 )
 def test_sample_py_bad_input_is_one_line(workdir, args, message):

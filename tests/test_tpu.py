@@ -32,6 +32,14 @@ def run_on(config, data=-1, fsdp=1, tensor=1):
     return resolve(config, vocab_size=256)
 
 
+# Compiling for a TPU needs libtpu's compile-only devices; without it (the README's plain
+# install) these tests skip with this sentence, as the Hugging Face tests do without torch.
+needs_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="compiling for TPUs needs libtpu: pip install -r requirements-tpu.txt",
+)
+
+
 @pytest.fixture(scope="module")
 def v5e_8():
     return tpu.compile_only_devices(tpu.target("tpu-v5e-8"))
@@ -43,6 +51,7 @@ MOSAIC = "tpu_custom_call"  # how a Pallas TPU kernel appears in the compiled pr
 SLOW = pytest.mark.slow  # the rest of the matrix; the quick loop keeps one layout of each kind
 
 
+@needs_libtpu
 @pytest.mark.parametrize(
     "mesh, n_kv_head",
     [
@@ -65,6 +74,7 @@ def test_flash_kernel_compiles_sharded_for_a_v5e_8(v5e_8, mesh, n_kv_head):
     assert MOSAIC in step.compiled.as_text()  # the kernel itself, not a fallback
 
 
+@needs_libtpu
 @pytest.mark.parametrize("kernel", ["xla", "dot_product"])
 def test_the_other_kernels_compile_sharded_for_a_v5e_8(v5e_8, kernel):
     step = tpu.compile_train_step(run_on(small_run(attention=kernel, n_kv_head=2), 2, 2, 2), v5e_8)
@@ -90,6 +100,7 @@ def test_the_sharded_flash_kernel_computes_the_readable_kernels_attention():
     np.testing.assert_allclose(got, attend(q, k, v, kernel="xla"), atol=1e-5)
 
 
+@needs_libtpu
 def test_memory_figures_are_the_sharded_parameter_counts(v5e_8):
     """Replicated (data = 8), each device holds every parameter: 4 bytes x the count. Sharded
     (fsdp = 8), every matrix is split 8 ways and the vectors stay whole: per layer the two
@@ -118,6 +129,7 @@ def test_memory_figures_are_the_sharded_parameter_counts(v5e_8):
         assert 0 < step.temporaries_bytes < tpu.target("tpu-v5e-8").hbm_bytes
 
 
+@needs_libtpu
 def test_xla_counts_the_flops_the_6n_formula_predicts(v5e_8):
     """Unscanned and without remat, the compiled step's FLOPs are the matmuls 6N + 12LdT counts
     plus the elementwise work it leaves out (softmax, norms, GELU, Adam: a few percent at this
@@ -126,6 +138,7 @@ def test_xla_counts_the_flops_the_6n_formula_predicts(v5e_8):
     assert 0.98 < step.xla_flops / step.model_flops < 1.25
 
 
+@needs_libtpu
 @pytest.mark.slow
 @pytest.mark.parametrize("remat", ["none", "dots", "dots_no_batch", "full"])
 def test_scanned_bfloat16_flash_steps_compile_for_a_v6e_with_each_remat_policy(remat):
@@ -136,6 +149,7 @@ def test_scanned_bfloat16_flash_steps_compile_for_a_v6e_with_each_remat_policy(r
     assert MOSAIC in step.compiled.as_text()
 
 
+@needs_libtpu
 @pytest.mark.parametrize("name", ["tpu-v5e-8", "tpu-v6e-1"])
 def test_sampling_compiles_prefill_and_the_decode_loop(name):
     devices = tpu.compile_only_devices(tpu.target(name))
@@ -144,6 +158,7 @@ def test_sampling_compiles_prefill_and_the_decode_loop(name):
     assert "while" in compiled.as_text()  # the 200 decode steps are one compiled loop
 
 
+@needs_libtpu
 def test_a_run_that_does_not_split_over_the_slice_is_one_clear_error(v5e_8):
     config = small_run()
     config.train.batch_size = 12
@@ -159,6 +174,8 @@ def test_unknown_target_and_missing_libtpu_are_one_line(monkeypatch):
         tpu.compile_only_devices(tpu.target("tpu-v5e-8"))
 
 
+@needs_libtpu
+@pytest.mark.slow
 def test_check_target_prints_memory_and_fits():
     result = run_script("jaxgpt.check", "--config", "configs/tiny.py", "--target", "tpu-v6e-1")
     assert result.returncode == 0, result.stderr
@@ -166,6 +183,7 @@ def test_check_target_prints_memory_and_fits():
     assert "per device: parameters 3.1 MiB + optimizer 6.3 MiB" in result.stdout  # 823k float32 (+ 2 moments)
 
 
+@needs_libtpu
 @pytest.mark.slow
 def test_check_target_names_the_smallest_change_that_fits():
     """GPT-2 small without rematerialisation needs 15.76 GB of temporaries per v5e chip, which
@@ -180,6 +198,7 @@ def test_check_target_names_the_smallest_change_that_fits():
 SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
 
 
+@needs_libtpu
 @pytest.mark.slow
 @pytest.mark.parametrize("name", ["tpu-v5e-8", "tpu-v6e-8"])
 @pytest.mark.parametrize("config_name", SHIPPED)

@@ -88,6 +88,7 @@ def test_workdir_that_is_a_file_is_left_alone(tmp_path):
     assert (tmp_path / "notes.txt").read_text() == "precious"
 
 
+@pytest.mark.slow
 def test_a_workdir_alone_resumes_and_extends_its_run(tmp_path):
     """--workdir alone uses the run's saved config; an override extends it. Extending past the
     end of the cosine is announced with the way to keep the finished decay."""

@@ -19,15 +19,13 @@ from jaxgpt.trainer import train_and_evaluate
 
 
 @pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def trained(tmp_path_factory, trained_small_run):
     """Two short runs of different sizes: (workdir, workdir)."""
-    root = tmp_path_factory.mktemp("runs")
-    small = train_and_evaluate(small_run_config(steps=20), root / "small", progress=False)
     config = small_run_config(steps=20)
     config.model.update(n_layer=3, d_model=48, n_head=4)
-    wider = train_and_evaluate(config, root / "wider", progress=False)
-    assert small["step"] == wider["step"] == 20
-    return root / "small", root / "wider"
+    wider = tmp_path_factory.mktemp("wider")
+    assert train_and_evaluate(config, wider, progress=False)["step"] == 20
+    return trained_small_run, wider
 
 
 def png_size(path: Path) -> tuple[int, int]:
@@ -132,6 +130,7 @@ def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
 CHECK_FAST = ["--config", "configs/tiny.py", "--config.model.n_layer=2", "--overfit_steps=60"]
 
 
+@pytest.mark.slow
 def test_check_passes_a_healthy_config():
     result = run_script("jaxgpt.check", *CHECK_FAST, devices=2)
     assert result.returncode == 0, result.stdout + result.stderr

@@ -9,6 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import matrix
 from test_attention import TOL, attention_config, init_layer, normal, random_qkv, run_layer
 from test_model import closed_form_count, random_tokens, tiny
 
@@ -47,9 +48,8 @@ def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_sca
 # ----------------------------------------------------------------------------- sliding window
 
 
-@pytest.mark.parametrize("window", [1, 3, 7])
-@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["MHA", "GQA"])
-def test_sliding_window_layer_matches_a_banded_mask_reference(window, n_kv_head):
+@pytest.mark.parametrize("n_kv_head, window", matrix({"MHA": 4, "GQA": 2}, {str(w): w for w in (1, 3, 7)}))
+def test_sliding_window_layer_matches_a_banded_mask_reference(n_kv_head, window):
     config = attention_config(n_kv_head, attention_window=window)
     layer, params, x = init_layer(config)
     np.testing.assert_allclose(run_layer(layer, params, x), reference_attention(x, params, config, window), **TOL)
@@ -377,6 +377,7 @@ def test_muon_orthogonalises_the_blocks_matrices_and_leaves_the_rest_to_adamw():
     np.testing.assert_allclose(updates["wte"]["embedding"], want, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.slow
 def test_a_run_trains_with_muon(tmp_path):
     from conftest import small_run_config
 
