@@ -46,6 +46,7 @@ def test_every_layout_trains_like_one_device(layout, one_device, tmp_path):
     np.testing.assert_allclose(losses(tmp_path), losses(one_device), rtol=1e-5)
 
 
+@pytest.mark.slow
 def test_the_cpu_speed_settings_train_like_the_plain_step(one_device, tmp_path):
     """The opt-in two-device CPU layout (JAX_NUM_CPU_DEVICES=2) with configs/tiny.py's dots
     rematerialisation and microbatches split across the data axis reorders float32 sums and

@@ -69,6 +69,7 @@ def test_rerun_resumes_from_the_checkpoint_and_extends(trained, tmp_path):
     assert [m["step"] for m in read_metrics(tmp_path)] == [5, 10, 15, 20]
 
 
+@pytest.mark.slow
 def test_bfloat16_training_runs_and_learns(tmp_path):
     last = train_and_evaluate(small_config(dtype="bfloat16", steps=15), tmp_path, progress=False)
     assert last["val_loss"] < read_metrics(tmp_path)[0]["train_loss"]

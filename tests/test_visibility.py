@@ -138,6 +138,20 @@ def test_check_passes_a_healthy_config():
     assert rows == {"initial": "PASS", "gradients": "PASS", "overfit": "PASS", "size": "INFO", "memory": "PASS"}
 
 
+def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
+    """The checks behind `jaxgpt.check`, called in-process (the command's own output and exit
+    status: the two slow tests beside this one)."""
+    from jaxgpt.preflight import run_checks
+
+    healthy = {row.name: row.passed for row in run_checks(small_run_config(), overfit_steps=5)}
+    assert healthy["initial loss"] is True and healthy["gradients"] is True
+    config = small_run_config()
+    config.model.init_std = 1.0  # logits of std ~ sqrt(d_model): the loss starts far above ln V
+    failing = {row.name: row.passed for row in run_checks(config, overfit_steps=5)}
+    assert failing["initial loss"] is False
+
+
+@pytest.mark.slow
 def test_check_fails_a_too_large_init_and_names_the_row():
     result = run_script("jaxgpt.check", *CHECK_FAST, "--config.model.init_std=1.0", devices=2)
     assert result.returncode == 1
