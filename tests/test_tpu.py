@@ -34,10 +34,15 @@ def run_on(config, data=-1, fsdp=1, tensor=1):
 
 # Compiling for a TPU needs libtpu's compile-only devices; without it (the README's plain
 # install) these tests skip with this sentence, as the Hugging Face tests do without torch.
-needs_libtpu = pytest.mark.skipif(
+# They are the slow set's (CI's): each compiles a sharded program for a whole slice.
+_without_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
     reason="compiling for TPUs needs libtpu: pip install -r requirements-tpu.txt",
 )
+
+
+def needs_libtpu(test):
+    return pytest.mark.slow(_without_libtpu(test))
 
 
 @pytest.fixture(scope="module")
@@ -48,21 +53,18 @@ def v5e_8():
 MOSAIC = "tpu_custom_call"  # how a Pallas TPU kernel appears in the compiled program
 
 
-SLOW = pytest.mark.slow  # the rest of the matrix; the quick loop keeps one layout of each kind
-
-
 @needs_libtpu
 @pytest.mark.parametrize(
     "mesh, n_kv_head",
     [
         ((2, 2, 2), 2),
         ((8, 1, 1), 4),
-        pytest.param((1, 8, 1), 4, marks=SLOW),
-        pytest.param((1, 4, 2), 4, marks=SLOW),
-        pytest.param((8, 1, 1), 2, marks=SLOW),
-        pytest.param((1, 8, 1), 2, marks=SLOW),
-        pytest.param((1, 4, 2), 2, marks=SLOW),
-        pytest.param((2, 2, 2), 4, marks=SLOW),
+        ((1, 8, 1), 4),
+        ((1, 4, 2), 4),
+        ((8, 1, 1), 2),
+        ((1, 8, 1), 2),
+        ((1, 4, 2), 2),
+        ((2, 2, 2), 4),
     ],
     ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else ("MHA" if v == 4 else "GQA"),
 )
@@ -139,7 +141,6 @@ def test_xla_counts_the_flops_the_6n_formula_predicts(v5e_8):
 
 
 @needs_libtpu
-@pytest.mark.slow
 @pytest.mark.parametrize("remat", ["none", "dots", "dots_no_batch", "full"])
 def test_scanned_bfloat16_flash_steps_compile_for_a_v6e_with_each_remat_policy(remat):
     devices = tpu.compile_only_devices(tpu.target("tpu-v6e-1"))
@@ -175,7 +176,6 @@ def test_unknown_target_and_missing_libtpu_are_one_line(monkeypatch):
 
 
 @needs_libtpu
-@pytest.mark.slow
 def test_check_target_prints_memory_and_fits():
     result = run_script("jaxgpt.check", "--config", "configs/tiny.py", "--target", "tpu-v6e-1")
     assert result.returncode == 0, result.stderr
@@ -184,7 +184,6 @@ def test_check_target_prints_memory_and_fits():
 
 
 @needs_libtpu
-@pytest.mark.slow
 def test_check_target_names_the_smallest_change_that_fits():
     """GPT-2 small without rematerialisation needs 15.76 GB of temporaries per v5e chip, which
     has 15.75 GB: the compiler refuses it, and keeping the matmul outputs (remat=dots) fits."""
@@ -199,7 +198,6 @@ SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "_
 
 
 @needs_libtpu
-@pytest.mark.slow
 @pytest.mark.parametrize("name", ["tpu-v5e-8", "tpu-v6e-8"])
 @pytest.mark.parametrize("config_name", SHIPPED)
 def test_every_shipped_config_compiles_for_two_tpu_generations(config_name, name, gpt2_bpe):
