@@ -91,10 +91,7 @@ def main() -> None:
 
     prepared = prepare(CONFIG.value, VOCAB.value)
     state, step, batches = prepared.state, prepared.compiled, prepared.batches
-    if prepared.cores > 1:
-        texts = step.program_texts(state, batches[0])
-    else:
-        texts = [step.as_text()]
+    texts = step.program_texts(state, batches[0])
     kinds = {}
     for text in texts:  # the gradient program first: the update's few names that repeat its own are left to it
         kinds = instruction_kinds(text) | kinds

@@ -6,8 +6,8 @@ process (the CPU device count is fixed when JAX starts).
 
     python bench/train_throughput.py --config configs/tiny.py --config.model.block_size=64 [--devices auto|N]
 
-The step is `jaxgpt.train_step.compiled_steps`, the one train.py trains with, on the mesh train.py
-builds, timed on synthetic batches already on the devices: this measures the step, not data
+The step is `jaxgpt.step_choice.choose_step`'s, the one train.py trains with (per CPU core, or over the
+mesh train.py builds), timed on synthetic batches already on the devices: this measures the step, not data
 loading (a host thread prefetches batches during training). Median of `--repeats` timings of
 `--steps` steps after 3 warmup steps. MFU = flops_per_token (6N + 12LdT, jaxgpt/model.py) x
 tokens/s / peak, the peak being the CPU's measured float32 matmul rate or the accelerator's
@@ -55,30 +55,27 @@ def prepare(config, vocab_size: int) -> PreparedStep:
     import jax
     import numpy as np
 
-    from jaxgpt import core_parallel, sharding
-    from jaxgpt.autotune import fill_microbatches
+    from jaxgpt import sharding
     from jaxgpt.config_files import resolve
-    from jaxgpt.train_step import compiled_steps
+    from jaxgpt.core_parallel import CoreParallelStep
+    from jaxgpt.step_choice import choose_step
+    from jaxgpt.train_step import initial_state
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh)
-    plan = core_parallel.plan(run, core_parallel.cores_for(mesh))
-    per_core = len(plan.devices) > 1  # as train.py: one program per CPU core (jaxgpt/core_parallel.py)
-    run = plan.run if per_core else fill_microbatches(run, mesh).run
+    run, step, _ = choose_step(run, mesh)  # as train.py: per CPU core, or over the mesh
     start = time.perf_counter()
-    state, step, _ = compiled_steps(run, mesh)
-    if per_core:
-        step = core_parallel.CoreParallelStep(run, plan.devices)
+    state = initial_state(run, mesh)
     batch, seq = run.train.batch_size, run.model.block_size
     rng = np.random.default_rng(0)
-    where = sharding.batch_sharding(step.batch_mesh if per_core else mesh)
+    where = sharding.batch_sharding(step.batch_mesh)
     batches = [jax.device_put(rng.integers(0, vocab_size, (batch, seq + 1), dtype=np.int32), where) for _ in range(4)]
-    lowered = None if per_core else step.lower(state, batches[0])
+    step.trace(state, batches[0])
     trace_sec = time.perf_counter() - start
     start = time.perf_counter()
-    compiled = step.compile(state, batches[0]) if per_core else lowered.compile()
+    compiled = step.compile(state, batches[0])
     compile_sec = time.perf_counter() - start
-    cores = len(plan.devices) if per_core else 1
+    cores = len(step.devices) if isinstance(step, CoreParallelStep) else 1
     return PreparedStep(run, mesh, state, compiled, batches, cores, trace_sec, compile_sec)
 
 

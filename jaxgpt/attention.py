@@ -20,6 +20,7 @@ from jax.sharding import PartitionSpec
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
+from jaxgpt.layers import dtypes, residual_output_init
 from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
 
 
@@ -208,15 +209,6 @@ def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask) -> jnp.n
     return KERNELS[kernel](q, k, v, Mask(**mask), scale)
 
 
-def residual_output_init(c: ModelConfig):
-    """The init of a projection that writes into the residual stream (attention's and the MLP's
-    last): GPT-2 scales it by 1/sqrt(2 * n_layer) so the stream's variance does not grow with
-    depth; zero_init_residual starts it at zero, every block the identity."""
-    if c.zero_init_residual:
-        return nn.initializers.zeros
-    return nn.initializers.normal(c.init_std / math.sqrt(2 * c.n_layer))
-
-
 def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
     """The fused projection's output -> queries, keys, values.
 
@@ -251,20 +243,18 @@ class CausalSelfAttention(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
         c = self.config
-        dtype = jnp.dtype(c.dtype)
         # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
         # group's queries next to their keys when the head axis is split over devices.
         qkv = nn.DenseGeneral(
             features=(c.n_kv_head, c.group_size + 2, c.head_dim),
             use_bias=c.bias,
-            dtype=dtype,
-            param_dtype=jnp.dtype(c.param_dtype),
             kernel_init=nn.initializers.normal(c.init_std),
             name="qkv",
+            **dtypes(c),
         )(x)
         q, k, v = split_qkv(qkv, c.group_size)
         if c.qk_norm:  # over each head's head_dim features, with a learned scale per feature
-            norm = dict(epsilon=c.norm_eps, dtype=dtype, param_dtype=jnp.dtype(c.param_dtype))
+            norm = dict(epsilon=c.norm_eps, **dtypes(c))
             q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)
 
         if c.position == "rope":
@@ -289,10 +279,9 @@ class CausalSelfAttention(nn.Module):
             features=c.d_model,
             axis=(-3, -2, -1),
             use_bias=c.bias,
-            dtype=dtype,
-            param_dtype=jnp.dtype(c.param_dtype),
             kernel_init=residual_output_init(c),
             name="out",
+            **dtypes(c),
         )(y)
 
     def _extend_cache(self, k, v, cache_index):

@@ -17,14 +17,13 @@ accumulator) plus activations that shrink as 1/microbatches.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from typing import NamedTuple
 
 import jax
 
 from jaxgpt import hardware, sharding
-from jaxgpt.config import RunConfig
+from jaxgpt.config import RunConfig, with_train
 from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 
 FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
@@ -37,7 +36,7 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
 
 
 def with_microbatches(run: RunConfig, microbatches: int) -> RunConfig:
-    return dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=microbatches))
+    return with_train(run, microbatches=microbatches)
 
 
 def compile_step(run: RunConfig, mesh):
@@ -64,8 +63,7 @@ def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
             if size := hardware.cpu_cache_bytes(level):
                 return size, f"the CPU's {size // 2**20} MiB L{level} cache"
         return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
-    stats = device.memory_stats() or {}
-    limit = stats.get("bytes_limit")
+    limit = hardware.device_memory_limit(device)
     if not limit:
         return 2**62, "no memory limit reported"
     layout, _ = state_layout(run, mesh)
@@ -96,6 +94,7 @@ class Tuned(NamedTuple):
     run: RunConfig  # with train.microbatches filled in
     note: str | None  # what was chosen and why; None when the config chose
     compiled: object | None  # the chosen step, when choosing compiled it: no need to compile it again
+    why: str | None = None  # the measurements and budget behind the choice, when the machine chose
 
 
 def fill_microbatches(run: RunConfig, mesh) -> Tuned:
@@ -114,8 +113,5 @@ def fill_microbatches(run: RunConfig, mesh) -> Tuned:
 
     chosen, measured = choose_microbatches(choices, budget, measure)
     seen = ", ".join(f"{m}: {b / 2**20:.0f} MiB" for m, b in sorted(measured.items()))
-    note = (
-        f"train.microbatches=0 -> {chosen} (step temporaries by microbatches {seen}; budget {source}; "
-        "set train.microbatches to override)"
-    )
-    return Tuned(with_microbatches(run, chosen), note, compiled.get(chosen))
+    why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
+    return Tuned(with_microbatches(run, chosen), f"train.microbatches=0 -> {chosen} ({why})", compiled.get(chosen), why)

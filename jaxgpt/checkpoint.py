@@ -24,7 +24,7 @@ from jax.experimental import multihost_utils
 from jaxgpt.config import MeshConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.optimizer import make_optimizer
-from jaxgpt.sharding import make_mesh, shardings_like
+from jaxgpt.sharding import laid_out, make_mesh
 from jaxgpt.tokenizers import tokenizer_from_dict
 from jaxgpt.train_step import create_train_state
 
@@ -215,8 +215,7 @@ def load_latest(workdir: Path, mesh=None, warn=print):
             run = run_config_from_dict(record["config"])
             like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
             layouts["run"] = run
-            placed = lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where)  # noqa: E731
-            return jax.tree.map(placed, like, shardings_like(like, mesh))
+            return laid_out(like, mesh)
 
         step, state, record = checkpoints.restore_latest_readable(like_for, warn=warn)
     finally:

@@ -461,6 +461,11 @@ class RunConfig:
         return dataclasses.asdict(self)
 
 
+def with_train(run: RunConfig, **changes) -> RunConfig:
+    """`run` with these fields of its train section changed."""
+    return dataclasses.replace(run, train=dataclasses.replace(run.train, **changes))
+
+
 def run_config_from_dict(d: dict) -> RunConfig:
     """Inverse of RunConfig.to_dict (reads a run's config.json)."""
     return RunConfig(

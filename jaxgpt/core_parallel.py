@@ -31,7 +31,7 @@ import numpy as np
 
 from jaxgpt import runtime, sharding
 from jaxgpt.autotune import fill_microbatches, with_microbatches
-from jaxgpt.config import MeshConfig, RunConfig
+from jaxgpt.config import MeshConfig, RunConfig, with_train
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
@@ -82,6 +82,7 @@ class CoreParallelStep:
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self._eval_loss = jax.jit(partial(eval_step, model=model))
         self.device_meshes = [sharding.make_mesh(MeshConfig(1, 1, 1), [d]) for d in self.devices]
+        self._lowered: tuple | None = None  # (each core's gradient program, the update), traced
         self._compiled_gradients: dict | None = None
         self._compiled_apply = None
 
@@ -109,18 +110,26 @@ class CoreParallelStep:
         n = len(self.devices)
         return [self._eval_loss(copies[i % n], make_batch(i, self.device_meshes[i % n])) for i in range(count)]
 
+    def trace(self, state: TrainState, windows: jax.Array) -> CoreParallelStep:
+        """Trace every core's gradient program and the update to StableHLO; returns self."""
+        if self._lowered is None:
+            inputs = self._gradient_inputs(state, windows)
+            gradients = [self._gradients.lower(*args) for args in inputs]  # tracing: once, then cached
+            home = jax.sharding.SingleDeviceSharding(self.devices[0])
+            result = jax.eval_shape(self._gradients, *inputs[0])
+            result = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home), result)
+            self._lowered = gradients, self._apply.lower(state, [result] * len(self.devices))
+        return self
+
     def compile(self, state: TrainState, windows: jax.Array) -> CoreParallelStep:
         """Compile every core's program ahead of time, all at once (XLA compiles without the
-        GIL, one compilation per core), and the update; returns self."""
-        inputs = self._gradient_inputs(state, windows)
-        lowered = [self._gradients.lower(*args) for args in inputs]  # tracing: once, then cached
-        with ThreadPoolExecutor(len(lowered)) as pool:
-            compiled = list(pool.map(lambda program: program.compile(), lowered))
-        self._compiled_gradients = dict(zip(self.devices, compiled, strict=True))
-        home = jax.sharding.SingleDeviceSharding(self.devices[0])
-        result = jax.eval_shape(self._gradients, *inputs[0])
-        result = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home), result)
-        self._compiled_apply = self._apply.lower(state, [result] * len(self.devices)).compile()
+        GIL, one compilation per core), and the update, unless already; returns self."""
+        if self._compiled_gradients is None:
+            gradients, update = self.trace(state, windows)._lowered
+            with ThreadPoolExecutor(len(gradients)) as pool:
+                compiled = list(pool.map(lambda program: program.compile(), gradients))
+            self._compiled_gradients = dict(zip(self.devices, compiled, strict=True))
+            self._compiled_apply = update.compile()
         return self
 
     def memory_analysis(self):
@@ -130,8 +139,7 @@ class CoreParallelStep:
     def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
         """The compiled programs' HLO (each core's, then the update's): for checking that none
         holds a collective. Compiles them first unless `compile` already has."""
-        if self._compiled_gradients is None:
-            self.compile(state, windows)
+        self.compile(state, windows)
         return [c.as_text() for c in self._compiled_gradients.values()] + [self._compiled_apply.as_text()]
 
 
@@ -149,7 +157,7 @@ def plan(run: RunConfig, devices: list) -> CorePlan:
     n = usable_cores(run, len(devices))
     if n == 1:
         return CorePlan(run, devices[:1], None)
-    per_core = dataclasses.replace(run, train=dataclasses.replace(run.train, batch_size=run.train.batch_size // n))
+    per_core = with_train(run, batch_size=run.train.batch_size // n)
     started = time.perf_counter()
     tuned = fill_microbatches(per_core, sharding.make_mesh(MeshConfig(1, 1, 1), devices[:1]))
     microbatches = tuned.run.train.microbatches
@@ -158,7 +166,6 @@ def plan(run: RunConfig, devices: list) -> CorePlan:
         f"({microbatches} microbatch{'es' if microbatches > 1 else ''}); no collectives "
         f"(JAXGPT_CPU_CORES=1 for one device)"
     )
-    if tuned.note:
-        note += f"; {tuned.note.replace('train.microbatches=0 -> ', 'microbatches per core ')}"
-        note += f" [{time.perf_counter() - started:.1f} s]"
+    if tuned.why:
+        note += f"; microbatches per core {microbatches} ({tuned.why}) [{time.perf_counter() - started:.1f} s]"
     return CorePlan(with_microbatches(run, microbatches), devices[:n], note)

@@ -2,14 +2,29 @@
 
 from __future__ import annotations
 
+import math
 from functools import partial
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxgpt.attention import residual_output_init
 from jaxgpt.config import ModelConfig
+
+
+def dtypes(config: ModelConfig) -> dict:
+    """The dtype keywords of every flax layer: compute in config.dtype, keep parameters in
+    config.param_dtype (float32 under bfloat16 training)."""
+    return dict(dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype))
+
+
+def residual_output_init(c: ModelConfig):
+    """The init of a projection that writes into the residual stream (attention's and the MLP's
+    last): GPT-2 scales it by 1/sqrt(2 * n_layer) so the stream's variance does not grow with
+    depth; zero_init_residual starts it at zero, every block the identity."""
+    if c.zero_init_residual:
+        return nn.initializers.zeros
+    return nn.initializers.normal(c.init_std / math.sqrt(2 * c.n_layer))
 
 
 def make_norm(config: ModelConfig, name: str) -> nn.Module:
@@ -18,9 +33,7 @@ def make_norm(config: ModelConfig, name: str) -> nn.Module:
     Both reduce in float32 even under bfloat16 compute (flax's default), since a mean of
     squares over hundreds of features overflows bfloat16's precision long before its range.
     """
-    common = dict(
-        epsilon=config.norm_eps, dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype), name=name
-    )
+    common = dict(epsilon=config.norm_eps, name=name, **dtypes(config))
     if config.norm == "rmsnorm":
         return nn.RMSNorm(**common)
     if config.norm == "none":  # the ablation: no normalisation, no parameters
@@ -33,7 +46,7 @@ class MLP(nn.Module):
 
     GELU/ReLU/ReLU²: down(act(up(x))). SwiGLU: down(silu(gate(x)) * up(x)), with gate and up
     made by one matmul. The down projection writes into the residual stream, so it is
-    initialised as attention's output projection is (attention.residual_output_init).
+    initialised as attention's output projection is (residual_output_init).
     """
 
     config: ModelConfig
@@ -41,7 +54,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         c = self.config
-        dense = dict(use_bias=c.bias, dtype=jnp.dtype(c.dtype), param_dtype=jnp.dtype(c.param_dtype))
+        dense = dict(use_bias=c.bias, **dtypes(c))
         if c.activation == "swiglu":
             gate_up = nn.DenseGeneral(
                 (2, c.mlp_hidden), kernel_init=nn.initializers.normal(c.init_std), name="up", **dense

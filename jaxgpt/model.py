@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jaxgpt.attention import CausalSelfAttention
 from jaxgpt.config import ModelConfig
-from jaxgpt.layers import MLP, make_norm
+from jaxgpt.layers import MLP, dtypes, make_norm
 from jaxgpt.positions import sinusoidal_embedding
 
 REMAT_POLICIES = {
@@ -70,7 +70,7 @@ class GPT(nn.Module):
         """
         c = self.config
         positions, cache_index = self._positions(tokens.shape[1], decode)
-        wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **self._dtypes, name="wte")
+        wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **dtypes(c), name="wte")
         x = self._add_positions(wte(tokens), positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x = self._blocks(x, positions, cache_index, train=train)
@@ -79,17 +79,13 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             logits = wte.attend(x)
         else:
-            logits = nn.Dense(
-                c.vocab_size, use_bias=False, kernel_init=self._embed_init, **self._dtypes, name="lm_head"
-            )(x)
+            logits = nn.Dense(c.vocab_size, use_bias=False, kernel_init=self._embed_init, **dtypes(c), name="lm_head")(
+                x
+            )
         logits = logits.astype(jnp.float32)
         if c.logit_softcap:
             logits = c.logit_softcap * jnp.tanh(logits / c.logit_softcap)
         return logits
-
-    @property
-    def _dtypes(self) -> dict:
-        return dict(dtype=jnp.dtype(self.config.dtype), param_dtype=jnp.dtype(self.config.param_dtype))
 
     @property
     def _embed_init(self):
@@ -115,7 +111,7 @@ class GPT(nn.Module):
         attention instead."""
         c = self.config
         if c.position == "learned":
-            wpe = nn.Embed(c.block_size, c.d_model, embedding_init=self._embed_init, **self._dtypes, name="wpe")
+            wpe = nn.Embed(c.block_size, c.d_model, embedding_init=self._embed_init, **dtypes(c), name="wpe")
             return x + wpe(positions)
         if c.position == "sinusoidal":
             return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)

@@ -27,7 +27,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import data, sharding
+from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
+from jaxgpt.hardware import device_memory_limit
 from jaxgpt.model import count_params, flops_per_token
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
@@ -71,18 +73,19 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     dataset = data.prepare(config.data, progress=False)
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
-    from jaxgpt.autotune import fill_microbatches
-    from jaxgpt.train_step import check_batch_fits_mesh, compiled_steps
+    from jaxgpt.step_choice import choose_step
+    from jaxgpt.train_step import initial_state
 
     mesh = sharding.make_mesh(run.mesh)
-    run = fill_microbatches(run, mesh).run
-    check_batch_fits_mesh(run, mesh)
-    batch = data.sharded_batch(dataset.train, run, mesh, 0)
     # Constant learning rate, no decay: the overfit check asks whether the model can learn,
     # not what the schedule does in its first steps.
     t = run.train
-    steady = dataclasses.replace(t, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
-    state, step, _ = compiled_steps(dataclasses.replace(run, train=steady), mesh)
+    steady = with_train(run, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
+    # The step training would run here (per CPU core, or over the mesh), with its microbatches:
+    # the overfit and memory rows measure that program.
+    run, step, _ = choose_step(steady, mesh)
+    state = initial_state(run, mesh)
+    batch = data.sharded_batch(dataset.train, run, mesh, 0)
 
     @jax.jit
     @partial(sharding.traced_on, mesh)
@@ -91,9 +94,10 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         return loss, gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
-    compiled = step.lower(state, batch).compile()
+    step_batch = data.sharded_batch(dataset.train, run, step.batch_mesh, 0)  # the same rows, as the step takes them
+    compiled = step.compile(state, step_batch)
     rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
-    state, overfit = overfit_row(compiled, state, batch, overfit_steps, t.lr)
+    state, overfit = overfit_row(compiled, state, step_batch, overfit_steps, t.lr)
     return rows + [overfit, size_row(state.params, run.model), memory_row(compiled, state, mesh)]
 
 
@@ -181,9 +185,8 @@ def _loss(model_config, params, windows):
 def _device_memory(device) -> int | None:
     """Bytes one device can hold: the accelerator's limit, or for CPU devices the machine's
     memory shared among them."""
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    if stats and stats.get("bytes_limit"):
-        return int(stats["bytes_limit"])
+    if limit := device_memory_limit(device):
+        return limit
     if device.platform == "cpu":
         return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.local_device_count()
     return None

@@ -93,6 +93,14 @@ def shardings_like(tree, mesh: Mesh):
     )
 
 
+def laid_out(shapes, mesh: Mesh):
+    """`shapes` (jax.ShapeDtypeStruct leaves, as from jax.eval_shape), each with its sharding by
+    the rules: what to lower, compile or restore onto without allocating anything."""
+    return jax.tree.map(
+        lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), shapes, shardings_like(shapes, mesh)
+    )
+
+
 def batch_sharding(mesh: Mesh) -> NamedSharding:
     """Batch rows split over data x fsdp; sequence positions whole."""
     return NamedSharding(mesh, PartitionSpec(BATCH, None))

@@ -18,7 +18,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt import sharding
-from jaxgpt.config import RunConfig
+from jaxgpt.config import RunConfig, with_train
 from jaxgpt.errors import UserError
 
 GiB = 2**30
@@ -141,7 +141,7 @@ def compile_train_step(run: RunConfig, devices) -> StepOnTpu:
     from jaxgpt.train_step import batch_layout, check_batch_fits_mesh, jit_train_step, state_layout
 
     if not run.train.microbatches:  # 0 is "fit the CPU's cache": a CPU-only choice; one on a TPU
-        run = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=1))
+        run = with_train(run, microbatches=1)
     mesh = sharding.make_mesh(run.mesh, devices)
     check_batch_fits_mesh(run, mesh)
     layout, _ = state_layout(run, mesh)
@@ -173,11 +173,7 @@ def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: i
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), devices)
     model = run.model.replace(dtype="float32")
     shapes = jax.eval_shape(partial(init_params, model), jax.random.key(0))
-    params = jax.tree.map(
-        lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where),
-        shapes,
-        sharding.shardings_like(shapes, mesh),
-    )
+    params = sharding.laid_out(shapes, mesh)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     prompt = jax.ShapeDtypeStruct((batch, prompt_len), jnp.int32, sharding=replicated)
     rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype, sharding=replicated)
@@ -193,7 +189,6 @@ def alternatives(run: RunConfig, n_devices: int) -> list[tuple[str, RunConfig]]:
     numbers), smaller microbatches (same update), then a smaller batch (a different run)."""
     model, train = run.model, run.train
     with_model = lambda **c: dataclasses.replace(run, model=model.replace(**c))  # noqa: E731
-    with_train = lambda **c: dataclasses.replace(run, train=dataclasses.replace(train, **c))  # noqa: E731
     out = []
     if run.mesh.fsdp != -1 and n_devices > 1:
         fsdp = dataclasses.replace(run, mesh=dataclasses.replace(run.mesh, data=1, fsdp=-1))
@@ -203,10 +198,10 @@ def alternatives(run: RunConfig, n_devices: int) -> list[tuple[str, RunConfig]]:
     micro = max(train.microbatches, 1)
     for more in (2 * micro, 4 * micro, 8 * micro):
         if train.batch_size % more == 0 and (train.batch_size // more) % n_devices == 0:
-            out.append((f"--config.train.microbatches={more}", with_train(microbatches=more)))
+            out.append((f"--config.train.microbatches={more}", with_train(run, microbatches=more)))
     for smaller in (train.batch_size // 2, train.batch_size // 4):
         if smaller >= n_devices and smaller % (n_devices * micro) == 0:
-            out.append((f"--config.train.batch_size={smaller}", with_train(batch_size=smaller)))
+            out.append((f"--config.train.batch_size={smaller}", with_train(run, batch_size=smaller)))
     return out
 
 

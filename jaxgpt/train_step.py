@@ -100,8 +100,8 @@ def state_layout(run: RunConfig, mesh):
     that creates it."""
     create = partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed)
     shapes = jax.eval_shape(create)
-    shardings = sharding.shardings_like(shapes, mesh)
-    layout = jax.tree.map(lambda s, where: jax.ShapeDtypeStruct(s.shape, s.dtype, sharding=where), shapes, shardings)
+    layout = sharding.laid_out(shapes, mesh)
+    shardings = jax.tree.map(lambda s: s.sharding, layout)
     return layout, jax.jit(create, out_shardings=shardings)
 
 
@@ -125,18 +125,57 @@ def batch_layout(run: RunConfig, mesh) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding.batch_sharding(mesh))
 
 
-def compiled_steps(run: RunConfig, mesh):
-    """(initial state, train_step, eval_step) of a run, jitted for `mesh`: what `Trainer`
-    trains with and what bench/ times. The state is born sharded (jit with out_shardings):
-    no device ever holds all of it."""
-    layout, create = state_layout(run, mesh)
-    replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    evaluate = jax.jit(
-        sharding.traced_on(mesh, partial(eval_step, model=GPT(run.model))),
-        in_shardings=(jax.tree.map(lambda s: s.sharding, layout.params), sharding.batch_sharding(mesh)),
-        out_shardings=replicated,
-    )
-    return create(), jit_train_step(run, mesh), evaluate
+def initial_state(run: RunConfig, mesh) -> TrainState:
+    """The run's step-0 state, born sharded over `mesh` (jit with out_shardings): no device
+    ever holds all of it."""
+    _, create = state_layout(run, mesh)
+    return create()
+
+
+class MeshStep:
+    """`train_step` jitted over a device mesh: one SPMD program, the collectives inserted by
+    GSPMD from the shardings. The other implementation of the same interface runs one program
+    per CPU core (jaxgpt/core_parallel.py); jaxgpt/step_choice.py chooses between them."""
+
+    def __init__(self, run: RunConfig, mesh, compiled=None):
+        self.batch_mesh = mesh  # batches are sharded over the mesh's data axes
+        layout, _ = state_layout(run, mesh)
+        self._step = jit_train_step(run, mesh)
+        self._compiled = compiled  # choosing the microbatches may have compiled it already
+        self._lowered = None
+        self._eval_loss = jax.jit(
+            sharding.traced_on(mesh, partial(eval_step, model=GPT(run.model))),
+            in_shardings=(jax.tree.map(lambda s: s.sharding, layout.params), sharding.batch_sharding(mesh)),
+            out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
+        )
+
+    def __call__(self, state: TrainState, windows: jax.Array) -> tuple[TrainState, dict]:
+        return (self._compiled or self._step)(state, windows)
+
+    def trace(self, state: TrainState, windows: jax.Array) -> MeshStep:
+        """Trace the step to StableHLO for this state and batch (Python's share of the work,
+        which no compilation cache skips); returns self."""
+        if self._compiled is None and self._lowered is None:
+            self._lowered = self._step.lower(state, windows)
+        return self
+
+    def compile(self, state: TrainState, windows: jax.Array) -> MeshStep:
+        """Compile ahead of time for this state and batch (unless already); returns self."""
+        if self._compiled is None:
+            self._compiled = self.trace(state, windows)._lowered.compile()
+        return self
+
+    def eval_losses(self, params, make_batch, count: int) -> list[jax.Array]:
+        """The loss of each of `count` batches, batch i built by make_batch(i, mesh)."""
+        return [self._eval_loss(params, make_batch(i, self.batch_mesh)) for i in range(count)]
+
+    def memory_analysis(self):
+        """XLA's memory analysis of the compiled program (after `compile`)."""
+        return self._compiled.memory_analysis()
+
+    def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
+        """The compiled program's HLO, compiling it first if needed."""
+        return [self.compile(state, windows)._compiled.as_text()]
 
 
 def check_batch_fits_mesh(run: RunConfig, mesh) -> None:

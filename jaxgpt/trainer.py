@@ -32,15 +32,13 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from jaxgpt import core_parallel, data, runtime, sharding
+from jaxgpt import data, runtime, sharding
 from jaxgpt import workdir as run_dir
 from jaxgpt.attention import kernel_fallback
-from jaxgpt.autotune import fill_microbatches
 from jaxgpt.checkpoint import Checkpoints
 from jaxgpt.cli import warn
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve
-from jaxgpt.core_parallel import CoreParallelStep
 from jaxgpt.distributed import is_main_process
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import peak_flops, remeasure_cpu_peak
@@ -48,9 +46,10 @@ from jaxgpt.metrics import MetricsLog, check_sinks_available, describe_mfu, trai
 from jaxgpt.model import count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.resume import checkpoint_record, restore_or_start
+from jaxgpt.step_choice import choose_step
 from jaxgpt.stopping import StopRequests, check_finite
 from jaxgpt.tokenizers import save_tokenizer
-from jaxgpt.train_step import check_batch_fits_mesh, compiled_steps
+from jaxgpt.train_step import initial_state
 
 PEAK_RECHECK = 0.9  # achieved/peak above which the CPU peak is measured again
 
@@ -123,22 +122,12 @@ class Trainer:
 
     def __init__(self, config: RunConfig, dataset: data.Dataset, workdir: Path, say):
         self.mesh = sharding.make_mesh(config.mesh)
-        self.core_step: CoreParallelStep | None = None  # one program per CPU core (jaxgpt/core_parallel.py)
-        self.compiled_train_step = None
-        cores = core_parallel.cores_for(self.mesh)
-        if len(cores) > 1:
-            plan = core_parallel.plan(config, cores)
-            config, note = plan.run, plan.note
-            if len(plan.devices) > 1:
-                self.core_step = CoreParallelStep(config, plan.devices)
-        else:
-            config, note, self.compiled_train_step = fill_microbatches(config, self.mesh)
+        config, self.step, note = choose_step(config, self.mesh)  # jaxgpt/step_choice.py
         if note:
             say(note)
         self.config, self.dataset, self.workdir, self.say = config, dataset, workdir, say
-        check_batch_fits_mesh(config, self.mesh)
         self.schedule = learning_rate_schedule(config.train)
-        self.state, self.train_step, self.eval_step = compiled_steps(config, self.mesh)
+        self.state = initial_state(config, self.mesh)
         self.checkpoints = Checkpoints(workdir / "checkpoints", config.train.keep_checkpoints)
         self.tokens_per_step = config.train.batch_size * config.model.block_size
         self.flops_per_token = flops_per_token(config.model, config.model.block_size)
@@ -221,18 +210,14 @@ class Trainer:
     def batch(self, step: int) -> jax.Array:
         """Training batch `step` as one array sharded over the devices the train step splits it
         over (the mesh's, or the CPU cores')."""
-        mesh = self.core_step.batch_mesh if self.core_step else self.mesh
-        return data.sharded_batch(self.dataset.train, self.config, mesh, step)
+        return data.sharded_batch(self.dataset.train, self.config, self.step.batch_mesh, step)
 
     def evaluate(self) -> dict:
         """The loss over the fixed validation set, with its bits per byte (the loss in nats per
         token x tokens / bytes / ln 2: comparable across tokenizers) and perplexity; and the
         mean loss on train.eval_batches training batches (each the same every time)."""
-        v, params = self.validation, self.state.params
-        if self.core_step:  # batch i on core i % cores
-            losses = partial(self.core_step.eval_losses, params)
-        else:
-            losses = lambda make, count: [self.eval_step(params, make(i, self.mesh)) for i in range(count)]  # noqa: E731
+        v = self.validation
+        losses = partial(self.step.eval_losses, self.state.params)
         val = losses(lambda i, mesh: data.validation_batch(self.dataset.val, v, mesh, i), v.batches)
         train = losses(
             lambda i, mesh: data.sharded_batch(self.dataset.train, self.config, mesh, i, data.EVAL_TRAIN_STREAM),
@@ -249,10 +234,7 @@ class Trainer:
     def _compile(self, batch):
         """The train step compiled for this state and batch (autotuning may have compiled it)."""
         started = time.perf_counter()
-        if self.core_step:
-            compiled = self.core_step.compile(self.state, batch)
-        else:
-            compiled = self.compiled_train_step or self.train_step.lower(self.state, batch).compile()
+        compiled = self.step.compile(self.state, batch)
         self.say(f"compiled train_step in {time.perf_counter() - started:.1f} s")
         return compiled
 

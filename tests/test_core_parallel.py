@@ -141,6 +141,22 @@ def test_plan_picks_microbatches_per_core_and_says_so():
     assert core_parallel.plan(make_run(batch_size=7), jax.devices()[:2]).devices == jax.devices()[:1]
 
 
+def test_the_step_is_chosen_once_per_core_or_over_the_mesh(monkeypatch):
+    """choose_step (what the trainer, jaxgpt.check and the benchmarks call): a batch that splits
+    over the cores gets one program per core; one that does not (7 rows, 2 cores) the mesh's
+    own step, its microbatches filled in all the same (0 is not a count a step can take)."""
+    from jaxgpt.step_choice import choose_step
+    from jaxgpt.train_step import MeshStep
+
+    mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
+    monkeypatch.setattr(core_parallel, "cores_for", lambda m: jax.devices()[:2])
+    run, step, note = choose_step(make_run(microbatches=0, batch_size=8), mesh)
+    assert isinstance(step, CoreParallelStep) and step.devices == jax.devices()[:2] and "2 CPU cores" in note
+    assert run.train.microbatches >= 1 and step.batch_mesh.size == 2
+    run, step, _ = choose_step(make_run(microbatches=0, batch_size=7), mesh)
+    assert isinstance(step, MeshStep) and step.batch_mesh is mesh and run.train.microbatches in (1, 7)
+
+
 def test_core_count_comes_from_the_environment_or_the_affinity_mask(monkeypatch):
     monkeypatch.setenv(runtime.CORES_ENV, "3")
     assert runtime.cpu_cores() == 3

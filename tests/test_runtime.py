@@ -16,27 +16,21 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 # What train.py builds on a CPU with no device settings in the environment: the mesh, the cores
 # it splits each batch over, and the compiled programs of configs/tiny.py's step.
 DEFAULT_PATH = """
-import json, os, runpy
+import json, runpy
 from jaxgpt import runtime
 runtime.configure()
 import jax
 from jaxgpt import core_parallel, sharding
-from jaxgpt.autotune import fill_microbatches
 from jaxgpt.config_files import resolve
-from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.step_choice import choose_step
+from jaxgpt.train_step import initial_state
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh)
-cores = core_parallel.cores_for(mesh)
-plan = core_parallel.plan(run, cores)
-layout, create = state_layout(plan.run, mesh)
-if len(plan.devices) > 1:
-    step = core_parallel.CoreParallelStep(plan.run, plan.devices)
-    batch = jax.device_put(jax.numpy.zeros((12, 129), "int32"), sharding.batch_sharding(step.batch_mesh))
-    texts = step.program_texts(create(), batch)
-else:
-    run = fill_microbatches(run, mesh).run
-    texts = [jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile().as_text()]
-print(json.dumps({"mesh": mesh.size, "cores": len(cores), "used": len(plan.devices), "texts": texts}))
+run, step, _ = choose_step(run, mesh)  # as the trainer chooses
+batch = jax.device_put(jax.numpy.zeros((12, 129), "int32"), sharding.batch_sharding(step.batch_mesh))
+texts = step.program_texts(initial_state(run, mesh), batch)
+used = len(step.devices) if isinstance(step, core_parallel.CoreParallelStep) else 1
+print(json.dumps({"mesh": mesh.size, "cores": len(core_parallel.cores_for(mesh)), "used": used, "texts": texts}))
 """
 
 

@@ -1,0 +1,55 @@
+"""Which compiled training step a run uses on the devices it has, chosen in one place.
+
+The trainer, `jaxgpt.check`'s pre-flight checks and the benchmarks all call `choose_step`, so
+what they compile, measure and time is the program training runs. Both steps apply
+`train_step.gradients` then `train_step.apply_gradients`, and have one interface (`Step`):
+
+  - MeshStep (jaxgpt/train_step.py): `train_step` jitted over the run's device mesh, one SPMD
+    program; on accelerators, several processes, or CPU devices asked for as a mesh.
+  - CoreParallelStep (jaxgpt/core_parallel.py): one single-device program per CPU core on its
+    share of the batch, joined on the first core; the CPU default when the batch splits.
+
+Either way train.microbatches = 0 is filled in by the machine (jaxgpt/autotune.py).
+"""
+
+from __future__ import annotations
+
+from typing import NamedTuple, Protocol
+
+import jax
+
+from jaxgpt import core_parallel
+from jaxgpt.autotune import fill_microbatches
+from jaxgpt.config import RunConfig
+from jaxgpt.core_parallel import CoreParallelStep
+from jaxgpt.train_step import MeshStep, TrainState, check_batch_fits_mesh
+
+
+class Step(Protocol):
+    batch_mesh: jax.sharding.Mesh  # what training and evaluation batches are sharded over
+
+    def __call__(self, state: TrainState, windows: jax.Array) -> tuple[TrainState, dict]: ...
+    def trace(self, state: TrainState, windows: jax.Array) -> Step: ...
+    def compile(self, state: TrainState, windows: jax.Array) -> Step: ...
+    def eval_losses(self, params, make_batch, count: int) -> list[jax.Array]: ...
+    def memory_analysis(self): ...
+    def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]: ...
+
+
+class ChosenStep(NamedTuple):
+    run: RunConfig  # train.microbatches filled in
+    step: Step
+    note: str | None  # what was chosen and why, for the start-up lines
+
+
+def choose_step(run: RunConfig, mesh) -> ChosenStep:
+    """The step for `run` on `mesh`: one program per CPU core when the mesh is the CPU default
+    and the batch splits over several cores, else the mesh's own jitted step."""
+    cores = core_parallel.cores_for(mesh)
+    if len(cores) > 1:
+        plan = core_parallel.plan(run, cores)
+        if len(plan.devices) > 1:
+            return ChosenStep(plan.run, CoreParallelStep(plan.run, plan.devices), plan.note)
+    tuned = fill_microbatches(run, mesh)
+    check_batch_fits_mesh(tuned.run, mesh)
+    return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, tuned.compiled), tuned.note)
