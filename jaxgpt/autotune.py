@@ -35,10 +35,6 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
     return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
 
 
-def with_microbatches(run: RunConfig, microbatches: int) -> RunConfig:
-    return with_train(run, microbatches=microbatches)
-
-
 def compile_step(run: RunConfig, mesh):
     """The train step of `run`, compiled ahead of time for its state and batch layouts."""
     layout, _ = state_layout(run, mesh)
@@ -52,7 +48,7 @@ def temp_bytes(compiled) -> int:
 
 
 def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:
-    return temp_bytes(compile_step(with_microbatches(run, microbatches), mesh))
+    return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh))
 
 
 def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
@@ -103,15 +99,17 @@ def fill_microbatches(run: RunConfig, mesh) -> Tuned:
         return Tuned(run, None, None)
     choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
-        return Tuned(with_microbatches(run, choices[0] if choices else 1), None, None)
+        return Tuned(with_train(run, microbatches=choices[0] if choices else 1), None, None)
     budget, source = memory_budget(run, mesh)
     compiled: dict[int, object] = {}
 
     def measure(m: int) -> int:
-        compiled[m] = compile_step(with_microbatches(run, m), mesh)
+        compiled[m] = compile_step(with_train(run, microbatches=m), mesh)
         return temp_bytes(compiled[m])
 
     chosen, measured = choose_microbatches(choices, budget, measure)
     seen = ", ".join(f"{m}: {b / 2**20:.0f} MiB" for m, b in sorted(measured.items()))
     why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
-    return Tuned(with_microbatches(run, chosen), f"train.microbatches=0 -> {chosen} ({why})", compiled.get(chosen), why)
+    return Tuned(
+        with_train(run, microbatches=chosen), f"train.microbatches=0 -> {chosen} ({why})", compiled.get(chosen), why
+    )

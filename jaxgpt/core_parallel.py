@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import runtime, sharding
-from jaxgpt.autotune import fill_microbatches, with_microbatches
+from jaxgpt.autotune import fill_microbatches
 from jaxgpt.config import MeshConfig, RunConfig, with_train
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
@@ -168,4 +168,4 @@ def plan(run: RunConfig, devices: list) -> CorePlan:
     )
     if tuned.why:
         note += f"; microbatches per core {microbatches} ({tuned.why}) [{time.perf_counter() - started:.1f} s]"
-    return CorePlan(with_microbatches(run, microbatches), devices[:n], note)
+    return CorePlan(with_train(run, microbatches=microbatches), devices[:n], note)

@@ -94,7 +94,8 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         return loss, gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
-    step_batch = data.sharded_batch(dataset.train, run, step.batch_mesh, 0)  # the same rows, as the step takes them
+    # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
+    step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(dataset.train, run, step.batch_mesh, 0)
     compiled = step.compile(state, step_batch)
     rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
     state, overfit = overfit_row(compiled, state, step_batch, overfit_steps, t.lr)

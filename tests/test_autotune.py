@@ -1,13 +1,11 @@
 """Microbatches chosen by the run: from XLA's memory analysis of the compiled step, against a
 budget (the CPU's cache, an accelerator's memory)."""
 
-import dataclasses
-
 import pytest
 from conftest import small_run_config
 
 from jaxgpt import autotune, sharding
-from jaxgpt.config import MeshConfig
+from jaxgpt.config import MeshConfig, with_train
 from jaxgpt.config_files import resolve
 
 
@@ -52,10 +50,10 @@ def test_an_explicit_setting_is_kept_and_zero_is_filled():
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
     run = resolve(small_run_config(batch_size=8, microbatches=2), vocab_size=96)
     assert autotune.fill_microbatches(run, mesh) == (run, None, None, None)
-    auto = dataclasses.replace(run, train=dataclasses.replace(run.train, microbatches=0))
+    auto = with_train(run, microbatches=0)
     filled, line, compiled, why = autotune.fill_microbatches(auto, mesh)
     assert filled.train.microbatches in autotune.microbatch_choices(8, 1)
     assert line == f"train.microbatches=0 -> {filled.train.microbatches} ({why})" and "budget" in why
     assert compiled is not None  # the chosen step was compiled while choosing: the trainer reuses it
     one_way = sharding.make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))  # 8 rows over 8 devices
-    assert autotune.fill_microbatches(auto, one_way) == (autotune.with_microbatches(auto, 1), None, None, None)
+    assert autotune.fill_microbatches(auto, one_way) == (with_train(auto, microbatches=1), None, None, None)
