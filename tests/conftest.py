@@ -17,8 +17,9 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Prepared token files and compiled programs go to a throwaway cache, never the user's ~/.cache.
 # pytest-xdist's workers (and the scripts they start) share one per test run, so a corpus
-# prepared or a step compiled by one test is found by the others (both caches are written
-# atomically: two processes filling them at once is a case they handle).
+# prepared or a step compiled by one test is found by the others. Two processes filling them at
+# once is a case both handle: a corpus is prepared in a temporary folder and renamed into place,
+# and the compilation cache, bounded by jaxgpt.runtime, is read and written under a file lock.
 _RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
 if _RUN:
     os.environ["JAXGPT_CACHE"] = os.path.join(tempfile.gettempdir(), f"jaxgpt-test-cache-{_RUN}")
