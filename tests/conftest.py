@@ -16,16 +16,15 @@ os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # Prepared token files and compiled programs go to a throwaway cache, never the user's ~/.cache.
-# pytest-xdist's workers (and the scripts they start) share one per test run, so a corpus
-# prepared or a step compiled by one test is found by the others. Two processes filling them at
-# once is a case both handle: a corpus is prepared in a temporary folder and renamed into place,
-# and the compilation cache, bounded by jaxgpt.runtime, is read and written under a file lock.
-_RUN = os.environ.get("PYTEST_XDIST_TESTRUNUID")
-if _RUN:
-    os.environ["JAXGPT_CACHE"] = os.path.join(tempfile.gettempdir(), f"jaxgpt-test-cache-{_RUN}")
-    os.makedirs(os.environ["JAXGPT_CACHE"], exist_ok=True)
-else:
-    os.environ["JAXGPT_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
+# The first pytest process makes it, and pytest-xdist's workers (and the scripts they start)
+# inherit it, so a corpus prepared or a step compiled by one test is found by the others; the
+# process that made it removes it at the end (pytest_unconfigure). Two processes filling it at
+# once is a case both caches handle: a corpus is prepared in a temporary folder and renamed into
+# place, and the compilation cache, bounded by jaxgpt.runtime, is read and written under a lock.
+_MADE_CACHE = "JAXGPT_TEST_CACHE" not in os.environ
+if _MADE_CACHE:
+    os.environ["JAXGPT_TEST_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
+os.environ["JAXGPT_CACHE"] = os.environ["JAXGPT_TEST_CACHE"]
 os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-datasets")
 
 
@@ -39,6 +38,11 @@ def pytest_configure(config):
 
     runtime.enable_compilation_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
+
+
+def pytest_unconfigure(config):
+    if _MADE_CACHE:
+        shutil.rmtree(os.environ["JAXGPT_TEST_CACHE"], ignore_errors=True)
 
 
 # tiktoken downloads its GPT-2 BPE file once; these tests must not. They read a cached copy from
