@@ -1,7 +1,7 @@
 """Sample from a trained run: python sample.py --workdir runs/tiny (the same as `jaxgpt-sample`
-once the package is installed; the command lives in jaxgpt/sample.py, and --help lists its flags)."""
+once the package is installed; the command lives in jaxgpt/commands/sample.py, and --help lists its flags)."""
 
-from jaxgpt.sample import main
+from jaxgpt.commands.sample import main
 
 if __name__ == "__main__":
     main()

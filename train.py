@@ -1,7 +1,7 @@
 """Train a model: python train.py --config configs/tiny.py (the same as `jaxgpt-train` once the
-package is installed; the command lives in jaxgpt/train.py, and --help lists its flags)."""
+package is installed; the command lives in jaxgpt/commands/train.py, and --help lists its flags)."""
 
-from jaxgpt.train import main
+from jaxgpt.commands.train import main
 
 if __name__ == "__main__":
     main()

@@ -6,8 +6,8 @@ on MFU that the shape's matmuls set before anything else in the step costs time.
 For each matmul of a transformer block's forward pass (the backward pass runs the same shapes
 transposed) it times the jitted einsum two ways: on one CPU device (XLA spreading it over its
 threads), and split by rows over one device per core, each core multiplying its share at the
-same time (how train.py runs a step on CPU, jaxgpt/core_parallel.py). It reports GFLOP/s and the
-share of the peak that jaxgpt.hardware uses for MFU, and the block's ceiling: its matmul FLOPs
+same time (how train.py runs a step on CPU, jaxgpt/hardware/core_parallel.py). It reports GFLOP/s and the
+share of the peak that jaxgpt.hardware.peak_flops uses for MFU, and the block's ceiling: its matmul FLOPs
 over the time they take at these rates, the MFU a step made of nothing but these matmuls would
 reach. Prints a table and writes JSON.
 """
@@ -26,8 +26,8 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxgpt import runtime  # noqa: E402
-from jaxgpt.hardware import describe_cpu, peak_flops  # noqa: E402
+from jaxgpt.hardware import runtime  # noqa: E402
+from jaxgpt.hardware.peak_flops import describe_cpu, peak_flops  # noqa: E402
 
 
 def matmul_flops(a_shape: tuple, b_shape: tuple) -> int:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from jaxgpt.hardware import describe_cpu, matmul_flops  # noqa: E402
+from jaxgpt.hardware.peak_flops import describe_cpu, matmul_flops  # noqa: E402
 
 
 def spread(rates: list[float]) -> float:

@@ -29,7 +29,8 @@ sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).res
 from absl import flags  # noqa: E402
 from train_throughput import CONFIG, STEPS, VOCAB, prepare  # noqa: E402  (its flags are this script's)
 
-from jaxgpt import cli, runtime  # noqa: E402
+from jaxgpt.commands import cli  # noqa: E402
+from jaxgpt.hardware import runtime  # noqa: E402
 
 TOP = flags.DEFINE_integer("top", 15, "largest single operations listed")
 OUT = flags.DEFINE_string("out", "bench/results/step_profile.json", "where the JSON goes")
@@ -87,7 +88,7 @@ def main() -> None:
     runtime.configure()
     import jax
 
-    from jaxgpt.hardware import describe_cpu
+    from jaxgpt.hardware.peak_flops import describe_cpu
 
     prepared = prepare(CONFIG.value, VOCAB.value)
     state, step, batches = prepared.state, prepared.compiled, prepared.batches

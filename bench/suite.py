@@ -346,7 +346,7 @@ def main() -> None:
 def _probe() -> dict:
     code = (
         "import jax, json; d = jax.devices()[0]; "
-        "from jaxgpt.hardware import describe_cpu; "
+        "from jaxgpt.hardware.peak_flops import describe_cpu; "
         "print(json.dumps({'platform': d.platform, 'device_kind': d.device_kind, "
         "'device_count': jax.device_count(), 'jax': jax.__version__, 'cpu': describe_cpu()}))"
     )

@@ -3,7 +3,7 @@
     python bench/tpu_compile.py [--targets tpu-v5e-8,tpu-v6e-1] [--out bench/results/tpu_compile.json]
 
 Each config's train step, as shipped (its mesh over the slice's devices, its batch), compiled
-for each target's compile-only devices (requirements-tpu.txt; jaxgpt/tpu.py): memory per device
+for each target's compile-only devices (requirements-tpu.txt; jaxgpt/hardware/tpu.py): memory per device
 and the step time the datasheet peak implies at 40% MFU. A batch that does not split over all
 the devices uses the largest data axis it splits over. Where the compiler refuses the step, its
 words are the row. Configs whose vocabulary comes from data this machine cannot reach take the
@@ -25,8 +25,8 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from jaxgpt import tpu  # noqa: E402
 from jaxgpt.config_files import resolve  # noqa: E402
+from jaxgpt.hardware import tpu  # noqa: E402
 
 UNREACHABLE_VOCAB = {"shakespeare_char": 65, "finetune_gpt2": 50257}  # the Hub / tiktoken's download
 

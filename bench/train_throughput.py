@@ -6,7 +6,7 @@ process (the CPU device count is fixed when JAX starts).
 
     python bench/train_throughput.py --config configs/tiny.py --config.model.block_size=64 [--devices auto|N]
 
-The step is `jaxgpt.step_choice.choose_step`'s, the one train.py trains with (per CPU core, or over the
+The step is `jaxgpt.hardware.step_choice.choose_step`'s, the one train.py trains with (per CPU core, or over the
 mesh train.py builds), timed on synthetic batches already on the devices: this measures the step, not data
 loading (a host thread prefetches batches during training). Median of `--repeats` timings of
 `--steps` steps after 3 warmup steps. MFU = flops_per_token (6N + 12LdT, jaxgpt/model.py) x
@@ -28,7 +28,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from absl import flags  # noqa: E402
 
-from jaxgpt import cli, runtime  # noqa: E402  (imports jax without starting it)
+from jaxgpt.commands import cli  # noqa: E402  (imports jax without starting it)
+from jaxgpt.hardware import runtime
 
 CONFIG = cli.define_config_flag()  # with --config.<section>.<key>=VALUE overrides, as train.py
 VOCAB = flags.DEFINE_integer("vocab", 96, "vocabulary size (96: a character vocabulary)")
@@ -57,12 +58,12 @@ def prepare(config, vocab_size: int) -> PreparedStep:
 
     from jaxgpt import sharding
     from jaxgpt.config_files import resolve
-    from jaxgpt.core_parallel import CoreParallelStep
-    from jaxgpt.step_choice import choose_step
+    from jaxgpt.hardware.core_parallel import CoreParallelStep
+    from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.train_step import initial_state
 
     run = resolve(config, vocab_size=vocab_size)
-    mesh = sharding.make_mesh(run.mesh)
+    mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     run, step, _ = choose_step(run, mesh)  # as train.py: per CPU core, or over the mesh
     start = time.perf_counter()
     state = initial_state(run, mesh)
@@ -82,7 +83,7 @@ def prepare(config, vocab_size: int) -> PreparedStep:
 def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: bool = False) -> dict:
     import jax
 
-    from jaxgpt.hardware import peak_flops
+    from jaxgpt.hardware.peak_flops import peak_flops
     from jaxgpt.model import count_params, flops_per_token
 
     prepared = prepare(config, vocab_size)

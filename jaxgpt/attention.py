@@ -1,4 +1,5 @@
-"""Causal self-attention: the math, the kernels that compute it, and the layer around them.
+"""Causal self-attention: the mask, the scores and their softmax, the readable kernel, and the
+layer around them. The faster kernels (cuDNN through jax.nn, Pallas on TPU) live in kernels.py.
 
 Shapes use these letters: b batch, t query positions, s key positions, k key/value heads,
 g query heads per key/value head (the group), d head_dim. Query heads are numbered k * g + g',
@@ -10,16 +11,13 @@ lets one einsum serve a whole group without copying the key/value heads.
 from __future__ import annotations
 
 import math
-from functools import partial
 from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-from jax.sharding import PartitionSpec
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.errors import UserError
 from jaxgpt.layers import dtypes, residual_output_init
 from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
 
@@ -112,8 +110,8 @@ def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: 
 # Every kernel takes the same arguments and computes the same attention:
 #   q (b, t, k, g, d); k, v (b, s, k, d) -> (b, t, k, g, d), under a Mask, scores times `scale`
 #   (None: divided by sqrt(head_dim), the standard scaling).
-# Only the readable kernel is needed to understand the model; the others are faster on some
-# hardware and fall back to it where they cannot run.
+# Only this readable one is needed to understand the model; kernels.py holds the others, which
+# are faster on some hardware and fall back to this one where they cannot run.
 
 
 def xla_attention(q, k, v, mask: Mask, scale: float | None):
@@ -122,91 +120,14 @@ def xla_attention(q, k, v, mask: Mask, scale: float | None):
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 
-def dot_product_attention(q, k, v, mask: Mask, scale: float | None):
-    """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
+def kernel(name: str):
+    """The kernel model.attention names. The default needs nothing beyond this file; the others
+    are imported only when a config asks for them."""
+    if name == "xla":
+        return xla_attention
+    from jaxgpt.kernels import KERNELS
 
-    It takes grouped-query attention natively (query heads as a multiple of key/value heads,
-    same head order as ours). A plain causal mask is passed as `is_causal`, which lets cuDNN
-    skip the masked blocks; any other mask is passed as a bias.
-    """
-    b, t, n_kv, group, d = q.shape
-    q = q.reshape(b, t, n_kv * group, d)
-    if mask.plain_causal:
-        out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
-    else:
-        bias = mask.bias(t, k.shape[1])
-        bias = bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype)
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
-    return out.reshape(b, t, n_kv, group, d)
-
-
-FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
-
-
-def flash_tpu_attention(q, k, v, mask: Mask, scale: float | None):
-    """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
-    are computed block by block in on-chip memory and never written out whole.
-
-    It works in blocks of 128 positions and wants equal query and key/value head counts, so
-    grouped keys and values are repeated to the query heads. Only plain causal self-attention
-    over a multiple of 128 positions runs in it; anything else (a KV-cache decode step, a
-    prompt of another length, ALiBi, a sliding window) goes to the XLA kernel.
-
-    XLA cannot split a Mosaic kernel over devices by itself, so on a mesh the kernel runs
-    under shard_map, once per device on its rows of the batch and its heads: attention never
-    mixes batch rows or heads, so no collective is needed. The mesh is the one the step is
-    traced under (`jaxgpt.sharding.traced_on`).
-    """
-    b, t, n_kv, group, d = q.shape
-    if not mask.plain_causal or t % FLASH_TPU_BLOCK:
-        return xla_attention(q, k, v, mask, scale)
-    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
-
-    heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
-    repeated = lambda x: heads(jnp.repeat(x[:, :, :, None], group, axis=3))  # noqa: E731
-    sm_scale = 1 / math.sqrt(d) if scale is None else scale
-    kernel = partial(flash_attention, causal=True, sm_scale=sm_scale)
-    mesh = jax.sharding.get_abstract_mesh()
-    if not mesh.empty and mesh.size > 1:
-        spec = per_device_heads_spec(mesh, b, n_kv)
-        kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
-    out = kernel(heads(q), repeated(k), repeated(v))
-    return out.transpose(0, 2, 1, 3).reshape(b, t, n_kv, group, d)
-
-
-def per_device_heads_spec(mesh, batch: int, n_kv: int) -> PartitionSpec:
-    """How (batch, heads, seq, head_dim) splits over the mesh for a per-device kernel: batch
-    rows over data x fsdp and heads over tensor, as the step's activations already are, each
-    only where the axis divides it (heads are split by whole key/value groups: query head
-    kv * g + i stays with its key/value head)."""
-    rows = tuple(axis for axis in ("data", "fsdp") if mesh.shape.get(axis, 1) > 1)
-    rows_split = rows and batch % math.prod(mesh.shape[axis] for axis in rows) == 0
-    tensor = mesh.shape.get("tensor", 1)
-    return PartitionSpec(rows if rows_split else None, "tensor" if tensor > 1 and n_kv % tensor == 0 else None)
-
-
-KERNELS = {"xla": xla_attention, "dot_product": dot_product_attention, "flash_tpu": flash_tpu_attention}
-
-
-def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:
-    """The kernel a run on `backend` uses when its config asks for `kernel`: the one place
-    that decides what happens to the TPU-only kernel elsewhere. Training refuses it (a run
-    silently on another kernel would not be the run asked for); sampling a model trained on a
-    TPU uses the XLA kernel, which computes the same attention."""
-    if kernel != "flash_tpu" or backend == "tpu":
-        return kernel
-    if training:
-        raise UserError(
-            f"model.attention='flash_tpu' is a TPU kernel and this run is on {backend}; "
-            "set --config.model.attention=xla (or dot_product)"
-        )
-    return "xla"
-
-
-def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask) -> jnp.ndarray:
-    """Attention of q over k, v with the chosen kernel under Mask(**mask), scores times `scale`
-    (default 1/sqrt(head_dim))."""
-    return KERNELS[kernel](q, k, v, Mask(**mask), scale)
+    return KERNELS[name]
 
 
 def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
@@ -269,8 +190,8 @@ class CausalSelfAttention(nn.Module):
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
         mask = Mask(cache_index, slopes, c.attention_window, c.causal)
         scale = None if c.scale_attention else 1.0  # None: the standard 1/sqrt(head_dim)
-        y = KERNELS[c.attention](q, k, v, mask, scale)
-        if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.attention_maps)
+        y = kernel(c.attention)(q, k, v, mask, scale)
+        if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.commands.attention_maps)
             self.sow(
                 "intermediates", "attention_weights", attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
             )

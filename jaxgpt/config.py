@@ -6,7 +6,7 @@ So a model can never be built from an inconsistent description, and a user sees 
 at once. Defaults describe a GPT-2-style model.
 
 Config files and the command line reach these through jaxgpt/config_files.py; what a resumed
-run may change is in jaxgpt/resume.py.
+run may change is in jaxgpt/job/resume.py.
 """
 
 from __future__ import annotations
@@ -339,7 +339,7 @@ class TrainConfig:
     seed: seeds initialisation, dropout and every batch.
     microbatches: split each batch into this many sequential microbatches and accumulate
         their gradients inside the compiled step (same result up to float32 summation order,
-        less activation memory). 0 lets the run choose (jaxgpt/autotune.py): the fewest whose
+        less activation memory). 0 lets the run choose (jaxgpt/hardware/autotune.py): the fewest whose
         step fits the CPU's cache, or the accelerator's memory.
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).

@@ -19,7 +19,6 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from jaxgpt import runtime
 from jaxgpt.config import MeshConfig
 
 AXES = ("data", "fsdp", "tensor")
@@ -42,9 +41,11 @@ SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
 
 
 def make_mesh(config: MeshConfig, devices=None) -> Mesh:
-    """The one mesh of a run. Auto axis types: linen modules do not annotate shardings, so
-    GSPMD propagates them from the inputs (Explicit axes would make nn.Embed fail)."""
-    devices = devices if devices is not None else runtime.mesh_devices()
+    """The one mesh of a run over `devices` (default: all of JAX's; a training job passes
+    jaxgpt.hardware.runtime.mesh_devices(), which knows when CPU devices stand for cores).
+    Auto axis types: linen modules do not annotate shardings, so GSPMD propagates them from
+    the inputs (Explicit axes would make nn.Embed fail)."""
+    devices = devices if devices is not None else jax.devices()
     shape = config.shape(len(devices))
     used = devices[: math.prod(shape)]  # a mesh may use a divisor of the devices, e.g. one
     return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=used)

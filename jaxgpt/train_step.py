@@ -135,7 +135,7 @@ def initial_state(run: RunConfig, mesh) -> TrainState:
 class MeshStep:
     """`train_step` jitted over a device mesh: one SPMD program, the collectives inserted by
     GSPMD from the shardings. The other implementation of the same interface runs one program
-    per CPU core (jaxgpt/core_parallel.py); jaxgpt/step_choice.py chooses between them."""
+    per CPU core (jaxgpt/hardware/core_parallel.py); jaxgpt/hardware/step_choice.py chooses between them."""
 
     def __init__(self, run: RunConfig, mesh, compiled=None):
         self.batch_mesh = mesh  # batches are sharded over the mesh's data axes

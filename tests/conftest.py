@@ -20,7 +20,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # inherit it, so a corpus prepared or a step compiled by one test is found by the others; the
 # process that made it removes it at the end (pytest_unconfigure). Two processes filling it at
 # once is a case both caches handle: a corpus is prepared in a temporary folder and renamed into
-# place, and the compilation cache, bounded by jaxgpt.runtime, is read and written under a lock.
+# place, and the compilation cache, bounded by jaxgpt.hardware.runtime, is read and written under a lock.
 _MADE_CACHE = "JAXGPT_TEST_CACHE" not in os.environ
 if _MADE_CACHE:
     os.environ["JAXGPT_TEST_CACHE"] = tempfile.mkdtemp(prefix="jaxgpt-test-cache-")
@@ -34,7 +34,7 @@ def pytest_configure(config):
     per test run, whichever worker gets there first."""
     import jax
 
-    from jaxgpt import runtime
+    from jaxgpt.hardware import runtime
 
     runtime.enable_compilation_cache()
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0)
@@ -84,7 +84,7 @@ def small_run_config(**train):
 def trained_small_run(tmp_path_factory):
     """small_run_config(steps=20) trained once for every test that only reads a finished run
     (resuming it must change nothing, so no test may write to it)."""
-    from jaxgpt.trainer import train_and_evaluate
+    from jaxgpt.job.trainer import train_and_evaluate
 
     workdir = tmp_path_factory.mktemp("trained-small-run")
     train_and_evaluate(small_run_config(steps=20), workdir, progress=False)
@@ -116,7 +116,7 @@ def run_script(
     replace_env: bool = False,
     timeout: float = 300,
 ):
-    """Run one of the repository's scripts (train.py), modules (jaxgpt.plot) or, with "-c",
+    """Run one of the repository's scripts (train.py), modules (jaxgpt.commands.plot) or, with "-c",
     a snippet, as a user would: a fresh Python at the repository root. `devices` sets the
     number of fake CPU devices; `background` returns the Popen; `env` adds environment
     variables, or with `replace_env` is the whole environment."""
@@ -137,3 +137,11 @@ def run_script(
     if background:
         return subprocess.Popen(command, cwd=ROOT, env=env, stderr=subprocess.PIPE, text=True)
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask):
+    """q over k, v through the kernel model.attention names, under attention.Mask(**mask)."""
+    from jaxgpt.attention import Mask
+    from jaxgpt.attention import kernel as named
+
+    return named(kernel)(q, k, v, Mask(**mask), scale)

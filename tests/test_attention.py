@@ -8,8 +8,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import attend
 
-from jaxgpt.attention import CausalSelfAttention, attend, attention_weights, causal_score_bias
+from jaxgpt.attention import CausalSelfAttention, attention_weights, causal_score_bias
 from jaxgpt.config import ModelConfig
 from jaxgpt.positions import alibi_slopes
 

@@ -4,9 +4,10 @@ budget (the CPU's cache, an accelerator's memory)."""
 import pytest
 from conftest import small_run_config
 
-from jaxgpt import autotune, sharding
+from jaxgpt import sharding
 from jaxgpt.config import MeshConfig, with_train
 from jaxgpt.config_files import resolve
+from jaxgpt.hardware import autotune
 
 
 @pytest.mark.parametrize(

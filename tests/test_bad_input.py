@@ -6,10 +6,11 @@ import json
 import os
 from pathlib import Path
 
+import numpy as np
 import pytest
 from conftest import run_script
 
-from jaxgpt import workdir as run_dir
+from jaxgpt.job import workdir as run_dir
 
 FAST = [
     "--config.model.n_layer=1",
@@ -136,7 +137,7 @@ def test_a_lock_left_by_a_dead_process_does_not_block(tmp_path):
 
 
 def test_metrics_records_stay_json_when_a_number_is_not_finite():
-    from jaxgpt.metrics import json_safe
+    from jaxgpt.job.metrics import json_safe
 
     record = json_safe({"step": 5, "train_loss": float("nan"), "mfu": float("inf"), "lr": 0.1})
     assert json.loads(json.dumps(record, allow_nan=False)) == {
@@ -159,3 +160,187 @@ def test_a_download_that_never_answers_times_out_with_advice(monkeypatch):
     with pytest.raises(UserError, match=r"'gpt2' BPE file \(timed out after 1 s\).*TIKTOKEN_CACHE_DIR"):
         tokenizers.TiktokenTokenizer("gpt2", timeout=1.0)
     assert time.monotonic() - start < 5
+
+
+# ----------------------------------------------------------------------------- damaged derived files
+
+# A corpus that prepares in well under a second: ~230 KB of text, a 460 KB token file (char
+# tokenizer, uint16), small enough that every start hashes it.
+CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for i in range(4000))
+
+
+def _zero_middle(folder: Path) -> None:
+    path = folder / "tokens.bin"
+    raw = bytearray(path.read_bytes())
+    middle = len(raw) // 2
+    raw[middle - 25_000 : middle + 25_000] = bytes(50_000)
+    path.write_bytes(bytes(raw))
+
+
+def _edit_meta(folder: Path, **changes) -> None:
+    meta = json.loads((folder / "meta.json").read_text())
+    (folder / "meta.json").write_text(json.dumps(meta | changes))
+
+
+# (name, what is done to the prepared folder, what the warning names)
+CACHE_FAULTS = [
+    ("token file truncated", lambda f: os.truncate(f / "tokens.bin", 1000), "tokens.bin has 1,000 bytes"),
+    ("token file zeroed in the middle", _zero_middle, "tokens.bin's SHA-256 differs"),
+    ("token file missing", lambda f: (f / "tokens.bin").unlink(), "tokens.bin is missing"),
+    ("token count edited", lambda f: _edit_meta(f, tokens=12), "meta.json says 12 uint16 tokens"),
+    ("metadata not JSON", lambda f: (f / "meta.json").write_text("{garbage"), "meta.json cannot be read"),
+    ("metadata missing", lambda f: (f / "meta.json").unlink(), "meta.json cannot be read"),
+    ("tokenizer garbage", lambda f: (f / "tokenizer.json").write_text("\0\0"), "tokenizer.json cannot be read"),
+]
+
+
+def _prepared(tmp_path):
+    """A fresh cache of CORPUS: (config, its folder, the token file's bytes, data module)."""
+    from jaxgpt import data
+    from jaxgpt.config import DataConfig
+
+    (tmp_path / "corpus.txt").write_text(CORPUS)
+    config = DataConfig(source=f"text:{tmp_path / 'corpus.txt'}", cache_dir=str(tmp_path / "cache"))
+    data.prepare(config, progress=False)
+    (folder,) = (tmp_path / "cache" / "data").iterdir()
+    return config, folder, (folder / "tokens.bin").read_bytes(), data
+
+
+@pytest.mark.parametrize("name, damage, problem", CACHE_FAULTS, ids=[c[0] for c in CACHE_FAULTS])
+def test_a_damaged_token_cache_is_set_aside_and_prepared_again(tmp_path, capsys, name, damage, problem):
+    config, folder, original, data = _prepared(tmp_path)
+    (tmp_path / "cache" / "data" / "other").mkdir()  # another corpus's cache: must not be touched
+    (tmp_path / "cache" / "data" / "other" / "tokens.bin").write_bytes(b"x" * 10)
+    damage(folder)
+    damaged = snapshot(folder)
+    capsys.readouterr()
+    dataset = data.prepare(config, progress=False)
+    warning = capsys.readouterr().err.strip().splitlines()
+    assert len(warning) == 1 and warning[0].startswith("warning: ") and problem in warning[0], warning
+    assert "preparing it again" in warning[0]
+    assert (folder / "tokens.bin").read_bytes() == original  # rebuilt exactly
+    assert np.array_equal(np.concatenate([dataset.train, dataset.val]), np.frombuffer(original, np.uint16))
+    (aside,) = (p for p in folder.parent.iterdir() if ".damaged-" in p.name)
+    assert snapshot(aside / folder.name) == damaged  # kept as it was, for whoever wants to look
+    assert snapshot(folder.parent / "other") == {"tokens.bin": b"x" * 10}
+
+
+def test_a_sound_cache_is_reused_without_a_word_and_unchanged(tmp_path, capsys):
+    config, folder, original, data = _prepared(tmp_path)
+    before = snapshot(folder.parent)
+    capsys.readouterr()
+    data.prepare(config, progress=False)
+    assert capsys.readouterr().err == ""
+    assert snapshot(folder.parent) == before
+
+
+def test_a_large_cache_is_hashed_only_when_asked(tmp_path, monkeypatch, capsys):
+    """Above CHECKSUM_ON_START_BYTES a start checks sizes alone; verify=True (train.py
+    --verify_data) hashes it too."""
+    config, folder, original, data = _prepared(tmp_path)
+    monkeypatch.setattr(data, "CHECKSUM_ON_START_BYTES", len(original) - 1)
+    _zero_middle(folder)
+    capsys.readouterr()
+    data.prepare(config, progress=False)
+    assert capsys.readouterr().err == ""  # the size is right: not hashed, not noticed
+    data.prepare(config, progress=False, verify=True)
+    assert "tokens.bin's SHA-256 differs" in capsys.readouterr().err
+    assert (folder / "tokens.bin").read_bytes() == original
+
+
+def test_a_damaged_cache_whose_source_is_gone_is_refused_naming_the_folder(tmp_path, monkeypatch):
+    from jaxgpt.errors import UserError
+
+    config, folder, original, data = _prepared(tmp_path)
+    os.truncate(folder / "tokens.bin", 10)
+
+    def unreachable(*args, **kwargs):
+        raise ConnectionError("the Hub cannot be reached")
+
+    monkeypatch.setattr(data, "read_documents", unreachable)
+    with pytest.raises(UserError) as refused:
+        data.prepare(config, progress=False)
+    message = str(refused.value)
+    assert f"the prepared data in {folder} was damaged (tokens.bin has 10 bytes" in message
+    assert "preparing it again failed (ConnectionError: the Hub cannot be reached)" in message
+    assert "rerun, which prepares it afresh" in message
+
+
+def test_two_processes_preparing_the_same_cache_at_once_both_finish_alike(tmp_path):
+    (tmp_path / "corpus.txt").write_text(CORPUS * 5)
+    snippet = (
+        "import sys, json; from jaxgpt import data; from jaxgpt.config import DataConfig; "
+        f"d = data.prepare(DataConfig(source='text:{tmp_path / 'corpus.txt'}', cache_dir='{tmp_path / 'cache'}'), "
+        "progress=False); print(len(d.train), int(d.train.sum()), int(d.val.sum()))"
+    )
+    runs = [run_script("-c", snippet, background=True) for _ in range(2)]
+    outputs = [run.communicate(timeout=120) for run in runs]
+    assert [run.returncode for run in runs] == [0, 0], [err for _, err in outputs]
+    assert outputs[0][0] == outputs[1][0] != ""
+    assert len(list((tmp_path / "cache" / "data").iterdir())) == 1  # one cache, no leftovers
+
+
+def _copy_of(run: Path, tmp_path: Path) -> Path:
+    import shutil
+
+    workdir = tmp_path / "run"
+    shutil.copytree(run, workdir)
+    return workdir
+
+
+def _run_files(workdir: Path) -> dict:
+    """snapshot() of a workdir but its lock file, which every trainer's start rewrites with its pid."""
+    return {name: content for name, content in snapshot(workdir).items() if name != "train.lock"}
+
+
+def _replace_line(path: Path, index: int, line: str) -> None:
+    lines = path.read_text().splitlines()
+    lines[index] = line
+    path.write_text("\n".join(lines) + "\n")
+
+
+# (name, what is done to a finished run's workdir, what the one error line says)
+WORKDIR_FAULTS = [
+    (
+        "config.json garbage",
+        lambda w: (w / "config.json").write_text("{not json"),
+        "config.json cannot be read (JSONDecodeError",
+    ),
+    (
+        "metrics.jsonl line garbled",
+        lambda w: _replace_line(w / "metrics.jsonl", 1, '{"step": 10, "train_loss": 3.1'),
+        "metrics.jsonl line 2 is not a metrics record",
+    ),
+    (
+        "metrics.jsonl binary",
+        lambda w: (w / "metrics.jsonl").write_bytes(b"\0\xff\0garbage\n{}\n"),
+        "metrics.jsonl line 1 is not a metrics record",
+    ),
+]
+
+
+@pytest.mark.parametrize("name, damage, message", WORKDIR_FAULTS, ids=[c[0] for c in WORKDIR_FAULTS])
+def test_a_damaged_workdir_file_is_one_line_and_nothing_changes(tmp_path, trained_small_run, name, damage, message):
+    workdir = _copy_of(trained_small_run, tmp_path)
+    damage(workdir)
+    before = _run_files(workdir)
+    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=30", "--quiet")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2, result.stderr[-3000:]
+    assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr[-3000:]
+    assert _run_files(workdir) == before
+
+
+def test_a_metrics_line_torn_by_a_crash_is_dropped_on_resume(tmp_path, trained_small_run):
+    """kill -9 while a line is written leaves it cut short, with no newline: it lies past the
+    checkpoint the run resumes from, so it is dropped like any later line, and the run goes on."""
+    from jaxgpt.job.metrics import read_metrics
+
+    workdir = _copy_of(trained_small_run, tmp_path)
+    logged = read_metrics(workdir)
+    with open(workdir / "metrics.jsonl", "a") as log:
+        log.write('{"step": 25, "train_lo')
+    assert read_metrics(workdir) == logged  # readers skip it too
+    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=25", "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert [r["step"] for r in read_metrics(workdir)] == [r["step"] for r in logged] + [25]

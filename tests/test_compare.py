@@ -66,7 +66,7 @@ def test_rerunning_skips_finished_runs_and_gives_the_same_table(compared):
 def test_a_ten_step_comparison_draws_each_variants_training_curve_and_its_evaluations(compared, monkeypatch):
     """--steps=10 with tiny's log_every of 50 would log one training loss; compare logs every
     step instead, and the plot draws all ten per variant, with the evaluations (steps 5, 10)."""
-    from jaxgpt import compare, plot
+    from jaxgpt.commands import compare, plot
 
     out, result = compared
     assert "train.log_every 50 -> 1" in result.stdout
@@ -80,7 +80,7 @@ def test_a_ten_step_comparison_draws_each_variants_training_curve_and_its_evalua
 
 
 def test_seeds_average_and_spread():
-    from jaxgpt.compare import summarise
+    from jaxgpt.commands.compare import summarise
 
     rows = [
         {"variant": "a", "params": 5, "val_loss": v, "val_bpb": 2 * v, "tokens_per_sec": 10.0, "elapsed_sec": 1.0}

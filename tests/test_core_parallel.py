@@ -8,10 +8,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgpt import core_parallel, runtime, sharding
+from jaxgpt import sharding
 from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
-from jaxgpt.core_parallel import CoreParallelStep, usable_cores
 from jaxgpt.errors import UserError
+from jaxgpt.hardware import core_parallel, runtime
+from jaxgpt.hardware.core_parallel import CoreParallelStep, usable_cores
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import create_train_state, eval_step, train_step
@@ -142,10 +143,10 @@ def test_plan_picks_microbatches_per_core_and_says_so():
 
 
 def test_the_step_is_chosen_once_per_core_or_over_the_mesh(monkeypatch):
-    """choose_step (what the trainer, jaxgpt.check and the benchmarks call): a batch that splits
+    """choose_step (what the trainer, jaxgpt.commands.check and the benchmarks call): a batch that splits
     over the cores gets one program per core; one that does not (7 rows, 2 cores) the mesh's
     own step, its microbatches filled in all the same (0 is not a count a step can take)."""
-    from jaxgpt.step_choice import choose_step
+    from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.train_step import MeshStep
 
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))

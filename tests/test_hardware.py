@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from jaxgpt import hardware
-from jaxgpt.metrics import model_flops_utilisation
+from jaxgpt.hardware import peak_flops
+from jaxgpt.job.metrics import model_flops_utilisation
 
 ZEN3 = {"vendor_id": "AuthenticAMD", "cpu family": "25", "flags": "sse2 avx fma avx2", "cpu MHz": "2445.4"}
 
@@ -17,19 +17,19 @@ def machine(monkeypatch, tmp_path):
     """A CPU described by hand: cpuinfo fields, a cache folder, and matmul measurements that
     say whether the rest of the machine was idle."""
     monkeypatch.setenv("JAXGPT_CACHE", str(tmp_path))
-    monkeypatch.setattr(hardware, "cpuinfo", lambda: dict(ZEN3))
-    monkeypatch.setattr(hardware, "physical_cores", lambda: 2)
-    monkeypatch.setattr(hardware, "cpu_clock_hz", lambda: (2.5e9, "clock in /proc/cpuinfo"))
+    monkeypatch.setattr(peak_flops, "cpuinfo", lambda: dict(ZEN3))
+    monkeypatch.setattr(peak_flops, "physical_cores", lambda: 2)
+    monkeypatch.setattr(peak_flops, "cpu_clock_hz", lambda: (2.5e9, "clock in /proc/cpuinfo"))
     measurements = []  # (FLOP/s, idle) per start
-    monkeypatch.setattr(hardware, "measure_when_idle", lambda measure: measurements.pop(0))
+    monkeypatch.setattr(peak_flops, "measure_when_idle", lambda measure: measurements.pop(0))
 
     def start(flops: float, idle: bool) -> tuple[float, str]:
         measurements.append((flops, idle))
-        hardware.cpu_peak_flops.cache_clear()
-        return hardware.cpu_peak_flops()
+        peak_flops.cpu_peak_flops.cache_clear()
+        return peak_flops.cpu_peak_flops()
 
     yield start
-    hardware.cpu_peak_flops.cache_clear()
+    peak_flops.cpu_peak_flops.cache_clear()
 
 
 def test_the_cpu_peak_is_computed_from_cores_clock_and_flops_per_cycle(machine):
@@ -64,7 +64,7 @@ def test_an_idle_measurement_above_the_computed_peak_raises_it_and_a_busy_one_ne
     ],
 )
 def test_flops_per_cycle_follow_the_vector_width_and_fma_units(info, per_cycle):
-    found = hardware.float32_flops_per_cycle(info)
+    found = peak_flops.float32_flops_per_cycle(info)
     assert (found and found[0]) == per_cycle
 
 
@@ -75,22 +75,22 @@ def test_hyperthreads_of_one_core_count_once(monkeypatch, tmp_path):
         topology.mkdir(parents=True)
         (topology / "physical_package_id").write_text("0\n")
         (topology / "core_id").write_text(f"{core}\n")
-    monkeypatch.setattr(hardware, "SYS_CPU", tmp_path)
-    monkeypatch.setattr(hardware.os, "sched_getaffinity", lambda pid: {0, 1, 2})
-    assert hardware.physical_cores() == 2
+    monkeypatch.setattr(peak_flops, "SYS_CPU", tmp_path)
+    monkeypatch.setattr(peak_flops.os, "sched_getaffinity", lambda pid: {0, 1, 2})
+    assert peak_flops.physical_cores() == 2
 
 
 def test_a_measurement_is_idle_only_if_other_processes_used_almost_no_cpu(monkeypatch):
     """Our own CPU time is subtracted from the machine's; what is left belongs to others."""
     busy = iter([100.0, 100.0 + 0.9])  # the machine's busy CPU-seconds before and after
-    monkeypatch.setattr(hardware, "_machine_busy_seconds", lambda: next(busy))
-    monkeypatch.setattr(hardware.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(peak_flops, "_machine_busy_seconds", lambda: next(busy))
+    monkeypatch.setattr(peak_flops.os, "cpu_count", lambda: 2)
     times = iter([1.0, 1.9])  # our own user time: 0.9 s, i.e. all the machine's busy time
-    monkeypatch.setattr(hardware.os, "times", lambda: SimpleNamespace(user=next(times), system=0.0))
-    assert hardware.measure_when_idle(lambda: 7) == (7, True)
+    monkeypatch.setattr(peak_flops.os, "times", lambda: SimpleNamespace(user=next(times), system=0.0))
+    assert peak_flops.measure_when_idle(lambda: 7) == (7, True)
     busy = iter([100.0, 100.0 + 1.9])  # someone else used a whole second meanwhile
     times = iter([1.0, 1.9])
-    assert hardware.measure_when_idle(lambda: 7) == (7, False)
+    assert peak_flops.measure_when_idle(lambda: 7) == (7, False)
 
 
 def test_an_mfu_above_one_is_not_printed_as_a_number():
@@ -99,10 +99,10 @@ def test_an_mfu_above_one_is_not_printed_as_a_number():
 
 
 def test_the_machine_is_described_by_name_cores_and_cache(monkeypatch):
-    monkeypatch.setattr(hardware, "cpu_model", lambda: "Example CPU 9000")
-    monkeypatch.setattr(hardware, "cpu_cache_bytes", lambda level: 32 * 2**20 if level == 3 else None)
-    monkeypatch.setattr(hardware.os, "cpu_count", lambda: 2)
-    assert hardware.describe_cpu() == "Example CPU 9000 (2 cores, L3 32 MiB)"
+    monkeypatch.setattr(peak_flops, "cpu_model", lambda: "Example CPU 9000")
+    monkeypatch.setattr(peak_flops, "cpu_cache_bytes", lambda level: 32 * 2**20 if level == 3 else None)
+    monkeypatch.setattr(peak_flops.os, "cpu_count", lambda: 2)
+    assert peak_flops.describe_cpu() == "Example CPU 9000 (2 cores, L3 32 MiB)"
 
 
 def test_cache_sizes_are_read_as_the_kernel_writes_them(monkeypatch, tmp_path):
@@ -112,7 +112,7 @@ def test_cache_sizes_are_read_as_the_kernel_writes_them(monkeypatch, tmp_path):
         (folder / "level").write_text(f"{level}\n")
         (folder / "type").write_text(f"{kind}\n")
         (folder / "size").write_text(f"{size}\n")
-    monkeypatch.setattr(hardware, "CPU_CACHE_DIR", tmp_path)
-    assert hardware.cpu_cache_bytes(1) == 32 * 2**10
-    assert hardware.cpu_cache_bytes(3) == 32 * 2**20
-    assert hardware.cpu_cache_bytes(2) is None
+    monkeypatch.setattr(peak_flops, "CPU_CACHE_DIR", tmp_path)
+    assert peak_flops.cpu_cache_bytes(1) == 32 * 2**10
+    assert peak_flops.cpu_cache_bytes(3) == 32 * 2**20
+    assert peak_flops.cpu_cache_bytes(2) is None

@@ -260,8 +260,8 @@ def finetune_config(directory, **model):
 
 
 def test_fine_tuning_starts_from_the_pretrained_weights(gpt2_directory, tmp_path):
-    from jaxgpt.checkpoint import load_latest
-    from jaxgpt.trainer import train_and_evaluate
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.job.trainer import train_and_evaluate
 
     train_and_evaluate(finetune_config(gpt2_directory), tmp_path / "run", progress=False)
     _, trained, _, _ = load_latest(tmp_path / "run")
@@ -272,7 +272,7 @@ def test_fine_tuning_starts_from_the_pretrained_weights(gpt2_directory, tmp_path
 
 
 def test_fine_tuning_refuses_weights_of_another_shape(gpt2_directory, tmp_path):
-    from jaxgpt.trainer import train_and_evaluate
+    from jaxgpt.job.trainer import train_and_evaluate
 
     with pytest.raises(UserError, match="model.n_layer=3 but the checkpoint has 2"):
         train_and_evaluate(finetune_config(gpt2_directory, n_layer=3), tmp_path / "run", progress=False)

@@ -32,8 +32,8 @@ SHORT_TRAINING = [
 COMMANDS = {  # how each entry point is started without installing the package
     "python train.py": [sys.executable, str(ROOT / "train.py")],
     "python sample.py": [sys.executable, str(ROOT / "sample.py")],
-    "jaxgpt-train": [sys.executable, "-m", "jaxgpt.train"],
-    "jaxgpt-sample": [sys.executable, "-m", "jaxgpt.sample"],
+    "jaxgpt-train": [sys.executable, "-m", "jaxgpt.commands.train"],
+    "jaxgpt-sample": [sys.executable, "-m", "jaxgpt.commands.sample"],
     "jaxgpt-check": [sys.executable, "-m", "jaxgpt.check"],
     "python -m": [sys.executable, "-m"],
 }

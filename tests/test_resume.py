@@ -12,9 +12,9 @@ import numpy as np
 import pytest
 from conftest import run_script, small_run_config
 
-from jaxgpt.checkpoint import Checkpoints, load_latest
 from jaxgpt.errors import UserError
-from jaxgpt.trainer import train_and_evaluate
+from jaxgpt.job.checkpoint import Checkpoints, load_latest
+from jaxgpt.job.trainer import train_and_evaluate
 
 ROOT = Path(__file__).resolve().parents[1]
 # Wall-clock figures differ from run to run.
@@ -263,10 +263,10 @@ def snapshot_names(folder: Path) -> list[tuple[str, int]]:
 
 def test_a_full_disk_stops_before_a_save_it_cannot_hold(tmp_path, monkeypatch):
     train_and_evaluate(small_run_config(steps=10, checkpoint_every=10), tmp_path, progress=False)
-    import jaxgpt.checkpoint
+    import jaxgpt.job.checkpoint
 
     full = shutil.disk_usage(tmp_path)._replace(free=2**20)  # less than one checkpoint of this model
-    monkeypatch.setattr(jaxgpt.checkpoint.shutil, "disk_usage", lambda path: full)
+    monkeypatch.setattr(jaxgpt.job.checkpoint.shutil, "disk_usage", lambda path: full)
     with pytest.raises(UserError, match=r"has 1\.0 MiB free and a checkpoint needs .* earlier checkpoints are kept"):
         train_and_evaluate(small_run_config(steps=20, checkpoint_every=10), tmp_path, progress=False)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10"]

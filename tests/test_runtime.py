@@ -9,7 +9,7 @@ import sys
 import pytest
 from conftest import run_script
 
-from jaxgpt import runtime
+from jaxgpt.hardware import runtime
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 
@@ -17,12 +17,13 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 # it splits each batch over, and the compiled programs of configs/tiny.py's step.
 DEFAULT_PATH = """
 import json, runpy
-from jaxgpt import runtime
+from jaxgpt.hardware import runtime
 runtime.configure()
 import jax
-from jaxgpt import core_parallel, sharding
+from jaxgpt.hardware import core_parallel
+from jaxgpt import sharding
 from jaxgpt.config_files import resolve
-from jaxgpt.step_choice import choose_step
+from jaxgpt.hardware.step_choice import choose_step
 from jaxgpt.train_step import initial_state
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh)

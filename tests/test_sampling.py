@@ -225,8 +225,8 @@ def test_sample_py_without_a_checkpoint_is_one_line(tmp_path):
 
 
 def test_sampling_restores_onto_a_tensor_parallel_mesh(workdir):
-    from jaxgpt.checkpoint import load_latest
     from jaxgpt.config import MeshConfig
+    from jaxgpt.job.checkpoint import load_latest
     from jaxgpt.sharding import make_mesh
 
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1))  # all 8 fake devices on tensor

@@ -14,7 +14,7 @@ from jaxgpt import data, sharding
 from jaxgpt.config import ConfigError, MeshConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
-from jaxgpt.trainer import Trainer, train_and_evaluate
+from jaxgpt.job.trainer import Trainer, train_and_evaluate
 
 LAYOUTS = {"data=8": dict(data=8), "fsdp=8": dict(data=1, fsdp=8), "2x2x2": dict(data=2, fsdp=2, tensor=2)}
 

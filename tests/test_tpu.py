@@ -11,12 +11,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, run_script
+from conftest import ROOT, attend, run_script
 
-from jaxgpt import sharding, tpu
-from jaxgpt.attention import attend
+from jaxgpt import sharding
 from jaxgpt.config_files import base_config, resolve
 from jaxgpt.errors import UserError
+from jaxgpt.hardware import tpu
 from jaxgpt.model import count_params, init_params
 
 

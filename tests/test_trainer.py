@@ -10,7 +10,7 @@ from conftest import small_run_config as small_config
 from jaxgpt.config import run_config_from_dict
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
-from jaxgpt.trainer import train_and_evaluate
+from jaxgpt.job.trainer import train_and_evaluate
 
 
 def read_metrics(workdir):
@@ -136,8 +136,8 @@ def test_a_short_validation_split_is_covered_by_spread_windows():
 def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logged(trained):
     workdir = trained[0]
     from jaxgpt import data
-    from jaxgpt.resume import restore_or_start
-    from jaxgpt.trainer import Trainer
+    from jaxgpt.job.resume import restore_or_start
+    from jaxgpt.job.trainer import Trainer
 
     run = resolve(small_config(), vocab_size=1)
     dataset = data.prepare(run.data, progress=False)

@@ -12,10 +12,10 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script, small_run_config
 
-from jaxgpt.attention_maps import attention_maps
-from jaxgpt.checkpoint import load_latest
+from jaxgpt.commands.attention_maps import attention_maps
 from jaxgpt.errors import UserError
-from jaxgpt.trainer import train_and_evaluate
+from jaxgpt.job.checkpoint import load_latest
+from jaxgpt.job.trainer import train_and_evaluate
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +141,7 @@ def test_check_passes_a_healthy_config():
 def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
     """The checks behind `jaxgpt.check`, called in-process (the command's own output and exit
     status: the two slow tests beside this one)."""
-    from jaxgpt.preflight import run_checks
+    from jaxgpt.commands.preflight import run_checks
 
     healthy = {row.name: row.passed for row in run_checks(small_run_config(), overfit_steps=5)}
     assert healthy["initial loss"] is True and healthy["gradients"] is True

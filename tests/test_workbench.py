@@ -9,16 +9,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import matrix
+from conftest import attend, matrix
 from test_attention import TOL, attention_config, init_layer, normal, random_qkv, run_layer
 from test_model import closed_form_count, random_tokens, tiny
 
-from jaxgpt.attention import attend, causal_score_bias
+from jaxgpt.attention import causal_score_bias
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.errors import UserError
+from jaxgpt.job.resume import resume_conflicts
 from jaxgpt.layers import MLP
 from jaxgpt.model import GPT, count_params, init_params
-from jaxgpt.resume import resume_conflicts
 
 
 def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_scale=None):
@@ -381,8 +381,8 @@ def test_muon_orthogonalises_the_blocks_matrices_and_leaves_the_rest_to_adamw():
 def test_a_run_trains_with_muon(tmp_path):
     from conftest import small_run_config
 
-    from jaxgpt.metrics import read_metrics
-    from jaxgpt.trainer import train_and_evaluate
+    from jaxgpt.job.metrics import read_metrics
+    from jaxgpt.job.trainer import train_and_evaluate
 
     train_and_evaluate(small_run_config(optimizer="muon", steps=30), tmp_path, progress=False)
     records = read_metrics(tmp_path)

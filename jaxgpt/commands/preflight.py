@@ -29,7 +29,7 @@ import numpy as np
 from jaxgpt import data, sharding
 from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
-from jaxgpt.hardware import device_memory_limit
+from jaxgpt.hardware.peak_flops import device_memory_limit
 from jaxgpt.model import count_params, flops_per_token
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
@@ -73,10 +73,11 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     dataset = data.prepare(config.data, progress=False)
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
-    from jaxgpt.step_choice import choose_step
+    from jaxgpt.hardware import runtime
+    from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.train_step import initial_state
 
-    mesh = sharding.make_mesh(run.mesh)
+    mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     # Constant learning rate, no decay: the overfit check asks whether the model can learn,
     # not what the schedule does in its first steps.
     t = run.train

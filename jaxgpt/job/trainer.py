@@ -7,7 +7,7 @@ the accelerator is never stalled by the host.
 A workdir holds everything of a run:
   config.json       the resolved configuration (every field, vocab_size filled in)
   tokenizer.json    the tokenizer, so sampling needs nothing else
-  metrics.jsonl     one JSON object per logged step (jaxgpt.metrics; plot with jaxgpt.plot)
+  metrics.jsonl     one JSON object per logged step (jaxgpt.job.metrics; plot with jaxgpt.commands.plot)
   tensorboard/      the same metrics as TensorBoard event files (train.tensorboard)
   checkpoints/      orbax checkpoints, each with the state and a record of the run
 
@@ -32,22 +32,22 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from jaxgpt import data, runtime, sharding
-from jaxgpt import workdir as run_dir
-from jaxgpt.attention import kernel_fallback
-from jaxgpt.checkpoint import Checkpoints
-from jaxgpt.cli import warn
+from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve
-from jaxgpt.distributed import is_main_process
-from jaxgpt.errors import UserError
-from jaxgpt.hardware import peak_flops, remeasure_cpu_peak
-from jaxgpt.metrics import MetricsLog, check_sinks_available, describe_mfu, training_record
+from jaxgpt.errors import UserError, warn
+from jaxgpt.hardware import runtime
+from jaxgpt.hardware.distributed import is_main_process
+from jaxgpt.hardware.peak_flops import peak_flops, remeasure_cpu_peak
+from jaxgpt.hardware.step_choice import choose_step
+from jaxgpt.job import workdir as run_dir
+from jaxgpt.job.checkpoint import Checkpoints
+from jaxgpt.job.metrics import MetricsLog, check_sinks_available, describe_mfu, training_record
+from jaxgpt.job.resume import checkpoint_record, restore_or_start
+from jaxgpt.job.stopping import StopRequests, check_finite
+from jaxgpt.kernels import kernel_fallback
 from jaxgpt.model import count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule
-from jaxgpt.resume import checkpoint_record, restore_or_start
-from jaxgpt.step_choice import choose_step
-from jaxgpt.stopping import StopRequests, check_finite
 from jaxgpt.tokenizers import save_tokenizer
 from jaxgpt.train_step import initial_state
 
@@ -62,6 +62,7 @@ def train_and_evaluate(
     fresh: bool = False,
     stop_at: int | None = None,
     from_step: int | None = None,
+    verify_data: bool = False,
 ) -> dict:
     """Train the model `config` describes (a ConfigDict, nested dict or RunConfig) in
     `workdir`, resuming from its checkpoints if it has any. Returns the last metrics record.
@@ -72,6 +73,8 @@ def train_and_evaluate(
         sessions); rerunning continues.
     from_step: resume from this checkpoint rather than the newest (after a divergence); the
         later checkpoints are moved aside to `<step>.abandoned`, never deleted.
+    verify_data: check the prepared token file's checksum even when it is large
+        (`data.prepare` always checks its size, and the checksum of small files).
     """
     runtime.enable_compilation_cache()  # as train.py does: a notebook's second run skips compilation
     workdir = Path(workdir)
@@ -79,7 +82,7 @@ def train_and_evaluate(
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
     notes: list[str] = []
     run = check_runnable(config, notes)  # validate before slow work
-    dataset = data.prepare(run.data, progress=progress)
+    dataset = data.prepare(run.data, progress=progress, verify=verify_data)
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
@@ -121,8 +124,8 @@ class Trainer:
     """A run's compiled steps, data, mesh and checkpoints, and the loop that uses them."""
 
     def __init__(self, config: RunConfig, dataset: data.Dataset, workdir: Path, say):
-        self.mesh = sharding.make_mesh(config.mesh)
-        config, self.step, note = choose_step(config, self.mesh)  # jaxgpt/step_choice.py
+        self.mesh = sharding.make_mesh(config.mesh, runtime.mesh_devices())
+        config, self.step, note = choose_step(config, self.mesh)  # jaxgpt/hardware/step_choice.py
         if note:
             say(note)
         self.config, self.dataset, self.workdir, self.say = config, dataset, workdir, say

@@ -4,7 +4,7 @@ One XLA CPU device runs a small model's step mostly on one core: XLA spreads a l
 over its thread pool but runs the many small elementwise ops, the softmax and the optimizer
 one after another. Splitting the batch over one device per core uses them all, but as one
 SPMD program it ends every step in an all-reduce, and XLA's in-process collectives can abort
-the process on a busy machine (jaxgpt/runtime.py says how). So each core runs the one-device
+the process on a busy machine (jaxgpt/hardware/runtime.py says how). So each core runs the one-device
 program on its own rows instead, and the host joins them:
 
     params  --copy-->  every other core            (a memcpy; the runtime's, not XLA's)
@@ -29,9 +29,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgpt import runtime, sharding
-from jaxgpt.autotune import fill_microbatches
+from jaxgpt import sharding
 from jaxgpt.config import MeshConfig, RunConfig, with_train
+from jaxgpt.hardware import runtime
+from jaxgpt.hardware.autotune import fill_microbatches
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
@@ -153,7 +154,7 @@ class CorePlan:
 def plan(run: RunConfig, devices: list) -> CorePlan:
     """How a one-device CPU run uses `devices` (one per core): as many cores as share the batch
     evenly, each with the fewest microbatches whose program fits the CPU's cache
-    (jaxgpt/autotune.py, applied to one core's rows on one device)."""
+    (jaxgpt/hardware/autotune.py, applied to one core's rows on one device)."""
     n = usable_cores(run, len(devices))
     if n == 1:
         return CorePlan(run, devices[:1], None)

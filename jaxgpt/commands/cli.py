@@ -23,11 +23,6 @@ def fail(message: str) -> None:
     sys.exit(USAGE_ERROR)
 
 
-def warn(message: str) -> None:
-    """Something the user must know even with progress output off."""
-    print(f"warning: {message}", file=sys.stderr, flush=True)
-
-
 def parse_flags(argv: list[str], usage: str = "", module: str = "__main__") -> None:
     """Parse argv into absl's FLAGS, turning every rejection into one clear line. `--help`
     (or -h) prints `usage` (the script's docstring: what it does, example commands) and the
@@ -65,7 +60,7 @@ SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parent.
 
 
 def define_config_flag():
-    """The --config flag of train.py and jaxgpt.check, with its --config.<section>.<key> overrides."""
+    """The --config flag of train.py and jaxgpt.commands.check, with its --config.<section>.<key> overrides."""
     from ml_collections import config_flags
 
     return config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
@@ -120,6 +115,8 @@ def check_config_file(path: str) -> None:
         config = get_config(argument) if argument else get_config()
     except SystemExit:
         raise
+    except UserError as error:  # a run's own config.json that cannot be read
+        fail(str(error))
     except ImportError as error:
         if error.name == "jaxgpt.config" and "base_config" in str(error):  # where it used to be
             fail(f"config file {path} imports base_config from jaxgpt.config; it is in jaxgpt.config_files now")

@@ -79,7 +79,32 @@ def read_metrics(workdir: str | Path) -> list[dict]:
     path = Path(workdir) / "metrics.jsonl"
     if not path.is_file():
         raise UserError(f"{path} not found; pass the workdir of a run that train.py has logged to")
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [record for _, record in metrics_lines(path)]
+
+
+def metrics_lines(path: Path) -> list[tuple[str, dict]]:
+    """(line, record) for each record of a metrics.jsonl. A last line cut short (the process
+    died while writing it) is left out; any other line that is not a record is refused with
+    its number, since the log is the run's own and cannot be made again."""
+    text = path.read_text(errors="replace")
+    lines = text.splitlines()
+    out = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+            if not isinstance(record.get("step"), int):
+                raise ValueError("no integer step")
+        except (ValueError, AttributeError) as error:
+            if number == len(lines) and not text.endswith("\n"):
+                break  # torn by a crash mid-write
+            raise UserError(
+                f"{path} line {number} is not a metrics record ({type(error).__name__}: {str(error)[:80]}); "
+                "nothing was changed. Delete or repair that line (or move the file aside for a fresh log) and rerun"
+            ) from None
+        out.append((line, record))
+    return out
 
 
 def check_sinks_available(wandb_project: str) -> None:

@@ -22,8 +22,9 @@ from typing import NamedTuple
 
 import jax
 
-from jaxgpt import hardware, sharding
+from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
+from jaxgpt.hardware import peak_flops
 from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 
 FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
@@ -56,10 +57,10 @@ def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
     device = mesh.devices.flat[0]
     if device.platform == "cpu":
         for level in (3, 2):
-            if size := hardware.cpu_cache_bytes(level):
+            if size := peak_flops.cpu_cache_bytes(level):
                 return size, f"the CPU's {size // 2**20} MiB L{level} cache"
         return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
-    limit = hardware.device_memory_limit(device)
+    limit = peak_flops.device_memory_limit(device)
     if not limit:
         return 2**62, "no memory limit reported"
     layout, _ = state_layout(run, mesh)

@@ -10,7 +10,7 @@ Rerunning the same command resumes from the newest checkpoint; --workdir alone r
 the configuration saved in it. Every config key can be set as --config.<section>.<key>=VALUE
 (sections model, data, train, mesh; see jaxgpt/config.py).
 
-A thin shell over jaxgpt.trainer.train_and_evaluate, which notebooks can call directly.
+A thin shell over jaxgpt.job.trainer.train_and_evaluate, which notebooks can call directly.
 """
 
 import sys
@@ -18,7 +18,8 @@ from pathlib import Path
 
 from absl import flags
 
-from jaxgpt import cli
+from jaxgpt.commands import cli
+from jaxgpt.errors import warn
 
 CONFIG = cli.define_config_flag()
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory (default: runs/<config name>).")
@@ -31,6 +32,9 @@ STOP_AT = flags.DEFINE_integer(
 )
 FROM_STEP = flags.DEFINE_integer(
     "from_step", None, "Resume from this checkpoint, not the newest (after a divergence); later ones are moved aside."
+)
+VERIFY_DATA = flags.DEFINE_bool(
+    "verify_data", False, "Hash the prepared token file at start whatever its size (small ones always are)."
 )
 COORDINATOR = flags.DEFINE_string("coordinator_address", None, "Multi-process runs: host:port of process 0.")
 NUM_PROCESSES = flags.DEFINE_integer("num_processes", None, "Multi-process runs: how many processes.")
@@ -45,10 +49,10 @@ def main() -> None:
 def _train() -> None:
     cli.parse_flags(cli.config_from_run(sys.argv), usage=__doc__, module=__name__)
     cli.require_config(CONFIG, ", or --workdir of an earlier run to resume it with its own configuration")
-    from jaxgpt import distributed, runtime
-    from jaxgpt.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
+    from jaxgpt.hardware import distributed, runtime
+    from jaxgpt.job.trainer import train_and_evaluate  # after flag parsing: a bad flag fails fast
 
-    runtime.configure(single_process=(NUM_PROCESSES.value or 1) == 1, warn=cli.warn)
+    runtime.configure(single_process=(NUM_PROCESSES.value or 1) == 1, warn=warn)
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
 
     workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
@@ -59,6 +63,7 @@ def _train() -> None:
         fresh=FRESH.value,
         stop_at=STOP_AT.value,
         from_step=FROM_STEP.value,
+        verify_data=VERIFY_DATA.value,
     )
 
 

@@ -14,7 +14,8 @@ from pathlib import Path
 
 from absl import flags
 
-from jaxgpt import cli
+from jaxgpt.commands import cli
+from jaxgpt.errors import warn
 
 WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
 INIT_FROM = flags.DEFINE_string(
@@ -55,17 +56,17 @@ def _sample() -> None:
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt import runtime
-    from jaxgpt.attention import kernel_fallback
-    from jaxgpt.checkpoint import load_latest
     from jaxgpt.config import MeshConfig
+    from jaxgpt.hardware import runtime
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.kernels import kernel_fallback
     from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
     from jaxgpt.sharding import make_mesh, shardings_like
 
     runtime.enable_compilation_cache()
     # Decoding is one token at a time: split the model (heads, MLP width) over every device
     # rather than a batch of a few prompts. On one device this is just that device.
-    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1))
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
 
     sampling = SamplingConfig(TEMPERATURE.value, TOP_K.value, TOP_P.value)
     if INIT_FROM.value:
@@ -75,7 +76,7 @@ def _sample() -> None:
         params = jax.device_put(params, shardings_like(params, mesh))
         tokenizer = pretrained_tokenizer(INIT_FROM.value, family)
     else:
-        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value), mesh, warn=cli.warn)
+        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value), mesh, warn=warn)
         model_config = run.model
     ids = (
         tokenizer.encode(prompt)

@@ -6,10 +6,10 @@ what they compile, measure and time is the program training runs. Both steps app
 
   - MeshStep (jaxgpt/train_step.py): `train_step` jitted over the run's device mesh, one SPMD
     program; on accelerators, several processes, or CPU devices asked for as a mesh.
-  - CoreParallelStep (jaxgpt/core_parallel.py): one single-device program per CPU core on its
+  - CoreParallelStep (jaxgpt/hardware/core_parallel.py): one single-device program per CPU core on its
     share of the batch, joined on the first core; the CPU default when the batch splits.
 
-Either way train.microbatches = 0 is filled in by the machine (jaxgpt/autotune.py).
+Either way train.microbatches = 0 is filled in by the machine (jaxgpt/hardware/autotune.py).
 """
 
 from __future__ import annotations
@@ -18,10 +18,10 @@ from typing import NamedTuple, Protocol
 
 import jax
 
-from jaxgpt import core_parallel
-from jaxgpt.autotune import fill_microbatches
 from jaxgpt.config import RunConfig
-from jaxgpt.core_parallel import CoreParallelStep
+from jaxgpt.hardware import core_parallel
+from jaxgpt.hardware.autotune import fill_microbatches
+from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.train_step import MeshStep, TrainState, check_batch_fits_mesh
 
 

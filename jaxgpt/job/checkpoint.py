@@ -23,10 +23,10 @@ from jax.experimental import multihost_utils
 
 from jaxgpt.config import MeshConfig, run_config_from_dict
 from jaxgpt.errors import UserError
-from jaxgpt.optimizer import make_optimizer
+from jaxgpt.job.workdir import unused_sibling
+from jaxgpt.model import init_params
 from jaxgpt.sharding import laid_out, make_mesh
 from jaxgpt.tokenizers import tokenizer_from_dict
-from jaxgpt.train_step import create_train_state
 
 
 class Checkpoints:
@@ -102,17 +102,25 @@ class Checkpoints:
     def read_record(self, step: int) -> dict:
         return self._manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]
 
-    def restore(self, step: int, like):
+    def restore(self, step: int, like, *, part: bool = False):
         """The state saved at `step`, laid out like `like` (arrays or ShapeDtypeStructs with
-        shardings: a checkpoint restores onto whatever devices `like` names)."""
+        shardings: a checkpoint restores onto whatever devices `like` names). With `part`,
+        `like` is a dict of some of the state's fields, e.g. {"params": ...}, and only those
+        are read: sampling needs no optimizer state, so it never builds one."""
         abstract = jax.tree.map(ocp.utils.to_shape_dtype_struct, like)
-        restored = self._manager.restore(step, args=ocp.args.Composite(state=ocp.args.StandardRestore(abstract)))
-        return restored["state"]
+        if part:
+            restore_args = ocp.checkpoint_utils.construct_restore_args(abstract)
+            args = ocp.args.PyTreeRestore(abstract, restore_args=restore_args, partial_restore=True)
+        else:
+            args = ocp.args.StandardRestore(abstract)
+        return self._manager.restore(step, args=ocp.args.Composite(state=args))["state"]
 
-    def restore_latest_readable(self, like, check_record=None, warn=print) -> tuple[int, object, dict] | None:
+    def restore_latest_readable(
+        self, like, check_record=None, warn=print, *, part: bool = False
+    ) -> tuple[int, object, dict] | None:
         """(step, state, record) of the newest checkpoint that reads back whole, or None if
         there are none. `like` is the state's layout, or a function of the record giving it
-        (a reader learns the model from the record). `check_record(record)` runs before the
+        (a reader learns the model from the record); `part` as in `restore`. `check_record(record)` runs before the
         arrays are read and may raise to
         refuse a checkpoint of another run (a mismatch is not damage). Unreadable newer
         checkpoints are reported through `warn` and, unless read-only, moved aside; if none
@@ -127,7 +135,7 @@ class Checkpoints:
             if check_record is not None:
                 check_record(record)
             try:
-                state = self.restore(step, like(record) if callable(like) else like)
+                state = self.restore(step, like(record) if callable(like) else like, part=part)
             except Exception as error:
                 failures.append((step, error))
                 continue
@@ -151,7 +159,9 @@ class Checkpoints:
             )
         if jax.process_index() == 0:
             for later in (s for s in self.steps() if s > step):
-                (self.directory / str(later)).rename(_unused_name(self.directory, f"{later}.abandoned"))
+                (self.directory / str(later)).rename(
+                    unused_sibling(self.directory / str(later), "abandoned", bare_first=True)
+                )
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("jaxgpt: later checkpoints moved aside")
         self._manager.close()  # the manager caches the step list
@@ -164,7 +174,7 @@ class Checkpoints:
             return
         if jax.process_index() == 0:  # one process renames; the others wait for it
             for bad, error in failures:
-                aside = _unused_name(self.directory, f"{bad}.unreadable")
+                aside = unused_sibling(self.directory / str(bad), "unreadable", bare_first=True)
                 warn(f"checkpoint {bad} cannot be read ({_brief(error)}); moved to {aside.name}, resuming from {good}")
                 (self.directory / str(bad)).rename(aside)
         if jax.process_count() > 1:
@@ -182,12 +192,6 @@ class Checkpoints:
             self._manager.wait_until_finished()
         finally:
             self._manager.close()
-
-
-def _unused_name(directory: Path, name: str) -> Path:
-    """directory/name, or name-2, name-3, ... if a step was found unreadable before."""
-    candidates = (directory / (name if n == 1 else f"{name}-{n}") for n in range(1, 10_000))
-    return next(path for path in candidates if not path.exists())
 
 
 def _brief(error: Exception) -> str:
@@ -211,13 +215,12 @@ def load_latest(workdir: Path, mesh=None, warn=print):
         mesh = mesh if mesh is not None else make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
         layouts: dict = {}
 
-        def like_for(record: dict):  # the state's shapes follow the record's config
+        def like_for(record: dict):  # the parameters' shapes follow the record's config
             run = run_config_from_dict(record["config"])
-            like = jax.eval_shape(partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed))
             layouts["run"] = run
-            return laid_out(like, mesh)
+            return {"params": laid_out(jax.eval_shape(partial(init_params, run.model, jax.random.key(0))), mesh)}
 
-        step, state, record = checkpoints.restore_latest_readable(like_for, warn=warn)
+        step, state, record = checkpoints.restore_latest_readable(like_for, warn=warn, part=True)
     finally:
         checkpoints.close()
-    return layouts["run"], state.params, tokenizer_from_dict(record["tokenizer"]), step
+    return layouts["run"], state["params"], tokenizer_from_dict(record["tokenizer"]), step

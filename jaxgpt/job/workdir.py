@@ -17,9 +17,11 @@ from jaxgpt.errors import UserError
 LOCK_NAME = "train.lock"
 
 
-def unused_sibling(path: Path, suffix: str) -> Path:
-    """path with `.{suffix}-1`, `-2`, ... appended: the first name not taken."""
-    return next(p for n in range(1, 100_000) if not (p := path.with_name(f"{path.name}.{suffix}-{n}")).exists())
+def unused_sibling(path: Path, suffix: str, bare_first: bool = False) -> Path:
+    """path with `.{suffix}-1`, `-2`, ... appended (with `bare_first`: `.{suffix}`, then `-2`,
+    ...): the first name not taken, for what is moved aside rather than deleted."""
+    names = (f"{path.name}.{suffix}" + ("" if bare_first and n == 1 else f"-{n}") for n in range(1, 100_000))
+    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 def make(workdir: Path) -> None:

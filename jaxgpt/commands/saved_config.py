@@ -1,7 +1,7 @@
 """A run's own configuration as a config file: what lets `python train.py --workdir runs/X`
 resume (and `--config.train.steps=N` extend) a run without its original command line.
 
-train.py passes `--config=jaxgpt/saved_config.py:<workdir or config.json>`; ml_collections
+train.py passes `--config=jaxgpt/commands/saved_config.py:<workdir or config.json>`; ml_collections
 calls `get_config` with the part after the colon, and command-line overrides then apply to
 the run's saved values exactly as they would to a config file's.
 """
@@ -14,14 +14,23 @@ from pathlib import Path
 import ml_collections
 
 from jaxgpt.config_files import base_config
+from jaxgpt.errors import UserError
 
 
 def get_config(where: str) -> ml_collections.ConfigDict:
     path = Path(where)
     path = path / "config.json" if path.is_dir() else path
-    saved = json.loads(path.read_text())
+    try:
+        saved = json.loads(path.read_text())
+        sections = {section: dict(values) for section, values in saved.items()}
+    except (OSError, ValueError, AttributeError, TypeError) as error:
+        raise UserError(
+            f"{path} cannot be read ({type(error).__name__}: {str(error)[:80]}); resume by naming the run's config "
+            "file again (python train.py --config FILE --workdir DIR, with the run's overrides: its checkpoints' own "
+            "record is checked against them), which writes config.json anew"
+        ) from None
     config = base_config()
-    for section, values in saved.items():
+    for section, values in sections.items():
         for key, value in values.items():
             if key not in config[section]:  # the run-owned model.dtype/param_dtype are not config keys
                 continue

@@ -9,16 +9,16 @@ to the restored step so the resumed run's lines are written once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
 import jax
 
-from jaxgpt import workdir as run_dir
-from jaxgpt.checkpoint import Checkpoints
 from jaxgpt.config import RunConfig, run_config_from_dict
 from jaxgpt.errors import UserError
+from jaxgpt.job import workdir as run_dir
+from jaxgpt.job.checkpoint import Checkpoints
+from jaxgpt.job.metrics import metrics_lines
 from jaxgpt.optimizer import learning_rate_schedule
 
 # The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
@@ -219,8 +219,7 @@ def truncate_metrics(metrics_path: Path, step: int) -> None:
     """Drop lines past the restored step: the resumed run writes them again."""
     if not metrics_path.exists():
         return
-    lines = metrics_path.read_text().splitlines()
-    kept = [line for line in lines if line.strip() and json.loads(line)["step"] <= step]
+    kept = [line for line, record in metrics_lines(metrics_path) if record["step"] <= step]
     tmp = metrics_path.with_suffix(".tmp")
     tmp.write_text("".join(line + "\n" for line in kept))
     tmp.replace(metrics_path)

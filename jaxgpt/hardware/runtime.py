@@ -4,7 +4,7 @@
     cache directory, so a second run of the same config (a resume, a sample after training)
     skips most of compilation; at most 2 GiB, least recently used programs evicted first.
   - On a CPU, one XLA device per core the process may use, for the trainer to run one
-    single-device program per core on its share of the batch (jaxgpt/core_parallel.py). Every
+    single-device program per core on its share of the batch (jaxgpt/hardware/core_parallel.py). Every
     mesh built without naming its devices still has one CPU device: a mesh over several CPU
     devices ends every step in an in-process all-reduce, and XLA's CPU collectives block
     threads of pools the devices share, so when one device's thread is starved (a busy machine)

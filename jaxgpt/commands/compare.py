@@ -1,0 +1,231 @@
+"""Compare variants of a config: python -m jaxgpt.compare --config tiny --vary model.position=learned,rope
+
+Examples:
+  python -m jaxgpt.compare --config configs/tiny.py --vary model.position=learned,rope,alibi --out runs/compare-pos
+  python -m jaxgpt.compare --config tiny --vary model.position=learned,rope --vary model.activation=gelu,swiglu \\
+      --seeds 2 --steps 500 --out runs/compare-pos-act
+
+One run per combination of the --vary values and seed (seed = train.seed, train.seed + 1, ...),
+each in its own workdir under --out (resumable: rerunning skips finished runs and continues
+unfinished ones), on the same data. Then one table, printed and written as <out>/results.md and
+<out>/results.json: per variant the final val loss and bits per byte (mean and spread, the
+largest minus the smallest, over seeds), parameters, tokens/s and training time; and <out>/loss.png:
+each variant's logged training loss as a line and its evaluations as dots (mean over seeds).
+train.log_every is lowered where needed so every run logs at least 25 training losses.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import sys
+from pathlib import Path
+
+from absl import flags
+
+from jaxgpt.commands import cli
+from jaxgpt.errors import UserError, warn
+
+CONFIG = cli.define_config_flag()
+VARY = flags.DEFINE_multi_string("vary", [], "section.key=v1,v2,... : one variant per value (repeatable).")
+SEEDS = flags.DEFINE_integer("seeds", 1, "Runs per variant, seeds train.seed, train.seed + 1, ...")
+STEPS = flags.DEFINE_integer("steps", None, "Override train.steps for every run.")
+OUT = flags.DEFINE_string("out", None, "Directory for the runs and the results.")
+QUIET = flags.DEFINE_bool("quiet", False, "No progress bars; one line per run.")
+
+
+def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
+    """['model.position=a,b'] -> [('model.position', ['a', 'b'])]; one line of error otherwise."""
+    out = []
+    for spec in specs:
+        key, eq, values = spec.partition("=")
+        if not eq or key.count(".") < 1 or not values:
+            raise UserError(f"--vary {spec!r} is not section.key=v1,v2 (e.g. model.position=learned,rope)")
+        out.append((key, values.split(",")))
+    return out
+
+
+def variants(vary: list[tuple[str, list[str]]]) -> list[dict[str, str]]:
+    """Every combination of the varied values, in the order given."""
+    keys = [k for k, _ in vary]
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(v for _, v in vary))]
+
+
+def variant_name(variant: dict[str, str]) -> str:
+    return ",".join(f"{key.split('.')[-1]}={value}" for key, value in variant.items()) or "base"
+
+
+def with_values(config, variant: dict[str, str]):
+    """A copy of the ConfigDict with each dotted key set, the text read as the key's type."""
+    config = config.copy_and_resolve_references()
+    for key, text in variant.items():
+        *parents, name = key.split(".")
+        node = config
+        try:
+            for parent in parents:
+                node = node[parent]
+            current = node[name]
+        except (KeyError, AttributeError):
+            raise UserError(f"--vary {key}: no such config key") from None
+        node[name] = _typed(text, current, key)
+    return config
+
+
+def _typed(text: str, current, key: str):
+    if isinstance(current, bool):
+        if text.lower() not in ("true", "false"):
+            raise UserError(f"--vary {key}={text}: expected true or false")
+        return text.lower() == "true"
+    for kind in (int, float):
+        if isinstance(current, kind):
+            try:
+                return kind(text)
+            except ValueError:
+                what = "an integer" if kind is int else "a number"
+                raise UserError(f"--vary {key}={text}: expected {what}") from None
+    return text
+
+
+def summarise(rows: list[dict]) -> list[dict]:
+    """One line per variant from its seeds' final records: means and spreads."""
+    out = []
+    for name in dict.fromkeys(r["variant"] for r in rows):
+        runs = [r for r in rows if r["variant"] == name]
+        line = {"variant": name, "seeds": len(runs), "params": runs[0]["params"]}
+        for key in ("val_loss", "val_bpb", "tokens_per_sec", "elapsed_sec"):
+            values = [r[key] for r in runs]
+            line[key] = sum(values) / len(values)
+            line[f"{key}_spread"] = max(values) - min(values)
+        out.append(line)
+    return out
+
+
+def markdown(summary: list[dict]) -> str:
+    columns = "| variant | seeds | val loss | val bits/byte | params | tokens/s | training s |"
+    head = columns + "\n" + "|---" * 7 + "|\n"
+    body = "".join(
+        f"| {s['variant']} | {s['seeds']} | {s['val_loss']:.4f} ± {s['val_loss_spread'] / 2:.4f} | "
+        f"{s['val_bpb']:.4f} ± {s['val_bpb_spread'] / 2:.4f} | {s['params']:,} | {s['tokens_per_sec']:,.0f} | "
+        f"{s['elapsed_sec']:,.0f} |\n"
+        for s in summary
+    )
+    return head + body + "\n(± half the spread, largest minus smallest, over seeds)\n"
+
+
+POINTS_PER_CURVE = 25  # logged training losses per run, at least, so a short run still draws a curve
+
+
+def log_often_enough(config) -> str | None:
+    """Lower train.log_every so each run logs at least POINTS_PER_CURVE training losses (a
+    10-step comparison at the config's log_every of 50 would draw one point); a note saying
+    so, or None. Logging changes no loss."""
+    t = config.train
+    wanted = max(1, t.steps // POINTS_PER_CURVE)
+    if t.log_every <= wanted:
+        return None
+    old, t.log_every = t.log_every, wanted
+    return f"train.log_every {old} -> {wanted}, so each run's curve has {t.steps // wanted} points"
+
+
+def plot(runs: dict[str, list[Path]], out: Path) -> Path:
+    """Loss against steps, one colour per variant (mean over its seeds): the logged training
+    loss as a line, each evaluation's val loss as a dot of the same colour."""
+    import numpy as np
+    from matplotlib.lines import Line2D
+
+    from jaxgpt.commands.plot import plt, save_png
+    from jaxgpt.job.metrics import read_metrics
+
+    def mean_curve(workdirs: list[Path], key: str) -> tuple[list[int], np.ndarray]:
+        curves = [[(r["step"], r[key]) for r in read_metrics(w) if r.get(key) is not None] for w in workdirs]
+        return [s for s, _ in curves[0]], np.mean([[v for _, v in curve] for curve in curves], axis=0)
+
+    figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
+    for i, (name, workdirs) in enumerate(runs.items()):
+        colour = f"C{i % 10}"
+        axes.plot(*mean_curve(workdirs, "train_loss"), color=colour, alpha=0.85, linewidth=1.5, label=name)
+        axes.plot(*mean_curve(workdirs, "val_loss"), "o", color=colour, markeredgecolor="black", markersize=6)
+    seeds = len(next(iter(runs.values())))
+    axes.set_title(f"{len(runs)} variants" + (f", mean of {seeds} seeds" if seeds > 1 else ""))
+    axes.set_xlabel("step")
+    axes.set_ylabel("loss (nats per token)")
+    axes.grid(alpha=0.3)
+    kinds = [
+        Line2D([], [], color="grey", label="train loss (logged)"),
+        Line2D([], [], color="grey", marker="o", markeredgecolor="black", linestyle="", label="val loss"),
+    ]
+    axes.add_artist(axes.legend(handles=kinds, loc="upper center", fontsize="small"))
+    axes.legend(fontsize="small", loc="upper right")
+    return save_png(figure, out)
+
+
+def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *, progress: bool, say=print):
+    """Run (or resume) every variant x seed under `out`; write and return the summary."""
+    import jax
+
+    from jaxgpt.config import run_config_from_dict
+    from jaxgpt.job.metrics import read_metrics
+    from jaxgpt.job.trainer import train_and_evaluate
+    from jaxgpt.model import count_params, init_params
+
+    rows, runs = [], {}
+    combos = variants(vary)
+    total = len(combos) * seeds
+    for n, (variant, seed) in enumerate(itertools.product(combos, range(seeds)), start=1):
+        name = variant_name(variant)
+        run_config = with_values(config, variant)
+        run_config.train.seed = config.train.seed + seed
+        workdir = out / name / f"seed{seed}"
+        say(f"[{n}/{total}] {name}, seed {run_config.train.seed}: {workdir}")
+        train_and_evaluate(run_config, workdir, progress=progress)
+        records = read_metrics(workdir)
+        final = [r for r in records if "val_loss" in r][-1]
+        model = run_config_from_dict(json.loads((workdir / "config.json").read_text())).model
+        params = count_params(jax.eval_shape(lambda m=model: init_params(m, jax.random.key(0))))
+        rows.append(
+            {
+                "variant": name,
+                "seed": run_config.train.seed,
+                "params": params,
+                **{k: final[k] for k in ("step", "val_loss", "val_bpb", "tokens_per_sec", "elapsed_sec")},
+            }
+        )
+        runs.setdefault(name, []).append(workdir)
+    summary = summarise(rows)
+    table = markdown(summary)
+    (out / "results.md").write_text(table)
+    (out / "results.json").write_text(json.dumps({"vary": dict(vary), "runs": rows, "summary": summary}, indent=2))
+    plot(runs, out / "loss.png")
+    return summary, table
+
+
+def main() -> None:
+    cli.run(_compare)
+
+
+def _compare() -> None:
+    cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
+    cli.require_config(CONFIG)
+    vary = parse_vary(VARY.value)
+    if SEEDS.value < 1:
+        cli.fail(f"--seeds={SEEDS.value} must be at least 1")
+    config = CONFIG.value
+    if STEPS.value is not None:
+        config.train.steps = STEPS.value
+    if note := log_often_enough(config):
+        print(f"note: {note}")
+    out = Path(OUT.value or Path("runs") / ("compare-" + "-".join(k.split(".")[-1] for k, _ in vary)))
+    from jaxgpt.hardware import runtime
+
+    runtime.configure(warn=warn)
+    from jaxgpt.job.trainer import check_runnable
+
+    for variant in variants(vary):  # every variant checked as train.py would, before the first run
+        check_runnable(with_values(config, variant))
+    _, table = compare(config, vary, SEEDS.value, out, progress=not QUIET.value)
+    print(table)
+    print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'loss.png'}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,95 @@
+"""Plot training curves: python -m jaxgpt.plot RUN [RUN ...] [--metric loss] [--out loss.png]
+
+Reads each run's metrics.jsonl and draws, for the loss, train (solid) and val (dashed) loss
+against optimizer steps and against tokens seen, side by side, one colour per run. Another
+`--metric` (tokens_per_sec, lr, grad_norm, mfu, ...) gets the same two panels. Tokens seen
+are step x batch_size x block_size from the run's config.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")  # files only: works without a display, on servers and in CI
+import matplotlib.pyplot as plt  # noqa: E402
+
+from jaxgpt.commands import cli  # noqa: E402
+from jaxgpt.errors import UserError  # noqa: E402
+from jaxgpt.job.metrics import read_metrics  # noqa: E402
+
+SIZE_INCHES, DPI = (11, 4), 100  # 1100 x 400 pixels
+
+
+def tokens_per_step(workdir: Path) -> int:
+    path = workdir / "config.json"
+    if not path.is_file():
+        raise UserError(f"{path} not found; pass the workdir of a train.py run")
+    config = json.loads(path.read_text())
+    return config["train"]["batch_size"] * config["model"]["block_size"]
+
+
+def curves(records: list[dict], metric: str) -> dict[str, tuple[list[int], list[float]]]:
+    """label -> (steps, values) for what `metric` names: "loss" is train_loss and val_loss."""
+    keys = {"train": "train_loss", "val": "val_loss"} if metric == "loss" else {metric: metric}
+    out = {}
+    for label, key in keys.items():
+        points = [(r["step"], r[key]) for r in records if key in r]
+        if points:
+            out[label] = ([s for s, _ in points], [v for _, v in points])
+    return out
+
+
+def plot_runs(workdirs: list[Path], metric: str, out: Path) -> Path:
+    figure, (by_step, by_tokens) = plt.subplots(1, 2, figsize=SIZE_INCHES, dpi=DPI)
+    drawn = 0
+    for i, workdir in enumerate(workdirs):
+        records = read_metrics(workdir)
+        per_step = tokens_per_step(workdir)
+        colour = f"C{i % 10}"
+        for label, (steps, values) in curves(records, metric).items():
+            style = "--" if label == "val" else "-"
+            name = f"{workdir.name} {label}" if metric == "loss" else workdir.name
+            by_step.plot(steps, values, style, color=colour, label=name)
+            by_tokens.plot([s * per_step for s in steps], values, style, color=colour, label=name)
+            drawn += 1
+    if not drawn:
+        plt.close(figure)
+        raise UserError(f"no {metric!r} values in the metrics of {', '.join(map(str, workdirs))}; try --metric loss")
+    for axes, xlabel in ((by_step, "step"), (by_tokens, "tokens seen")):
+        axes.set_xlabel(xlabel)
+        axes.set_ylabel(metric)
+        axes.grid(alpha=0.3)
+        axes.legend(fontsize="small")
+    return save_png(figure, out)
+
+
+def save_png(figure, out: Path) -> Path:
+    """Lay out, write and free a figure; its size in pixels is its size in inches x its dpi."""
+    figure.tight_layout()
+    out.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(out, dpi=figure.dpi)
+    plt.close(figure)
+    return out
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point: bad input exits 2 with one line."""
+    cli.run(lambda: _plot(argv))
+
+
+def _plot(argv: list[str] | None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jaxgpt.plot", description=__doc__.splitlines()[0])
+    parser.add_argument("runs", nargs="+", type=Path, help="workdirs of train.py runs")
+    parser.add_argument("--metric", default="loss", help="loss (train and val), or any key of metrics.jsonl")
+    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: <first run>/<metric>.png)")
+    args = parser.parse_args(argv)
+    out = args.out or args.runs[0] / f"{args.metric}.png"
+    print(f"wrote {plot_runs(args.runs, args.metric, out)}")
+
+
+if __name__ == "__main__":
+    main()
