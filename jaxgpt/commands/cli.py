@@ -56,7 +56,8 @@ def print_help(usage: str, module: str = "__main__") -> None:
 
 # configs/ beside the package in a checkout (or an editable install); jaxgpt/configs/ in an
 # installed wheel, which carries them there (pyproject.toml)
-SHIPPED_CONFIG_DIRS = (Path(__file__).parent / "configs", Path(__file__).parent.parent / "configs")
+PACKAGE_DIR = Path(__file__).resolve().parents[1]  # jaxgpt/, this file being jaxgpt/commands/cli.py
+SHIPPED_CONFIG_DIRS = (PACKAGE_DIR / "configs", PACKAGE_DIR.parent / "configs")
 
 
 def define_config_flag():
