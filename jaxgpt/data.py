@@ -453,8 +453,10 @@ def validation_set(tokens: np.ndarray, token_bytes: np.ndarray, seq_len: int, ba
         starts = np.arange(count) * seq_len
     else:
         starts = np.linspace(0, len(tokens) - seq_len - 1, count).round().astype(np.int64)
-    targets = np.concatenate([tokens[s + 1 : s + seq_len + 1] for s in starts])
-    target_bytes = int(token_bytes[targets].sum())
+    # bytes of each window's targets from running totals: memory in the split's length, not
+    # in windows x seq_len (overlapping windows would repeat tokens)
+    running = np.concatenate([[0], np.cumsum(token_bytes[tokens], dtype=np.int64)])
+    target_bytes = int((running[starts + seq_len + 1] - running[starts + 1]).sum())
     return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes)
 
 

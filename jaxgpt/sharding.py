@@ -121,6 +121,15 @@ def global_batch(mesh: Mesh, make_rows, batch_size: int) -> jax.Array:
     return jax.make_array_from_process_local_data(sharding, local, (batch_size, *local.shape[1:]))
 
 
+def shard_bytes(layout) -> int:
+    """Bytes one device holds of a tree of sharded shape structs (every device holds as much:
+    the rules only split dimensions the axis divides)."""
+    return sum(
+        math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree.leaves(layout)
+    )
+
+
 def bytes_per_device(tree) -> int:
     """Bytes of `tree`'s arrays held by the first device (its shards, or whole copies)."""
     device = jax.devices()[0]

@@ -93,6 +93,22 @@ CASES = [
         "corpus.jsonl line 2: Expecting value",
     ),
     ("sample.py without a run", "sample.py", ["--workdir={workdir}"], {}, "no checkpoints in"),
+    # Sizes no machine holds: refused from shapes alone, before a workdir, a state or a batch
+    # exists (tests/test_memory.py tests the arithmetic)
+    (
+        "a billion rows per batch",
+        "train.py",
+        ["--config.train.batch_size=1000000000"],
+        {},
+        "train.batch_size=1000000000 with model.block_size=128 needs at least",
+    ),
+    (
+        "a million-wide model",
+        "train.py",
+        ["--config.model.d_model=1000000", "--config.model.n_head=1", "--config.train.batch_size=8"],
+        {},
+        "does not fit even as one token per row: the model's parameters, gradients and optimizer state need",
+    ),
 ]
 
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import time
 from functools import partial
 
@@ -29,7 +28,7 @@ import numpy as np
 from jaxgpt import data, sharding
 from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
-from jaxgpt.hardware.peak_flops import device_memory_limit
+from jaxgpt.hardware import memory
 from jaxgpt.model import count_params, flops_per_token
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
@@ -78,6 +77,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     from jaxgpt.train_step import initial_state
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
+    memory.check_fits(run, mesh)  # as training does, before any state or batch exists
     # Constant learning rate, no decay: the overfit check asks whether the model can learn,
     # not what the schedule does in its first steps.
     t = run.train
@@ -166,7 +166,7 @@ def memory_row(compiled_step, state, mesh) -> Row:
     opt_bytes = sharding.bytes_per_device(state.opt_state)
     temp_bytes = memory.temp_size_in_bytes if memory else 0
     need = params_bytes + opt_bytes + temp_bytes
-    have = _device_memory(mesh.devices.flat[0])
+    have = memory.device_memory_bytes(mesh.devices.flat[0])
     return Row(
         "memory",
         need <= have if have else None,
@@ -182,16 +182,6 @@ def _loss(model_config, params, windows):
     from jaxgpt.train_step import cross_entropy
 
     return cross_entropy(GPT(model_config), params, windows)
-
-
-def _device_memory(device) -> int | None:
-    """Bytes one device can hold: the accelerator's limit, or for CPU devices the machine's
-    memory shared among them."""
-    if limit := device_memory_limit(device):
-        return limit
-    if device.platform == "cpu":
-        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // jax.local_device_count()
-    return None
 
 
 def print_table(rows: list[Row]) -> None:

@@ -17,14 +17,11 @@ accumulator) plus activations that shrink as 1/microbatches.
 
 from __future__ import annotations
 
-import math
 from typing import NamedTuple
-
-import jax
 
 from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
-from jaxgpt.hardware import peak_flops
+from jaxgpt.hardware import memory, peak_flops
 from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 
 FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
@@ -60,11 +57,10 @@ def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
             if size := peak_flops.cpu_cache_bytes(level):
                 return size, f"the CPU's {size // 2**20} MiB L{level} cache"
         return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
-    limit = peak_flops.device_memory_limit(device)
+    limit = memory.device_memory_limit(device)
     if not limit:
         return 2**62, "no memory limit reported"
-    layout, _ = state_layout(run, mesh)
-    state = sum(math.prod(x.sharding.shard_shape(x.shape)) * x.dtype.itemsize for x in jax.tree.leaves(layout))
+    state, _ = memory.state_bytes(run, mesh)
     return int(limit * ACCELERATOR_HEADROOM) - state, f"{limit / 2**30:.0f} GiB of device memory less the state"
 
 

@@ -236,12 +236,6 @@ def matmul_flops(size: int = 1024, windows: int = 5, seconds: float = 0.2) -> fl
     return best
 
 
-def device_memory_limit(device) -> int | None:
-    """Bytes the runtime lets one accelerator allocate (None on a CPU, or where not reported)."""
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
-    return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
-
-
 def peak_flops(devices=None) -> tuple[float, str]:
     """(peak FLOP/s of all `devices` together, where the number comes from).
 

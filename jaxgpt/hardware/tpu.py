@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib.util
-import math
 import os
 from functools import partial
 
@@ -86,15 +85,6 @@ def compile_only_devices(tpu: TpuTarget) -> list:
     return list(description.devices)
 
 
-def shard_bytes(layout) -> int:
-    """Bytes one device holds of a tree of sharded shape structs (every device holds as much:
-    the rules only split dimensions the axis divides)."""
-    return sum(
-        math.prod(leaf.sharding.shard_shape(leaf.shape)) * jnp.dtype(leaf.dtype).itemsize
-        for leaf in jax.tree.leaves(layout)
-    )
-
-
 @dataclasses.dataclass(frozen=True)
 class StepOnTpu:
     """What one compiled train step needs of each device."""
@@ -153,8 +143,8 @@ def compile_train_step(run: RunConfig, devices) -> StepOnTpu:
     tokens = run.train.batch_size * run.model.block_size
     return StepOnTpu(
         mesh=dict(mesh.shape),
-        params_bytes=shard_bytes(layout.params),
-        optimizer_bytes=shard_bytes(layout.opt_state),
+        params_bytes=sharding.shard_bytes(layout.params),
+        optimizer_bytes=sharding.shard_bytes(layout.opt_state),
         inputs_bytes=memory.argument_size_in_bytes,
         temporaries_bytes=memory.temp_size_in_bytes,
         xla_flops=float(cost.get("flops", 0.0)),

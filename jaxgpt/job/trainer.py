@@ -36,7 +36,7 @@ from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError, warn
-from jaxgpt.hardware import runtime
+from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.distributed import is_main_process
 from jaxgpt.hardware.peak_flops import peak_flops, remeasure_cpu_peak
 from jaxgpt.hardware.step_choice import choose_step
@@ -86,6 +86,8 @@ def train_and_evaluate(
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
+    # before the workdir, a state or a batch exists
+    memory.check_fits(run, sharding.make_mesh(run.mesh, runtime.mesh_devices()))
 
     main = is_main_process()  # in a multi-process run, process 0 prints and writes the run's files
     say = tqdm.write if progress and main else (lambda message: None)

@@ -1,0 +1,122 @@
+"""The memory check run before training: its footprint never exceeds what the compiled step
+holds (so it never refuses a run that fits), and its refusals name the exact boundary."""
+
+import re
+
+import jax
+import pytest
+from conftest import small_run_config
+
+from jaxgpt import sharding
+from jaxgpt.config import MeshConfig
+from jaxgpt.config_files import resolve
+from jaxgpt.errors import UserError
+from jaxgpt.hardware import memory
+from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
+
+GiB = 2**30
+ONE_DEVICE = MeshConfig(data=1, fsdp=1, tensor=1)
+
+
+def run_for(model=(), **train):
+    config = small_run_config(**({"microbatches": 1} | train))
+    config.model.update(dict(model))
+    return resolve(config, vocab_size=96)
+
+
+def compiled_bytes(run, mesh) -> int:
+    """What XLA's buffer assignment gives the step: its arguments (state and batch; the state
+    is donated, so the outputs reuse it) and its temporaries."""
+    layout, _ = state_layout(run, mesh)
+    analysis = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile().memory_analysis()
+    return analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
+
+
+# Each compiles a training step (~10 s on 2 cores): the quick set keeps the case where the
+# bound is tightest to matter (logits and scores dominate); the slow set has the rest.
+@pytest.mark.parametrize(
+    "model, train",
+    [
+        pytest.param({"block_size": 256, "vocab_size": 4096}, {"batch_size": 4}, id="long-wide-vocab"),
+        pytest.param({}, {}, id="small", marks=pytest.mark.slow),
+        pytest.param(
+            {"n_layer": 4, "remat": "full"}, {"batch_size": 16, "microbatches": 4}, id="remat-microbatched",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"activation": "swiglu", "n_kv_head": 1, "position": "rope"}, {"dtype": "bfloat16"}, id="swiglu-mqa-bf16",
+            marks=pytest.mark.slow,
+        ),
+        pytest.param(
+            {"attention": "dot_product", "scan_layers": True}, {"optimizer": "muon"}, id="scanned-muon",
+            marks=pytest.mark.slow,
+        ),
+    ],
+)  # fmt: skip
+def test_the_footprint_is_a_lower_bound_on_the_compiled_step(model, train):
+    run = run_for(model, **train)
+    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    estimate = memory.footprint(run, mesh)
+    compiled = compiled_bytes(run, mesh)
+    assert estimate.device <= compiled, (estimate, compiled)
+    # and not an empty bound: XLA's CPU buffers hold several copies of what a layer needs, of
+    # which the bound counts one (measured 0.25-0.48 of the compiled figure for these five)
+    assert estimate.device >= 0.2 * compiled, (estimate, compiled)
+
+
+def test_parameters_and_optimizer_state_are_counted_exactly():
+    """2 layers x 32 wide, 96 tokens, 32 learned positions, tied embeddings: each block has
+    two LayerNorms (2 x 64), qkv 32 x 96 + 96, out 32 x 32 + 32, MLP 32 x 128 + 128 and
+    128 x 32 + 32; then the final norm 64 and the embeddings 96 x 32 + 32 x 32. AdamW keeps
+    two moments per parameter."""
+    block = 2 * 64 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)
+    params = 2 * block + 64 + 96 * 32 + 32 * 32
+    run = run_for()
+    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    with_optimizer, alone = memory.state_bytes(run, mesh)
+    assert alone == 4 * params
+    assert with_optimizer - alone >= 2 * 4 * params  # plus the optimizer's few scalar counters
+    assert with_optimizer - alone < 2 * 4 * params + 64
+
+
+def test_sharding_divides_the_state_among_the_devices():
+    run = run_for(batch_size=8)
+    whole, _ = memory.state_bytes(run, sharding.make_mesh(ONE_DEVICE, jax.devices()[:1]))
+    split, _ = memory.state_bytes(run, sharding.make_mesh(MeshConfig(data=1, fsdp=4, tensor=1), jax.devices()[:4]))
+    assert split < whole / 2  # every matrix splits four ways; vectors and scalars stay whole
+
+
+def refusal(monkeypatch, run, host_bytes) -> str:
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: host_bytes)
+    with pytest.raises(UserError) as refused:
+        memory.check_fits(run, sharding.make_mesh(ONE_DEVICE, jax.devices()[:1]))
+    return str(refused.value)
+
+
+def test_the_largest_batch_named_is_the_boundary(monkeypatch):
+    """A machine with exactly the memory 40 rows need: 64 rows are refused, naming 40."""
+    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    need_40 = memory.footprint(run_for(batch_size=40), mesh)
+    message = refusal(monkeypatch, run_for(batch_size=64), need_40.device + need_40.host)
+    assert re.search(r"train.batch_size=64 with model.block_size=32 needs at least [\d.]+ GiB of host memory", message)
+    assert message.endswith("the largest batch_size that fits is 40")
+
+
+def test_the_largest_block_is_named_when_one_row_does_not_fit(monkeypatch):
+    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    need = memory.footprint(run_for(model={"block_size": 200}, batch_size=1), mesh)
+    message = refusal(monkeypatch, run_for(model={"block_size": 512}), need.device + need.host)
+    assert message.endswith("even batch_size=1 does not fit, and the largest block_size that fits at that batch is 200")
+
+
+def test_a_model_too_large_for_any_batch_says_so(monkeypatch):
+    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    rope = run_for(model={"position": "rope"})  # no parameter shrinks with the block
+    state, params = memory.state_bytes(rope, mesh)
+    message = refusal(monkeypatch, rope, state + params)  # not a byte left for a batch
+    assert "does not fit even as one token per row: the model's parameters, gradients and optimizer state" in message
+
+
+def test_a_run_that_fits_passes(monkeypatch):
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
+    memory.check_fits(run_for(), sharding.make_mesh(ONE_DEVICE, jax.devices()[:1]))
