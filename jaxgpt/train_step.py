@@ -38,12 +38,18 @@ def create_train_state(config: ModelConfig, optimizer: optax.GradientTransformat
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), dropout_key)
 
 
-def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None = None) -> jax.Array:
-    """Mean next-token cross-entropy over windows (batch, seq + 1); dropout when rng is given."""
+def token_losses(model: GPT, params, windows: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+    """Next-token cross-entropy (batch, seq) at each position of windows (batch, seq + 1);
+    dropout when rng is given."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
     train = rng is not None
     logits = model.apply({"params": params}, inputs, train=train, rngs={"dropout": rng} if train else None)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+
+
+def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+    """Mean next-token cross-entropy over windows (batch, seq + 1): the training loss."""
+    return token_losses(model, params, windows, rng).mean()
 
 
 def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microbatches: int = 1):

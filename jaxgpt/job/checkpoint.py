@@ -198,11 +198,11 @@ def _brief(error: Exception) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
 
 
-def load_latest(workdir: Path, mesh=None, warn=print):
-    """(run config, params, tokenizer, step) of a workdir's newest checkpoint: all that
-    sampling needs, read from the checkpoint alone. The state is restored straight into the
-    shardings the rules of jaxgpt/sharding.py give it on `mesh`; without one, onto this
-    process's first device (whatever layout the run was saved from). The folder is opened
+def load_latest(workdir: Path, mesh=None, warn=print, step: int | None = None):
+    """(run config, params, tokenizer, step) of a workdir's newest checkpoint (or of `step`'s):
+    all that sampling needs, read from the checkpoint alone. The state is restored straight
+    into the shardings the rules of jaxgpt/sharding.py give it on `mesh`; without one, onto
+    this process's first device (whatever layout the run was saved from). The folder is opened
     read-only, so this is safe beside a trainer still writing to it; an unreadable newest
     checkpoint is reported through `warn` and the one before it used."""
     directory = Path(workdir) / "checkpoints"
@@ -220,7 +220,14 @@ def load_latest(workdir: Path, mesh=None, warn=print):
             layouts["run"] = run
             return {"params": laid_out(jax.eval_shape(partial(init_params, run.model, jax.random.key(0))), mesh)}
 
-        step, state, record = checkpoints.restore_latest_readable(like_for, warn=warn, part=True)
+        if step is None:
+            step, state, record = checkpoints.restore_latest_readable(like_for, warn=warn, part=True)
+        elif step in checkpoints.steps():
+            record = checkpoints.read_record(step)
+            state = checkpoints.restore(step, like_for(record), part=True)
+        else:
+            kept = ", ".join(map(str, checkpoints.steps()))
+            raise UserError(f"--step {step}: {directory} keeps no checkpoint of step {step}; it keeps {kept}")
     finally:
         checkpoints.close()
     return layouts["run"], state["params"], tokenizer_from_dict(record["tokenizer"]), step

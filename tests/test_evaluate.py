@@ -1,0 +1,91 @@
+"""python -m jaxgpt.evaluate: the loss at each position of windows of each length."""
+
+import jax
+import numpy as np
+import pytest
+from conftest import small_run_config
+
+from jaxgpt.commands import evaluate
+from jaxgpt.config_files import resolve
+from jaxgpt.model import GPT, init_params
+from jaxgpt.train_step import cross_entropy
+
+
+def model_and_params(position="rope"):
+    config = small_run_config()
+    config.model.position = position
+    model = resolve(config, vocab_size=50).model
+    return model, init_params(model, jax.random.key(0))
+
+
+TEXT = np.random.default_rng(0).integers(0, 50, size=4000).astype(np.uint16)
+
+
+def test_the_mean_over_positions_is_the_training_loss_of_the_same_windows(monkeypatch):
+    """Seven windows scored three at a time (the last call filled up with a repeated window,
+    which must not count) average to the training loss of the seven at once. float32 sums of
+    ~200 terms of size ~4 in another order: 1e-5 relative."""
+    monkeypatch.setattr(evaluate, "LOGITS_BYTES", 3 * 32 * 50 * 4)
+    model, params = model_and_params()
+    result = evaluate.losses_by_position(model, params, TEXT, length=32, budget=7 * 32 + 5)
+    assert result.windows == 7
+    windows = np.stack([TEXT[i * 32 : i * 32 + 33] for i in range(7)]).astype(np.int32)
+    expected = float(cross_entropy(GPT(model), params, windows))
+    assert result.mean() == pytest.approx(expected, rel=1e-5)
+
+
+def test_a_longer_window_does_not_change_the_losses_of_its_first_positions():
+    """Causal attention: position p sees tokens 0..p only, so one window of 64 tokens scores
+    its first 32 positions as one window of 32 does (RoPE: positions are relative)."""
+    model, params = model_and_params()
+    short = evaluate.losses_by_position(model, params, TEXT, length=32, budget=32)
+    long = evaluate.losses_by_position(model, params, TEXT, length=64, budget=64)
+    assert short.windows == long.windows == 1
+    np.testing.assert_allclose(long.by_position[:32], short.by_position, rtol=1e-5, atol=1e-6)
+
+
+def test_lengths_learned_positions_cannot_reach_are_refused_with_the_reason():
+    learned, _ = model_and_params("learned")
+    rope, _ = model_and_params("rope")
+    assert evaluate.refusal(learned, 32, 1000) is None
+    assert "learned position embeddings have no row past block_size=32" in evaluate.refusal(learned, 33, 1000)
+    assert evaluate.refusal(rope, 512, 1000) is None
+    assert evaluate.refusal(rope, 1000, 1000) == "the validation split has 1000 tokens, fewer than a window of 1000 + 1"
+
+
+def test_the_command_prints_a_row_per_length_and_draws(trained_small_run, tmp_path, capsys):
+    out = tmp_path / "by_position.png"
+    evaluate.main(["--workdir", str(trained_small_run), "--lengths", "64,16,32", "--out", str(out)])
+    printed = capsys.readouterr().out.splitlines()
+    assert "length 64 skipped: learned position embeddings have no row past block_size=32" in printed[0]
+    header, *rows, wrote = printed[1:]
+    assert header.split() == ["run", "step", "length", "windows", "loss", "<=", "block", ">", "block"]
+    assert [row.split()[2] for row in rows] == ["16", "32"]
+    assert all(row.split()[-1] == "-" for row in rows)  # nothing beyond block_size was scored
+    assert wrote == f"wrote {out}" and out.stat().st_size > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--step", "7"], "--step 7: {workdir}/checkpoints keeps no checkpoint of step 7; it keeps"),
+        (["--lengths", "16,x"], "'16,x' is not a comma-separated list of whole numbers"),
+    ],
+)
+def test_bad_arguments_are_one_line(trained_small_run, capsys, args, message):
+    with pytest.raises(SystemExit) as exit:
+        evaluate.main(["--workdir", str(trained_small_run), *args])
+    assert exit.value.code == 2
+    assert message.format(workdir=trained_small_run) in capsys.readouterr().err
+
+
+def test_scores_use_the_run_in_float32(trained_small_run):
+    """bfloat16 runs are scored in float32, as sampling does: the table's digits do not
+    depend on the compute dtype the run trained with."""
+    from jaxgpt.job.checkpoint import load_latest
+
+    run, params, _, _ = load_latest(trained_small_run)
+    bf16 = run.model.replace(dtype="bfloat16")
+    a = evaluate.losses_by_position(run.model, params, TEXT % run.model.vocab_size, 16, 64)
+    b = evaluate.losses_by_position(bf16, params, TEXT % run.model.vocab_size, 16, 64)
+    np.testing.assert_array_equal(a.by_position, b.by_position)
