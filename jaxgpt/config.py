@@ -350,8 +350,12 @@ class TrainConfig:
         momentum, as optax's Muon has it) without weight decay at lr for everything else
         (embeddings, LM head, norms, biases).
     muon_lr, muon_momentum: Muon's peak learning rate and momentum (Nesterov).
-    init_from: start from Hugging Face weights (a directory, or a Hub name such as "gpt2")
-        instead of a random init; the model section must describe the same architecture.
+    init_from: start from trained weights instead of a random init: a jaxgpt run's workdir
+        (its newest checkpoint; the same tokenizer), or Hugging Face weights (a directory, or
+        a Hub name such as "gpt2"). The model section must describe the same architecture,
+        except that block_size may change where no parameter has its length (any position
+        kind but learned) and rope_theta / rope_scaling may change: a context extension. A
+        new run with a fresh optimizer, in its own workdir; config.json records the origin.
     tensorboard: also write the metrics as TensorBoard event files in <workdir>/tensorboard
         (`tensorboard --logdir runs`).
     wandb_project: also log to this Weights & Biases project ("" for none; needs

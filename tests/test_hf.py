@@ -274,7 +274,7 @@ def test_fine_tuning_starts_from_the_pretrained_weights(gpt2_directory, tmp_path
 def test_fine_tuning_refuses_weights_of_another_shape(gpt2_directory, tmp_path):
     from jaxgpt.job.trainer import train_and_evaluate
 
-    with pytest.raises(UserError, match="model.n_layer=3 but the checkpoint has 2"):
+    with pytest.raises(UserError, match="model.n_layer=3 but the weights have 2"):
         train_and_evaluate(finetune_config(gpt2_directory, n_layer=3), tmp_path / "run", progress=False)
 
 

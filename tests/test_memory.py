@@ -18,6 +18,10 @@ GiB = 2**30
 ONE_DEVICE = MeshConfig(data=1, fsdp=1, tensor=1)
 
 
+def one_device():
+    return sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+
+
 def run_for(model=(), **train):
     config = small_run_config(**({"microbatches": 1} | train))
     config.model.update(dict(model))
@@ -55,7 +59,7 @@ def compiled_bytes(run, mesh) -> int:
 )  # fmt: skip
 def test_the_footprint_is_a_lower_bound_on_the_compiled_step(model, train):
     run = run_for(model, **train)
-    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    mesh = one_device()
     estimate = memory.footprint(run, mesh)
     compiled = compiled_bytes(run, mesh)
     assert estimate.device <= compiled, (estimate, compiled)
@@ -72,7 +76,7 @@ def test_parameters_and_optimizer_state_are_counted_exactly():
     block = 2 * 64 + (32 * 96 + 96) + (32 * 32 + 32) + (32 * 128 + 128) + (128 * 32 + 32)
     params = 2 * block + 64 + 96 * 32 + 32 * 32
     run = run_for()
-    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    mesh = one_device()
     with_optimizer, alone = memory.state_bytes(run, mesh)
     assert alone == 4 * params
     assert with_optimizer - alone >= 2 * 4 * params  # plus the optimizer's few scalar counters
@@ -81,7 +85,7 @@ def test_parameters_and_optimizer_state_are_counted_exactly():
 
 def test_sharding_divides_the_state_among_the_devices():
     run = run_for(batch_size=8)
-    whole, _ = memory.state_bytes(run, sharding.make_mesh(ONE_DEVICE, jax.devices()[:1]))
+    whole, _ = memory.state_bytes(run, one_device())
     split, _ = memory.state_bytes(run, sharding.make_mesh(MeshConfig(data=1, fsdp=4, tensor=1), jax.devices()[:4]))
     assert split < whole / 2  # every matrix splits four ways; vectors and scalars stay whole
 
@@ -89,13 +93,13 @@ def test_sharding_divides_the_state_among_the_devices():
 def refusal(monkeypatch, run, host_bytes) -> str:
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: host_bytes)
     with pytest.raises(UserError) as refused:
-        memory.check_fits(run, sharding.make_mesh(ONE_DEVICE, jax.devices()[:1]))
+        memory.check_fits(run, one_device())
     return str(refused.value)
 
 
 def test_the_largest_batch_named_is_the_boundary(monkeypatch):
     """A machine with exactly the memory 40 rows need: 64 rows are refused, naming 40."""
-    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    mesh = one_device()
     need_40 = memory.footprint(run_for(batch_size=40), mesh)
     message = refusal(monkeypatch, run_for(batch_size=64), need_40.device + need_40.host)
     assert re.search(r"train.batch_size=64 with model.block_size=32 needs at least [\d.]+ GiB of host memory", message)
@@ -103,14 +107,14 @@ def test_the_largest_batch_named_is_the_boundary(monkeypatch):
 
 
 def test_the_largest_block_is_named_when_one_row_does_not_fit(monkeypatch):
-    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    mesh = one_device()
     need = memory.footprint(run_for(model={"block_size": 200}, batch_size=1), mesh)
     message = refusal(monkeypatch, run_for(model={"block_size": 512}), need.device + need.host)
     assert message.endswith("even batch_size=1 does not fit, and the largest block_size that fits at that batch is 200")
 
 
 def test_a_model_too_large_for_any_batch_says_so(monkeypatch):
-    mesh = sharding.make_mesh(ONE_DEVICE, jax.devices()[:1])
+    mesh = one_device()
     rope = run_for(model={"position": "rope"})  # no parameter shrinks with the block
     state, params = memory.state_bytes(rope, mesh)
     message = refusal(monkeypatch, rope, state + params)  # not a byte left for a batch
@@ -119,4 +123,4 @@ def test_a_model_too_large_for_any_batch_says_so(monkeypatch):
 
 def test_a_run_that_fits_passes(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
-    memory.check_fits(run_for(), sharding.make_mesh(ONE_DEVICE, jax.devices()[:1]))
+    memory.check_fits(run_for(), one_device())

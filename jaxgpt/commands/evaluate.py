@@ -89,12 +89,14 @@ def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | Non
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
     val = data.prepare(run.data, progress=False).val
-    results = []
+    results, skipped = [], {}
     for length in lengths:
         if reason := refusal(run.model, length, len(val)):
-            say(f"{workdir}: length {length} skipped: {reason}")
+            skipped.setdefault(reason, []).append(str(length))
             continue
         results.append(losses_by_position(run.model, params, np.asarray(val), length, budget))
+    for reason, which in skipped.items():
+        say(f"{workdir}: length{'s' * (len(which) > 1)} {', '.join(which)} skipped: {reason}")
     if not results:
         raise UserError(f"no length of {lengths} can be evaluated for {workdir}; see the lines above")
     return run, step, results

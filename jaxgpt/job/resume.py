@@ -14,10 +14,10 @@ from pathlib import Path
 
 import jax
 
-from jaxgpt.config import RunConfig, run_config_from_dict
+from jaxgpt.config import ModelConfig, RunConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.job import workdir as run_dir
-from jaxgpt.job.checkpoint import Checkpoints
+from jaxgpt.job.checkpoint import Checkpoints, load_latest
 from jaxgpt.job.metrics import metrics_lines
 from jaxgpt.optimizer import learning_rate_schedule
 
@@ -133,18 +133,26 @@ def restore_or_start(
         if record["tokenizer"] != tokenizer.to_dict():
             conflicts.append("the tokenizer's vocabulary")
         if conflicts:
+            extending = all(
+                c.split(":")[0] in ("model.block_size", *(f"model.{f}" for f in EXTENSIBLE_FIELDS)) for c in conflicts
+            )
             raise UserError(
                 f"cannot resume {workdir}: its checkpoints come from another run ({'; '.join(conflicts)}). "
-                f"Use the original config, or start afresh with --fresh (the old run is kept aside). "
-                f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
+                + (
+                    f"To extend its context, start a new run from its weights: --config.train.init_from={workdir} "
+                    "--workdir NEW_DIR"
+                    if extending
+                    else "Use the original config, or start afresh with --fresh (the old run is kept aside). "
+                    f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
+                )
             )
 
     found = checkpoints.restore_latest_readable(fresh_state, check_record=check_same_run, warn=warn)
     if found is None:
         state = fresh_state
         if config.train.init_from:
-            state = start_from_pretrained(state, config, config.train.init_from)
-            say(f"initialised from {config.train.init_from}")
+            state, origin = start_from_pretrained(state, config, config.train.init_from, tokenizer)
+            say(f"initialised from {origin}")
         if main:
             keep_history_aside(workdir, metrics_path, warn)
             metrics_path.write_text("")
@@ -177,25 +185,55 @@ def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | No
     )
 
 
-def start_from_pretrained(state, config: RunConfig, source: str):
-    """`state` with its random parameters replaced by Hugging Face weights (the optimizer's
-    zero moments do not depend on the parameters' values)."""
-    from jaxgpt.hf import load_pretrained
-    from jaxgpt.model import stack_blocks
+# How positions are read rather than what is stored: a context is extended by changing them
+EXTENSIBLE_FIELDS = ("rope_theta", "rope_scaling")
 
-    pretrained, params, _ = load_pretrained(source)
-    ours = config.model
-    differ = [
-        f"model.{f}={getattr(ours, f)!r} but the checkpoint has {getattr(pretrained, f)!r}"
+
+def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig) -> list[str]:
+    """The fields in which `theirs`' weights do not describe `ours`' model. block_size may
+    differ wherever no parameter has its length (every position kind but learned), and RoPE's
+    base and scaling may change: together, that is how a trained context is extended."""
+    fields = [
+        f
         for f in ARCHITECTURE_FIELDS
-        if getattr(ours, f) != getattr(pretrained, f)
+        if f not in EXTENSIBLE_FIELDS and not (f == "block_size" and ours.position != "learned")
     ]
-    if differ:
+    return [
+        f"model.{f}={getattr(ours, f)!r} but the weights have {getattr(theirs, f)!r}"
+        + (" (learned positions have a row per position)" if f == "block_size" else "")
+        for f in fields
+        if getattr(ours, f) != getattr(theirs, f)
+    ]
+
+
+def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
+    """`state` with its random parameters replaced by the weights `source` names: a workdir
+    of a jaxgpt run (its newest checkpoint), or Hugging Face weights. The optimizer's zero
+    moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
+    from jaxgpt.model import stack_blocks, unstack_blocks
+
+    if (Path(source) / "checkpoints").is_dir():
+        run, params, their_tokenizer, step = load_latest(Path(source))
+        pretrained, origin = run.model, f"{source} (step {step})"
+        if tokenizer is not None and their_tokenizer.to_dict() != tokenizer.to_dict():
+            raise UserError(
+                f"train.init_from={source!r}: that run's tokenizer is not this one's, so its embeddings mean other "
+                "tokens; use the same data.source and data.tokenizer"
+            )
+    else:
+        from jaxgpt.hf import load_pretrained
+
+        pretrained, params, _ = load_pretrained(source)
+        origin = source
+    ours = config.model
+    if differ := architecture_mismatches(ours, pretrained):
         raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
-    if ours.scan_layers:
+    if pretrained.scan_layers and not ours.scan_layers:
+        params = unstack_blocks(params)
+    elif ours.scan_layers and not pretrained.scan_layers:
         params = stack_blocks(params, ours.n_layer)
     shardings = jax.tree.map(lambda a: a.sharding, state.params)
-    return state.replace(params=jax.device_put(params, shardings))
+    return state.replace(params=jax.device_put(params, shardings)), origin
 
 
 def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:
