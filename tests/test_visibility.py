@@ -135,7 +135,14 @@ def test_check_passes_a_healthy_config():
     result = run_script("jaxgpt.check", *CHECK_FAST, devices=2)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines() if line[:4] in ("PASS", "INFO")}
-    assert rows == {"initial": "PASS", "gradients": "PASS", "overfit": "PASS", "size": "INFO", "memory": "PASS"}
+    assert rows == {
+        "initial": "PASS",
+        "gradients": "PASS",
+        "overfit": "PASS",
+        "size": "INFO",
+        "memory": "PASS",
+        "kv": "INFO",
+    }
 
 
 def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
@@ -144,7 +151,8 @@ def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
     from jaxgpt.commands.preflight import run_checks
 
     healthy = {row.name: row.passed for row in run_checks(small_run_config(), overfit_steps=5)}
-    assert healthy["initial loss"] is True and healthy["gradients"] is True
+    assert healthy["initial loss"] is True and healthy["gradients"] is True and healthy["memory"] is True
+    assert healthy["kv cache"] is None  # information only
     config = small_run_config()
     config.model.init_std = 1.0  # logits of std ~ sqrt(d_model): the loss starts far above ln V
     failing = {row.name: row.passed for row in run_checks(config, overfit_steps=5)}

@@ -12,6 +12,7 @@ the checks the transformer literature recommends before spending real compute (K
   size            parameters and training FLOPs per token (information).
   memory          parameters, optimizer state and the compiled step's temporaries per device
                   against what one device has.
+  kv cache        bytes sampling keeps per token and per full context (information).
 """
 
 from __future__ import annotations
@@ -100,7 +101,12 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     compiled = step.compile(state, step_batch)
     rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
     state, overfit = overfit_row(compiled, state, step_batch, overfit_steps, t.lr)
-    return rows + [overfit, size_row(state.params, run.model), memory_row(compiled, state, mesh)]
+    return rows + [
+        overfit,
+        size_row(state.params, run.model),
+        memory_row(compiled, state, mesh),
+        kv_cache_row(run.model),
+    ]
 
 
 def initial_loss_row(initial: float, vocab_size: int) -> Row:
@@ -160,11 +166,27 @@ def size_row(params, model_config) -> Row:
     )
 
 
+def kv_cache_row(model_config) -> Row:
+    """What sampling keeps per token: the number GQA and MQA exist to shrink."""
+    from jaxgpt.model import kv_cache_bytes
+
+    decoding = model_config.replace(dtype="float32")  # as sample.py decodes
+    per_token = kv_cache_bytes(decoding, 1)
+    c = model_config
+    return Row(
+        "kv cache",
+        None,
+        f"{per_token:,} bytes per token (2 x {c.n_layer} layers x {c.n_kv_head} of {c.n_head} heads as key/value "
+        f"heads x {c.head_dim} x 4 bytes, float32 as sample.py decodes); "
+        f"{kv_cache_bytes(decoding, c.block_size) / 2**20:,.2f} MiB per sequence of block_size={c.block_size}",
+    )
+
+
 def memory_row(compiled_step, state, mesh) -> Row:
-    memory = compiled_step.memory_analysis()
+    analysis = compiled_step.memory_analysis()
     params_bytes = sharding.bytes_per_device(state.params)
     opt_bytes = sharding.bytes_per_device(state.opt_state)
-    temp_bytes = memory.temp_size_in_bytes if memory else 0
+    temp_bytes = analysis.temp_size_in_bytes if analysis else 0
     need = params_bytes + opt_bytes + temp_bytes
     have = memory.device_memory_bytes(mesh.devices.flat[0])
     return Row(
