@@ -1,17 +1,27 @@
-"""Decoding speed: the KV-cache loop against recomputing the whole context for every token.
+"""Decoding: what the KV cache buys, and what grouped-query and multi-query attention buy it.
 
-    python bench/decode.py [--out bench/results/decode.json] [--cached_only]
+    python bench/decode.py [--config configs/tiny.py] [--config.model.n_layer=8 ...]
+        [--contexts 128,512,1024,2048,4096] [--out bench/results/decode.json] [--cached_only]
 
-"cached" is jaxgpt.sampling.generate: one prefill, then one token per step against the static
-cache, the loop compiled. "recompute" is nanoGPT's way: each new token runs the full model over
-everything so far. To avoid compiling every length, its context is zero-padded up to the next
-multiple of 128 (causality keeps the padding invisible); that costs it at most 127 extra
-positions per step. Greedy decoding, float32, a 16-token prompt; compile time excluded.
+The model is the config's (random weights, float32 as sample.py decodes; --vocab sets the
+vocabulary a data-derived config leaves open). Two tables:
+
+1. The cache against recomputing. "cached" is jaxgpt.sampling.generate: one prefill, then one
+   token per step against the static cache, the loop compiled. "recompute" is nanoGPT's way:
+   each new token runs the whole model over everything so far; to avoid compiling every
+   length its context is zero-padded to the next multiple of 128 (causality keeps the padding
+   invisible), which costs it at most 127 extra positions per step. A 16-token prompt, greedy.
+2. Multi-head, grouped-query (n_head / 2 key/value heads) and multi-query attention, at each
+   context length C (block_size = C): the cache's bytes per sequence, and decode tokens/s at
+   batch 1 and 8 over the last 64 tokens of the context (a prompt of C - 64 tokens prefilled
+   untimed, then 64 decode steps in one compiled loop). The cache is read whole at every
+   step, so its size is the decode loop's memory traffic.
+
+Compile time excluded; the CPU is named in the table and the JSON.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import sys
@@ -20,29 +30,49 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
+from absl import flags  # noqa: E402
 
-from jaxgpt.config import ModelConfig  # noqa: E402
-from jaxgpt.model import GPT, init_params  # noqa: E402
-from jaxgpt.sampling import SamplingConfig, _prefill, generate  # noqa: E402
+from jaxgpt.commands import cli  # noqa: E402  (imports jax without starting it)
 
-CONFIG = ModelConfig(vocab_size=96, block_size=1152, n_layer=4, n_head=4, d_model=128)  # tiny's shape
+CONFIG = cli.define_config_flag()
+VOCAB = flags.DEFINE_integer("vocab", 96, "vocabulary size where the config leaves it to the data (96: characters)")
+CONTEXTS = flags.DEFINE_list("contexts", ["128", "512", "1024", "2048", "4096"], "context lengths for table 2")
+OUT = flags.DEFINE_string("out", "bench/results/decode.json", "JSON to write")
+CACHED_ONLY = flags.DEFINE_bool("cached_only", False, "print one JSON line: cached tokens/s (for bench/suite.py)")
+
 PROMPT = 16
 BUCKET = 128
-GREEDY = SamplingConfig(temperature=0.0)
+NEW = 64  # tokens decoded per timing in table 2
 
 
-def cached(params, prompt, new_tokens: int) -> float:
-    run = lambda: generate(CONFIG, params, prompt, jax.random.key(0), max_new_tokens=new_tokens, sampling=GREEDY)  # noqa: E731
-    run().block_until_ready()  # compile
-    start = time.perf_counter()
-    run().block_until_ready()
-    return time.perf_counter() - start
+def timed(fn, repeats: int = 3) -> float:
+    """Seconds of the fastest of `repeats` calls after a first (compiling) one: the least
+    disturbed by whatever else the machine is doing."""
+    fn().block_until_ready()
+    best = math.inf
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn().block_until_ready()
+        best = min(best, time.perf_counter() - start)
+    return best
 
 
-def recompute(params, prompt, new_tokens: int) -> float:
-    forward = jax.jit(lambda p, t: GPT(CONFIG).apply({"params": p}, t))
+def cached(model, params, prompt, new_tokens: int) -> float:
+    import jax
+
+    from jaxgpt.sampling import SamplingConfig, generate
+
+    greedy = SamplingConfig(temperature=0.0)
+    return timed(lambda: generate(model, params, prompt, jax.random.key(0), max_new_tokens=new_tokens, sampling=greedy))
+
+
+def recompute(model, params, prompt, new_tokens: int) -> float:
+    import jax
+    import jax.numpy as jnp
+
+    from jaxgpt.model import GPT
+
+    forward = jax.jit(lambda p, t: GPT(model).apply({"params": p}, t))
     batch, length = prompt.shape
     for size in range(BUCKET, length + new_tokens + BUCKET, BUCKET):  # compile every bucket first
         forward(params, jnp.zeros((batch, size), jnp.int32)).block_until_ready()
@@ -56,54 +86,128 @@ def recompute(params, prompt, new_tokens: int) -> float:
     return time.perf_counter() - start
 
 
-def prefill_ms(params, prompt_len: int) -> float:
-    prompt = jnp.ones((1, prompt_len), jnp.int32)
-    fn = jax.jit(_prefill, static_argnames=("config", "sampling"))
-    fn(CONFIG, params, prompt, jax.random.key(0), sampling=GREEDY)[0].block_until_ready()
-    start = time.perf_counter()
-    fn(CONFIG, params, prompt, jax.random.key(0), sampling=GREEDY)[0].block_until_ready()
-    return 1000 * (time.perf_counter() - start)
+def weights(model):
+    import jax
+
+    from jaxgpt.model import init_params
+
+    return jax.jit(init_params, static_argnums=0)(model, jax.random.key(0))
+
+
+def cache_against_recompute(model, say) -> list[dict]:
+    import jax.numpy as jnp
+
+    model = model.replace(block_size=max(model.block_size, BUCKET * math.ceil((PROMPT + 1024) / BUCKET)))
+    params = weights(model)
+    rows = []
+    say(f"{'batch':>5} {'new tokens':>10} {'cached tok/s':>13} {'recompute tok/s':>16} {'speedup':>8}")
+    for batch, new_tokens in ((1, 256), (1, 1024), (8, 256)):  # recompute at 8 x 1024 alone takes minutes
+        prompt = jnp.ones((batch, PROMPT), jnp.int32)
+        fast, slow = cached(model, params, prompt, new_tokens), recompute(model, params, prompt, new_tokens)
+        row = dict(batch=batch, new_tokens=new_tokens, cached_tokens_per_sec=batch * new_tokens / fast)
+        row |= dict(recompute_tokens_per_sec=batch * new_tokens / slow, speedup=slow / fast)
+        rows.append(row)
+        say(
+            f"{batch:>5} {new_tokens:>10} {row['cached_tokens_per_sec']:>13,.0f} "
+            f"{row['recompute_tokens_per_sec']:>16,.0f} {row['speedup']:>7.1f}x"
+        )
+    return rows
+
+
+def decode_seconds(model, params, batch: int) -> float:
+    """Seconds for the last NEW tokens of a full context, one compiled loop of decode steps
+    over a cache the prompt (block_size - NEW tokens) was prefilled into; prefill not timed."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxgpt.sampling import SamplingConfig, decode_step, prefill
+
+    greedy, rng = SamplingConfig(temperature=0.0), jax.random.key(0)
+    prompt = jnp.ones((batch, model.block_size - NEW), jnp.int32)
+    token, cache = jax.jit(prefill, static_argnums=(0, 4))(model, params, prompt, rng, greedy)
+
+    @jax.jit
+    def decode(params, cache, token):
+        def step(i, carry):
+            return decode_step(model, params, carry[1], carry[0], rng, i, greedy)
+
+        return jax.lax.fori_loop(1, NEW + 1, step, (token, cache))[0]
+
+    return timed(lambda: decode(params, cache, token))
+
+
+def attention_variants(model) -> dict[str, int]:
+    """name -> n_kv_head: every head its own keys and values, half as many, one for all."""
+    variants = {"MHA": model.n_head}
+    if model.n_head % 2 == 0 and model.n_head > 2:
+        variants["GQA"] = model.n_head // 2
+    variants["MQA"] = 1
+    return variants
+
+
+def key_value_heads_by_context(model, contexts: list[int], say) -> list[dict]:
+
+    from jaxgpt.model import kv_cache_bytes
+
+    rows = []
+    say(f"{'attention':>9} {'kv heads':>8} {'context':>7} {'cache MiB':>9} {'tok/s b=1':>10} {'tok/s b=8':>10}")
+    for name, kv_heads in attention_variants(model).items():
+        for context in contexts:
+            variant = model.replace(n_kv_head=kv_heads, block_size=context)
+            params = weights(variant)
+            row = dict(attention=name, n_kv_head=kv_heads, context=context)
+            row["cache_bytes_per_sequence"] = kv_cache_bytes(variant, context)
+            for batch in (1, 8):
+                row[f"decode_tokens_per_sec_batch_{batch}"] = batch * NEW / decode_seconds(variant, params, batch)
+            rows.append(row)
+            say(
+                f"{name:>9} {kv_heads:>8} {context:>7} {row['cache_bytes_per_sequence'] / 2**20:>9.2f} "
+                f"{row['decode_tokens_per_sec_batch_1']:>10,.0f} {row['decode_tokens_per_sec_batch_8']:>10,.0f}"
+            )
+    return rows
+
+
+def shipped(name: str):
+    """A shipped config's ConfigDict, for when no --config is given."""
+    import runpy
+
+    return runpy.run_path(cli.shipped_config(f"configs/{name}.py"))["get_config"]()
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", default="bench/results/decode.json")
-    parser.add_argument(
-        "--cached_only", action="store_true", help="print one JSON line: cached tokens/s (for suite.py)"
-    )
-    args = parser.parse_args()
-    params = jax.jit(init_params, static_argnums=0)(CONFIG, jax.random.key(0))
-    if args.cached_only:
+    cli.parse_flags(sys.argv, usage=__doc__)
+    config = CONFIG.value if CONFIG.value is not None else shipped("tiny")
+    from jaxgpt.config_files import resolve
+    from jaxgpt.hardware import runtime
+    from jaxgpt.hardware.peak_flops import cpu_model
+
+    runtime.enable_compilation_cache()
+    import jax
+    import jax.numpy as jnp
+
+    run = resolve(config, vocab_size=config.model.get("vocab_size") or VOCAB.value)
+    model = run.model.replace(dtype="float32", scan_layers=False, remat="none")
+    if CACHED_ONLY.value:
+        long_enough = model.replace(block_size=max(model.block_size, PROMPT + 256))
+        params = weights(long_enough)
         rates = {
-            f"batch_{batch}": batch * 256 / cached(params, jnp.ones((batch, PROMPT), jnp.int32), 256)
-            for batch in (1, 8)
+            f"batch_{b}": b * 256 / cached(long_enough, params, jnp.ones((b, PROMPT), jnp.int32), 256) for b in (1, 8)
         }
         print(json.dumps({"new_tokens": 256, "tokens_per_sec": rates}))
         return
-    rows = []
-    print(f"{'batch':>5} {'new tokens':>10} {'cached tok/s':>13} {'recompute tok/s':>16} {'speedup':>8}")
-    for batch in (1, 8):
-        for new_tokens in (256, 1024):
-            prompt = jnp.ones((batch, PROMPT), jnp.int32)
-            fast, slow = cached(params, prompt, new_tokens), recompute(params, prompt, new_tokens)
-            row = {
-                "batch": batch,
-                "new_tokens": new_tokens,
-                "cached_tokens_per_sec": batch * new_tokens / fast,
-                "recompute_tokens_per_sec": batch * new_tokens / slow,
-                "speedup": slow / fast,
-            }
-            rows.append(row)
-            print(
-                f"{batch:>5} {new_tokens:>10} {row['cached_tokens_per_sec']:>13,.0f} "
-                f"{row['recompute_tokens_per_sec']:>16,.0f} {row['speedup']:>7.1f}x"
-            )
-    prefill = {n: prefill_ms(params, n) for n in (16, 256, 1024)}
-    print("prefill (batch 1): " + ", ".join(f"{n} tokens {ms:.1f} ms" for n, ms in prefill.items()))
-    result = {"device": jax.devices()[0].device_kind, "model": CONFIG.to_dict(), "rows": rows, "prefill_ms": prefill}
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    device = jax.devices()[0]
+    machine = cpu_model() if device.platform == "cpu" else device.device_kind
+    print(f"{machine}; model {model.n_layer} layers x {model.d_model} wide, {model.n_head} heads, float32")
+    contexts = sorted(int(c) for c in CONTEXTS.value)
+    result = {
+        "device": machine,
+        "model": model.to_dict(),
+        "cache_against_recompute": cache_against_recompute(model, print),
+        "key_value_heads": key_value_heads_by_context(model, contexts, print),
+    }
+    Path(OUT.value).parent.mkdir(parents=True, exist_ok=True)
+    Path(OUT.value).write_text(json.dumps(result, indent=2))
+    print(f"wrote {OUT.value}")
 
 
 if __name__ == "__main__":

@@ -190,7 +190,11 @@ class CausalSelfAttention(nn.Module):
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
         mask = Mask(cache_index, slopes, c.attention_window, c.causal)
         scale = None if c.scale_attention else 1.0  # None: the standard 1/sqrt(head_dim)
-        y = kernel(c.attention)(q, k, v, mask, scale)
+        if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
+            scale = 0.0
+        y = kernel(c.attention)(q, k, v, mask, scale)  # (b, t, k, g, d)
+        if self.has_variable("head_mask", "keep"):  # only when evaluating with heads removed
+            y = y * self.get_variable("head_mask", "keep")[:, :, None].astype(y.dtype)
         if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.commands.attention_maps)
             self.sow(
                 "intermediates", "attention_weights", attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)

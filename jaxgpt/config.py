@@ -163,6 +163,10 @@ class ModelConfig:
     causal: the causal mask. Off, training sees the tokens it predicts: its loss collapses while
         the model learns nothing it can use when generating (where the future does not exist).
     residual: the residual connections. Off, each block replaces its input (norms stay).
+    mlp: the MLP. Off, every block is attention alone (Elhage et al. 2021's attention-only
+        transformers, where induction heads are easiest to see); its norm goes with it.
+    uniform_attention: every query weighs each key it may see equally, 1/t over t keys: what
+        attention does if it learns nothing about where to look (the scores are ignored).
     rope_pairing: "half" (GPT-NeoX / Llama) or "interleaved" (the RoPE paper, GPT-J).
     """
 
@@ -196,6 +200,8 @@ class ModelConfig:
     scale_attention: bool = True
     causal: bool = True
     residual: bool = True
+    mlp: bool = True
+    uniform_attention: bool = False
     rope_pairing: str = "half"
 
     def __post_init__(self):
@@ -260,6 +266,12 @@ def _check_model(c: ModelConfig) -> None:
         )
     if c.position == "sinusoidal" and c.d_model % 2:
         problems.add("d_model", "is odd; sinusoidal positions need an even d_model")
+    if c.uniform_attention and c.position == "alibi":
+        problems.add(
+            "position",
+            "is 'alibi', which biases the scores that uniform_attention ignores; choose another position or "
+            "uniform_attention=False",
+        )
     if not 0.0 <= c.dropout < 1.0:
         problems.add("dropout", "must be in [0, 1)")
     problems.positive("rope_theta", "norm_eps", "init_std")

@@ -71,7 +71,8 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     model.vocab_size is taken from `vocab_size` (the tokenizer's) when the config leaves it
     unset; a config value smaller than the tokenizer's vocabulary is an error. A warmup as
     long as the run (a shipped config shortened with --config.train.steps) is clipped to a
-    tenth of the run, and `notes` gets a line saying so.
+    tenth of the run, and `notes` gets a line saying so; a model without the causal mask gets
+    a line saying how it is scored.
     """
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for section in raw:
@@ -93,6 +94,12 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
         )
     mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
     model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
+    if not model.causal and notes is not None:
+        notes.append(
+            "model.causal=false: training sees the token each position predicts, so val_loss is not a language "
+            "model's loss; every evaluation also scores the weights from the past alone (val_loss_past_only, as "
+            "generation uses them), and jaxgpt.compare ranks the run by that"
+        )
     return RunConfig(model, data, train, mesh)
 
 

@@ -31,6 +31,8 @@ class Block(nn.Module):
 
     pre-norm:  x + attn(norm(x)), then x + mlp(norm(x))
     post-norm: norm(x + attn(x)), then norm(x + mlp(x))
+
+    With config.mlp off (attention-only) the second line, its norm included, is not there.
     """
 
     config: ModelConfig
@@ -41,14 +43,18 @@ class Block(nn.Module):
         """cache_index: None, or where this call's tokens start in the KV cache (decoding)."""
         c = self.config
         attention = CausalSelfAttention(c, name="attn")
-        mlp = MLP(c, name="mlp")
-        norm_1, norm_2 = make_norm(c, "norm_1"), make_norm(c, "norm_2")
+        norm_1 = make_norm(c, "norm_1")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
         skip = (lambda x: x) if c.residual else (lambda x: 0)  # noqa: E731  (residual=False: an ablation)
         if c.norm_position == "pre":
             x = skip(x) + dropout(attention(norm_1(x), positions, cache_index))
+        else:
+            x = norm_1(skip(x) + dropout(attention(x, positions, cache_index)))
+        if not c.mlp:  # the attention-only ablation
+            return x
+        mlp, norm_2 = MLP(c, name="mlp"), make_norm(c, "norm_2")
+        if c.norm_position == "pre":
             return skip(x) + dropout(mlp(norm_2(x)))
-        x = norm_1(skip(x) + dropout(attention(x, positions, cache_index)))
         return norm_2(skip(x) + dropout(mlp(x)))
 
 
@@ -130,7 +136,7 @@ class GPT(nn.Module):
         if c.scan_layers:
             scan = nn.scan(
                 _scan_step,
-                variable_axes={"params": 0, "cache": 0},
+                variable_axes={"params": 0, "cache": 0, "head_mask": 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast, nn.broadcast),
                 length=c.n_layer,
@@ -153,6 +159,16 @@ def init_cache(config: ModelConfig, batch_size: int) -> dict:
     tokens = jnp.zeros((batch_size, 1), jnp.int32)
     shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True))["cache"]
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+
+
+def head_mask(config: ModelConfig, keep: jax.Array) -> dict:
+    """The "head_mask" collection that multiplies each attention head's output by keep
+    (n_layer, n_head): 1 keeps a head, 0 removes it (Michel et al. 2019's head ablation).
+    Query head h of a layer is key/value group h // group_size, member h % group_size."""
+    keep = jnp.asarray(keep, jnp.float32).reshape(config.n_layer, config.n_kv_head, config.group_size)
+    if config.scan_layers:
+        return {"blocks": {"attn": {"keep": keep}}}
+    return {f"block_{i}": {"attn": {"keep": keep[i]}} for i in range(config.n_layer)}
 
 
 def kv_cache_bytes(config: ModelConfig, tokens: int, batch_size: int = 1) -> int:

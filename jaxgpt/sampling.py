@@ -92,13 +92,15 @@ def check_length(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> N
         )
 
 
-def _prefill(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig):
+def prefill(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig):
+    """Run the prompt through the model in one call, filling a new KV cache: (first sampled
+    token (batch,), cache)."""
     apply = partial(GPT(config).apply, decode=True, mutable=["cache"])
     logits, state = apply({"params": params, "cache": init_cache(config, prompt.shape[0])}, prompt)
     return sample_token(logits[:, -1], jax.random.fold_in(rng, 0), sampling), state["cache"]
 
 
-def _decode_step(config: ModelConfig, params, cache, token: jax.Array, rng: jax.Array, i, sampling: SamplingConfig):
+def decode_step(config: ModelConfig, params, cache, token: jax.Array, rng: jax.Array, i, sampling: SamplingConfig):
     """Feed `token` (batch,), made at step i - 1, and sample step i's token."""
     apply = partial(GPT(config).apply, decode=True, mutable=["cache"])
     logits, state = apply({"params": params, "cache": cache}, token[:, None])
@@ -130,7 +132,7 @@ def generate(
     once every row has ended.
     """
     batch = prompt.shape[0]
-    token, cache = _prefill(config, params, prompt, rng, sampling)
+    token, cache = prefill(config, params, prompt, rng, sampling)
     out = jnp.full((batch, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
     _, finished = _mask_finished(token, jnp.zeros((batch,), bool), eot_id)
 
@@ -140,7 +142,7 @@ def generate(
 
     def step(carry):
         i, token, cache, out, finished = carry
-        new, cache = _decode_step(config, params, cache, token, rng, i, sampling)
+        new, cache = decode_step(config, params, cache, token, rng, i, sampling)
         new, finished = _mask_finished(new, finished, eot_id)
         return i + 1, new, cache, out.at[:, i].set(new), finished
 
@@ -158,9 +160,9 @@ def generate_stream(
     eot_id: int | None = None,
 ) -> Iterator[jax.Array]:
     """The same tokens as `generate`, yielded one step (batch,) at a time as they are made."""
-    prefill = jax.jit(_prefill, static_argnames=("config", "sampling"))
-    step = jax.jit(_decode_step, static_argnames=("config", "sampling"), donate_argnums=(2,))
-    token, cache = prefill(config, params, prompt, rng, sampling=sampling)
+    first = jax.jit(prefill, static_argnames=("config", "sampling"))
+    step = jax.jit(decode_step, static_argnames=("config", "sampling"), donate_argnums=(2,))
+    token, cache = first(config, params, prompt, rng, sampling=sampling)
     finished = jnp.zeros(prompt.shape[0], bool)
     for i in range(max_new_tokens):
         if i:

@@ -38,12 +38,15 @@ def create_train_state(config: ModelConfig, optimizer: optax.GradientTransformat
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), dropout_key)
 
 
-def token_losses(model: GPT, params, windows: jax.Array, rng: jax.Array | None = None) -> jax.Array:
+def token_losses(
+    model: GPT, params, windows: jax.Array, rng: jax.Array | None = None, head_mask: dict | None = None
+) -> jax.Array:
     """Next-token cross-entropy (batch, seq) at each position of windows (batch, seq + 1);
-    dropout when rng is given."""
+    dropout when rng is given; head_mask (`jaxgpt.model.head_mask`) silences attention heads."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
     train = rng is not None
-    logits = model.apply({"params": params}, inputs, train=train, rngs={"dropout": rng} if train else None)
+    variables = {"params": params} | ({"head_mask": head_mask} if head_mask is not None else {})
+    logits = model.apply(variables, inputs, train=train, rngs={"dropout": rng} if train else None)
     return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
 
 
@@ -97,8 +100,15 @@ def train_step(
     return apply_gradients(state, loss, grads, optimizer=optimizer)
 
 
-def eval_step(params, windows: jax.Array, *, model: GPT) -> jax.Array:
-    return cross_entropy(model, params, windows)
+def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]:
+    """{"loss": the mean loss}, and for a model trained without the causal mask (which sees
+    the token it predicts) "past_only_loss": the same weights under the causal mask, each
+    position predicted from the tokens before it alone, as in generation (the KV-cache
+    decode, where no later token is written yet, computes the same)."""
+    losses = {"loss": cross_entropy(model, params, windows)}
+    if not model.config.causal:
+        losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, windows)
+    return losses
 
 
 def state_layout(run: RunConfig, mesh):
@@ -171,8 +181,8 @@ class MeshStep:
             self._compiled = self.trace(state, windows)._lowered.compile()
         return self
 
-    def eval_losses(self, params, make_batch, count: int) -> list[jax.Array]:
-        """The loss of each of `count` batches, batch i built by make_batch(i, mesh)."""
+    def eval_losses(self, params, make_batch, count: int) -> list[dict[str, jax.Array]]:
+        """`eval_step`'s losses of each of `count` batches, batch i built by make_batch(i, mesh)."""
         return [self._eval_loss(params, make_batch(i, self.batch_mesh)) for i in range(count)]
 
     def memory_analysis(self):

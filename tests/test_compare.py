@@ -84,10 +84,22 @@ def test_seeds_average_and_spread():
 
     rows = [
         {"variant": "a", "params": 5, "val_loss": v, "val_bpb": 2 * v, "tokens_per_sec": 10.0, "elapsed_sec": 1.0}
+        | {"scored": "as trained"}
         for v in (1.0, 1.5)
     ]
     (line,) = summarise(rows)
     assert line["val_loss"] == 1.25 and line["val_loss_spread"] == 0.5 and line["val_bpb"] == 2.5
+
+
+def test_a_run_without_the_causal_mask_is_judged_by_its_past_only_score():
+    from jaxgpt.commands.compare import markdown, scored_key, summarise
+
+    leaky = [{"step": 5, "val_loss": 0.1, "val_loss_past_only": 4.0, "val_bpb_past_only": 5.0}]
+    assert scored_key(leaky, "val_loss") == "val_loss_past_only" and scored_key(leaky, "val_bpb") == "val_bpb_past_only"
+    assert scored_key([{"step": 5, "val_loss": 2.0}], "val_loss") == "val_loss"
+    row = {"params": 5, "val_loss": 4.0, "val_bpb": 5.0, "tokens_per_sec": 1.0, "elapsed_sec": 1.0}
+    table = markdown(summarise([{"variant": "causal=False", "scored": "past-only"} | row]))
+    assert "| causal=False (past-only) | 1 | 4.0000" in table and "scored here under the mask" in table
 
 
 @pytest.mark.parametrize(

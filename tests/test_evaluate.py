@@ -89,3 +89,30 @@ def test_scores_use_the_run_in_float32(trained_small_run):
     a = evaluate.losses_by_position(run.model, params, TEXT % run.model.vocab_size, 16, 64)
     b = evaluate.losses_by_position(bf16, params, TEXT % run.model.vocab_size, 16, 64)
     np.testing.assert_array_equal(a.by_position, b.by_position)
+
+
+def test_removing_each_head_in_turn_moves_the_loss_only_for_the_head_that_writes():
+    """Every attention output projection zeroed except head 1 of layer 0's rows: removing any
+    other head subtracts an exact zero from the residual stream (the loss is bit-identical),
+    removing that one changes it."""
+    model, params = model_and_params()
+    params = jax.tree.map(np.array, params)
+    for layer in range(model.n_layer):
+        out = params[f"block_{layer}"]["attn"]["out"]["kernel"]  # (kv heads, group, head_dim, d_model)
+        keep = out[1, 0].copy()
+        out[...] = 0
+        if layer == 0:
+            out[1, 0] = 10 * keep  # well above init, so the head's share is visible in the loss
+    full, losses = evaluate.without_each_head(model, params, TEXT, budget=4 * model.block_size)
+    changed = losses != full
+    assert changed[0, 1] and changed.sum() == 1
+    lines = evaluate.head_table("run", full, losses)
+    assert lines[1].split() == ["layer", "head", "0", "head", "1"] and len(lines) == 2 + model.n_layer
+
+
+def test_the_command_prints_the_loss_with_each_head_removed(trained_small_run, capsys):
+    evaluate.main(["--workdir", str(trained_small_run), "--mask_heads", "--tokens", "256"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"{trained_small_run.name}: loss ") and printed[0].endswith("one head removed:")
+    assert [line.split()[0] for line in printed[2:]] == ["0", "1"]  # small_run_config: 2 layers of 2 heads
+    assert all(float(x) > -1 for line in printed[2:] for x in line.split()[1:])

@@ -155,3 +155,19 @@ def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logge
     assert start.step == logged["step"]
     assert first == second
     assert first["val_loss"] == logged["val_loss"] and first["val_bpb"] == logged["val_bpb"]
+
+
+def test_a_run_without_the_causal_mask_says_why_and_logs_its_past_only_score(tmp_path, capsys):
+    config = small_config(steps=10, eval_every=5, log_every=5)
+    config.model.causal = False
+    last = train_and_evaluate(config, tmp_path, progress=True)
+    printed = capsys.readouterr()
+    assert "note: model.causal=false: training sees the token each position predicts" in printed.out + printed.err
+    evaluations = [r for r in read_metrics(tmp_path) if "val_loss" in r]
+    assert len(evaluations) == 2 and all(math.isfinite(r["val_loss_past_only"]) for r in evaluations)
+    assert last["val_bpb_past_only"] / last["val_loss_past_only"] == pytest.approx(last["val_bpb"] / last["val_loss"])
+
+
+def test_a_causal_run_logs_no_past_only_score(trained):
+    workdir, _ = trained
+    assert not [r for r in read_metrics(workdir) if "val_loss_past_only" in r]

@@ -2,6 +2,7 @@
 Colab notebook executing top to bottom."""
 
 import json
+import math
 import os
 import struct
 import sys
@@ -142,6 +143,7 @@ def test_check_passes_a_healthy_config():
         "size": "INFO",
         "memory": "PASS",
         "kv": "INFO",
+        "why": "INFO",
     }
 
 
@@ -152,11 +154,30 @@ def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
 
     healthy = {row.name: row.passed for row in run_checks(small_run_config(), overfit_steps=5)}
     assert healthy["initial loss"] is True and healthy["gradients"] is True and healthy["memory"] is True
-    assert healthy["kv cache"] is None  # information only
+    assert healthy["kv cache"] is None and healthy["why sqrt(d_k)"] is None  # information only
     config = small_run_config()
     config.model.init_std = 1.0  # logits of std ~ sqrt(d_model): the loss starts far above ln V
     failing = {row.name: row.passed for row in run_checks(config, overfit_steps=5)}
     assert failing["initial loss"] is False
+
+
+def test_the_scale_keeps_unit_variance_scores_from_saturating_the_softmax():
+    """The seeds' argument in sampled numbers. q.k of two N(0, s^2) vectors of d entries has
+    variance d s^4: 64 at unit variance and d = 64, estimated from 256 x 512 dots, each a sum
+    of 64 products of kurtosis 9 (the estimate's relative error ~ sqrt(2.1 / 131072) = 0.4%,
+    so 5% is >10 sigma). Scaled, the scores have unit variance and the softmax spreads out;
+    unscaled (std 8) it puts most of the weight on one key. At a 0.02 init (q entries of std
+    sqrt(128) x 0.02 = 0.23) both stay within 2% of uniform's entropy."""
+    from jaxgpt.commands.preflight import score_statistics
+
+    unit = score_statistics(head_dim=64, std=1.0, keys=512)
+    assert unit["variance"] == pytest.approx(64, rel=0.05)
+    assert unit["unscaled"]["max_weight"] > 0.5 > 0.1 > unit["scaled"]["max_weight"]
+    assert unit["unscaled"]["entropy"] < 1.5 < 0.8 * math.log(512) < unit["scaled"]["entropy"]
+    init = score_statistics(head_dim=64, std=math.sqrt(128) * 0.02, keys=512)
+    assert init["variance"] == pytest.approx(64 * (128 * 0.02**2) ** 2, rel=0.05)
+    for scaling in ("scaled", "unscaled"):
+        assert init[scaling]["entropy"] > 0.98 * math.log(512)
 
 
 @pytest.mark.slow

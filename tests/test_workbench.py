@@ -285,6 +285,97 @@ def test_a_model_without_norms_has_no_norm_parameters_and_adds_the_branches_dire
     np.testing.assert_allclose(GPT(config).apply({"params": params}, tokens), want, rtol=1e-5, atol=1e-6)
 
 
+def test_attention_only_blocks_have_no_mlp_and_compute_the_full_model_with_a_silent_mlp():
+    """Attention-only (mlp=False) is the standard pre-LN model whose MLP adds exactly zero: the
+    same logits as the full model given the attention-only weights and an MLP whose output
+    projection (kernel and bias) is zero."""
+    attention_only, full = tiny(mlp=False), tiny()
+    params = init_params(attention_only, jax.random.key(0))
+    assert not [k for k in params["block_0"] if k in ("mlp", "norm_2")]
+    silent = jax.tree.map(jnp.copy, init_params(full, jax.random.key(1)))
+    for i in range(full.n_layer):
+        block = silent[f"block_{i}"]
+        block["mlp"]["down"] = jax.tree.map(jnp.zeros_like, block["mlp"]["down"])
+        silent[f"block_{i}"] = {**block, **params[f"block_{i}"]}  # the attention-only model's attention and norm_1
+    silent |= {k: v for k, v in params.items() if not k.startswith("block_")}
+    tokens = random_tokens(full, (2, 9))
+    np.testing.assert_array_equal(
+        GPT(attention_only).apply({"params": params}, tokens), GPT(full).apply({"params": silent}, tokens)
+    )
+    mlp_params = count_params(init_params(full, jax.random.key(0))) - count_params(params)
+    d, hidden, n_layer = full.d_model, full.mlp_hidden, full.n_layer
+    assert mlp_params == n_layer * ((d * hidden + hidden) + (hidden * d + d) + 2 * d)  # up, down, norm_2
+
+
+def test_uniform_attention_gives_every_visible_key_weight_one_over_t():
+    """Query i sees keys 0..i: each gets exactly 1/(i + 1) (the scores are multiplied by 0, so
+    the softmax is of zeros), and the layer's output is the out-projection of the running mean
+    of the values, which the float64 reference computes with a zero score scale."""
+    config = attention_config(2, uniform_attention=True)
+    layer, params, x = init_layer(config)
+    out, state = jax.jit(partial(layer.apply, mutable=["intermediates"]))(
+        {"params": params}, x, jnp.arange(x.shape[1]), None
+    )
+    (weights,) = state["intermediates"]["attention_weights"]  # (b, k, g, t, s)
+    t = x.shape[1]
+    want = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
+    np.testing.assert_array_equal(np.asarray(weights), np.broadcast_to(want, weights.shape).astype(np.float32))
+    np.testing.assert_allclose(out, reference_attention(x, params, config, score_scale=0.0), **TOL)
+
+
+def test_uniform_attention_refuses_alibi():
+    with pytest.raises(ConfigError, match="uniform_attention ignores"):
+        ModelConfig(position="alibi", uniform_attention=True)
+
+
+@pytest.mark.parametrize("scan_layers", [False, True])
+def test_removing_a_head_is_zeroing_its_rows_of_the_output_projection(scan_layers):
+    """A head's output reaches the residual stream only through its rows of the out
+    projection, so masking query head h of layer l must give the logits of the model whose
+    out kernel has those rows zeroed. Grouped-query (4 heads over 2 key/value heads) checks
+    the numbering: head h is group h // 2, member h % 2."""
+    from jaxgpt.model import head_mask, stack_blocks
+
+    config = tiny(n_kv_head=2)
+    params = init_params(config, jax.random.key(0))
+    tokens = random_tokens(config, (2, 9))
+    layer, head = 1, 3
+    keep = np.ones((config.n_layer, config.n_head), np.float32)
+    keep[layer, head] = 0
+    zeroed = jax.tree.map(jnp.copy, params)
+    out = zeroed[f"block_{layer}"]["attn"]["out"]
+    out["kernel"] = out["kernel"].at[head // 2, head % 2].set(0)  # (k, g, d, d_model)
+    want = GPT(config).apply({"params": zeroed}, tokens)
+    model = config.replace(scan_layers=scan_layers)
+    if scan_layers:
+        params = stack_blocks(params, config.n_layer)
+    masked = GPT(model).apply({"params": params, "head_mask": head_mask(model, keep)}, tokens)
+    np.testing.assert_allclose(masked, want, rtol=1e-6, atol=1e-6)
+    unmasked = GPT(model).apply({"params": params}, tokens)
+    assert np.abs(np.asarray(masked - unmasked)).max() > 1e-3  # the head mattered
+
+
+def test_a_model_without_the_mask_is_scored_from_the_past_as_the_kv_cache_decode_scores_it():
+    """eval_step's past_only_loss for a causal=False model: the loss the same weights get when
+    every token is predicted through the KV cache, one token at a time (nothing later is
+    written yet). float32 sums over 9 positions x 32 classes: 1e-5 relative."""
+    import optax
+    from test_model import decode_stepwise
+
+    from jaxgpt.train_step import eval_step
+
+    config = tiny(causal=False)
+    params = init_params(config, jax.random.key(0))
+    params = jax.tree.map(lambda a: 20 * a, params)  # weights far from init, so the future matters
+    windows = random_tokens(config, (3, 10))
+    losses = jax.jit(partial(eval_step, model=GPT(config)))(params, windows)
+    logits = decode_stepwise(config, params, windows[:, :-1], 1)
+    by_cache = float(optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:]).mean())
+    assert float(losses["past_only_loss"]) == pytest.approx(by_cache, rel=1e-5)
+    assert abs(float(losses["loss"]) - by_cache) > 0.01  # seeing the future changed the loss
+    assert list(jax.jit(partial(eval_step, model=GPT(tiny())))(params, windows)) == ["loss"]
+
+
 def test_exact_gelu_is_x_times_the_normal_cdf():
     config = tiny(activation="gelu_exact", bias=False)
     x = normal((2, 5, config.d_model), 3)

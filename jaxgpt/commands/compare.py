@@ -86,12 +86,19 @@ def _typed(text: str, current, key: str):
     return text
 
 
+def scored_key(records: list[dict], key: str) -> str:
+    """The metric a run is judged by: its past-only score when it has one (a model trained
+    without the causal mask, whose own val loss sees the future), else `key`."""
+    past_only = f"{key}_past_only"
+    return past_only if any(past_only in r for r in records) else key
+
+
 def summarise(rows: list[dict]) -> list[dict]:
     """One line per variant from its seeds' final records: means and spreads."""
     out = []
     for name in dict.fromkeys(r["variant"] for r in rows):
         runs = [r for r in rows if r["variant"] == name]
-        line = {"variant": name, "seeds": len(runs), "params": runs[0]["params"]}
+        line = {"variant": name, "seeds": len(runs), "params": runs[0]["params"], "scored": runs[0]["scored"]}
         for key in ("val_loss", "val_bpb", "tokens_per_sec", "elapsed_sec"):
             values = [r[key] for r in runs]
             line[key] = sum(values) / len(values)
@@ -104,12 +111,19 @@ def markdown(summary: list[dict]) -> str:
     columns = "| variant | seeds | val loss | val bits/byte | params | tokens/s | training s |"
     head = columns + "\n" + "|---" * 7 + "|\n"
     body = "".join(
-        f"| {s['variant']} | {s['seeds']} | {s['val_loss']:.4f} ± {s['val_loss_spread'] / 2:.4f} | "
+        f"| {s['variant'] + ' (past-only)' * (s['scored'] == 'past-only')} | {s['seeds']} | "
+        f"{s['val_loss']:.4f} ± {s['val_loss_spread'] / 2:.4f} | "
         f"{s['val_bpb']:.4f} ± {s['val_bpb_spread'] / 2:.4f} | {s['params']:,} | {s['tokens_per_sec']:,.0f} | "
         f"{s['elapsed_sec']:,.0f} |\n"
         for s in summary
     )
-    return head + body + "\n(± half the spread, largest minus smallest, over seeds)\n"
+    notes = "\n(± half the spread, largest minus smallest, over seeds)\n"
+    if any(s["scored"] == "past-only" for s in summary):
+        notes += (
+            "(past-only: trained without the causal mask, so its own val loss sees the token it predicts; scored "
+            "here under the mask, each token from the tokens before it, as in generation)\n"
+        )
+    return head + body + notes
 
 
 POINTS_PER_CURVE = 25  # logged training losses per run, at least, so a short run still draws a curve
@@ -137,6 +151,7 @@ def plot(runs: dict[str, list[Path]], out: Path) -> Path:
     from jaxgpt.job.metrics import read_metrics
 
     def mean_curve(workdirs: list[Path], key: str) -> tuple[list[int], np.ndarray]:
+        key = scored_key(read_metrics(workdirs[0]), key)
         curves = [[(r["step"], r[key]) for r in read_metrics(w) if r.get(key) is not None] for w in workdirs]
         return [s for s, _ in curves[0]], np.mean([[v for _, v in curve] for curve in curves], axis=0)
 
@@ -180,6 +195,7 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
         train_and_evaluate(run_config, workdir, progress=progress)
         records = read_metrics(workdir)
         final = [r for r in records if "val_loss" in r][-1]
+        loss_key, bpb_key = scored_key(records, "val_loss"), scored_key(records, "val_bpb")
         model = run_config_from_dict(json.loads((workdir / "config.json").read_text())).model
         params = count_params(jax.eval_shape(lambda m=model: init_params(m, jax.random.key(0))))
         rows.append(
@@ -187,7 +203,10 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
                 "variant": name,
                 "seed": run_config.train.seed,
                 "params": params,
-                **{k: final[k] for k in ("step", "val_loss", "val_bpb", "tokens_per_sec", "elapsed_sec")},
+                **{k: final[k] for k in ("step", "tokens_per_sec", "elapsed_sec")},
+                "val_loss": final[loss_key],
+                "val_bpb": final[bpb_key],
+                "scored": "past-only" if loss_key != "val_loss" else "as trained",
             }
         )
         runs.setdefault(name, []).append(workdir)

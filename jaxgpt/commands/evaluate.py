@@ -1,5 +1,6 @@
 """Loss against position and context length:
 python -m jaxgpt.evaluate --workdir DIR [--workdir DIR ...] [--step N] [--lengths 64,128,256,512,1024]
+python -m jaxgpt.evaluate --workdir DIR --mask_heads
 
 The same stretch of each run's validation text (its first --tokens tokens) is cut into
 back-to-back windows of each length, and each window is scored in one forward pass: the loss
@@ -12,12 +13,16 @@ ALiBi and no positions at all are evaluated at any length.
 Prints a row per run and length (the loss within the trained length and beyond it) and draws
 loss against position at each run's longest length beside mean loss against length, one
 colour per run.
+
+--mask_heads instead scores windows of block_size once with every attention head and once
+with each head removed (its output zeroed), and prints the loss increase per layer and head.
 """
 
 from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 from pathlib import Path
 
 import jax
@@ -58,18 +63,32 @@ def refusal(model: ModelConfig, length: int, split_tokens: int) -> str | None:
     return None
 
 
-def losses_by_position(model: ModelConfig, params, tokens: np.ndarray, length: int, budget: int) -> LengthResult:
-    """The mean loss at each position of the back-to-back windows of `length` + 1 tokens that
-    fit in the first `budget` tokens of `tokens` (at least one window)."""
-    from jaxgpt.kernels import kernel_fallback
-    from jaxgpt.model import GPT
+@functools.cache
+def scorer(model: ModelConfig):
+    """The loss at each position of a batch of windows, under a head mask (n_layer, n_head),
+    jitted once per model."""
+    from jaxgpt.model import GPT, head_mask
     from jaxgpt.train_step import token_losses
+
+    def score(params, batch, keep):
+        return token_losses(GPT(model), params, batch, head_mask=head_mask(model, keep))
+
+    return jax.jit(score)
+
+
+def losses_by_position(
+    model: ModelConfig, params, tokens: np.ndarray, length: int, budget: int, keep: np.ndarray | None = None
+) -> LengthResult:
+    """The mean loss at each position of the back-to-back windows of `length` + 1 tokens that
+    fit in the first `budget` tokens of `tokens` (at least one window); keep (n_layer, n_head)
+    zeroes the heads marked 0 (default: every head kept)."""
+    from jaxgpt.kernels import kernel_fallback
 
     windows = max(1, min(budget, len(tokens) - 1) // length)
     model = model.replace(
         dtype="float32", remat="none", attention=kernel_fallback(model.attention, jax.default_backend(), training=False)
     )
-    score = jax.jit(lambda params, batch: token_losses(GPT(model), params, batch))
+    keep = np.ones((model.n_layer, model.n_head), np.float32) if keep is None else keep
     rows = max(1, min(windows, LOGITS_BYTES // (length * model.vocab_size * 4)))
     totals = np.zeros(length)
     for first in range(0, windows, rows):
@@ -78,28 +97,60 @@ def losses_by_position(model: ModelConfig, params, tokens: np.ndarray, length: i
         # the real windows are counted
         batch = np.stack([tokens[s : s + length + 1] for s in starts])
         counted = min(rows, windows - first)
-        totals += np.asarray(score(params, batch.astype(np.int32)))[:counted].sum(axis=0)
+        totals += np.asarray(scorer(model)(params, batch.astype(np.int32), keep))[:counted].sum(axis=0)
     return LengthResult(length, windows, totals / windows)
 
 
-def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | None, say=print):
-    """(run config, step, results by length) of one workdir; refused lengths are said, skipped."""
+def without_each_head(model: ModelConfig, params, tokens: np.ndarray, budget: int) -> tuple[float, np.ndarray]:
+    """(loss with every head, (n_layer, n_head) loss with that one head removed), over windows
+    of block_size: how much the model leans on each head."""
+    full = losses_by_position(model, params, tokens, model.block_size, budget).mean()
+    losses = np.zeros((model.n_layer, model.n_head))
+    for layer, head in np.ndindex(*losses.shape):
+        keep = np.ones_like(losses, np.float32)
+        keep[layer, head] = 0
+        losses[layer, head] = losses_by_position(model, params, tokens, model.block_size, budget, keep).mean()
+    return full, losses
+
+
+def head_table(name: str, full: float, losses: np.ndarray) -> list[str]:
+    """The loss increase when each head is removed, a row per layer, a column per head."""
+    lines = [f"{name}: loss {full:.4f} with every head; the increase with one head removed:"]
+    lines.append("layer " + "".join(f"{f'head {h}':>9}" for h in range(losses.shape[1])))
+    lines += [f"{layer:>5} " + "".join(f"{x - full:>+9.4f}" for x in row) for layer, row in enumerate(losses)]
+    return lines
+
+
+def load_run(workdir: Path, step: int | None, say=print):
+    """(run config, parameters, step, validation tokens) of a workdir's checkpoint."""
     from jaxgpt import data
     from jaxgpt.job.checkpoint import load_latest
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
-    val = data.prepare(run.data, progress=False).val
+    return run, params, step, np.asarray(data.prepare(run.data, progress=False).val)
+
+
+def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | None, say=print):
+    """(run config, step, results by length) of one workdir; refused lengths are said, skipped."""
+    run, params, step, val = load_run(workdir, step, say)
     results, skipped = [], {}
     for length in lengths:
         if reason := refusal(run.model, length, len(val)):
             skipped.setdefault(reason, []).append(str(length))
             continue
-        results.append(losses_by_position(run.model, params, np.asarray(val), length, budget))
+        results.append(losses_by_position(run.model, params, val, length, budget))
     for reason, which in skipped.items():
         say(f"{workdir}: length{'s' * (len(which) > 1)} {', '.join(which)} skipped: {reason}")
     if not results:
         raise UserError(f"no length of {lengths} can be evaluated for {workdir}; see the lines above")
     return run, step, results
+
+
+def heads_of_run(workdir: Path, budget: int, step: int | None) -> tuple[float, np.ndarray]:
+    run, params, _, val = load_run(workdir, step)
+    if reason := refusal(run.model, run.model.block_size, len(val)):
+        raise UserError(f"{workdir}: {reason}")
+    return without_each_head(run.model, params, val, budget)
 
 
 def table(rows: list[tuple[str, int, int, LengthResult]]) -> list[str]:
@@ -168,7 +219,14 @@ def _evaluate(argv: list[str] | None) -> None:
     parser.add_argument("--lengths", type=_lengths, default=[64, 128, 256, 512, 1024], help="window lengths")
     parser.add_argument("--tokens", type=int, default=32768, help="validation tokens scored at each length")
     parser.add_argument("--out", type=Path, default=None, help="PNG (default: <first workdir>/loss_by_position.png)")
+    parser.add_argument(
+        "--mask_heads", action="store_true", help="instead: the loss at block_size with each attention head removed"
+    )
     args = parser.parse_args(argv)
+    if args.mask_heads:
+        for workdir in args.workdir:
+            print("\n".join(head_table(workdir.name, *heads_of_run(workdir, args.tokens, args.step))))
+        return
     rows, drawn = [], []
     for workdir in args.workdir:
         run, step, results = evaluate_run(workdir, args.lengths, args.tokens, args.step)

@@ -13,6 +13,9 @@ the checks the transformer literature recommends before spending real compute (K
   memory          parameters, optimizer state and the compiled step's temporaries per device
                   against what one device has.
   kv cache        bytes sampling keeps per token and per full context (information).
+  why sqrt(d_k)   the variance of q.k for the model's head_dim, and the attention entropy and
+                  largest weight with and without the 1/sqrt(head_dim) scale: at the config's
+                  init and at unit-variance q and k (information).
 """
 
 from __future__ import annotations
@@ -106,6 +109,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         size_row(state.params, run.model),
         memory_row(compiled, state, mesh),
         kv_cache_row(run.model),
+        *score_scale_rows(run.model),
     ]
 
 
@@ -180,6 +184,53 @@ def kv_cache_row(model_config) -> Row:
         f"heads x {c.head_dim} x 4 bytes, float32 as sample.py decodes); "
         f"{kv_cache_bytes(decoding, c.block_size) / 2**20:,.2f} MiB per sequence of block_size={c.block_size}",
     )
+
+
+def score_statistics(head_dim: int, std: float, keys: int, queries: int = 256, seed: int = 0) -> dict:
+    """Sampled q.k scores of `queries` queries over `keys` keys, every entry of q and k drawn
+    from N(0, std^2): the variance of q.k (in theory head_dim * std^4), and, with the scores
+    divided by sqrt(head_dim) ("scaled") and not ("unscaled"), the mean entropy of the softmax
+    (nats; uniform is ln keys) and the mean largest weight (uniform is 1 / keys)."""
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((queries, head_dim)) * std
+    k = rng.standard_normal((queries, keys, head_dim)) * std
+    dots = np.einsum("qd,qkd->qk", q, k)
+    stats = {"variance": float(dots.var())}
+    for name, scale in (("scaled", 1 / math.sqrt(head_dim)), ("unscaled", 1.0)):
+        scores = dots * scale
+        weights = np.exp(scores - scores.max(-1, keepdims=True))
+        weights /= weights.sum(-1, keepdims=True)
+        entropy = -np.sum(weights * np.log(np.maximum(weights, 1e-300)), axis=-1)
+        stats[name] = {"entropy": float(entropy.mean()), "max_weight": float(weights.max(-1).mean())}
+    return stats
+
+
+def score_scale_rows(model_config) -> list[Row]:
+    """Why scores are divided by sqrt(d_k) (Vaswani et al. 2017, footnote 4), in numbers for
+    this model: q.k sums head_dim products, so its variance is head_dim * var(q) * var(k); at
+    unit-variance q and k the unscaled softmax is nearly one-hot (saturated: its gradient
+    vanishes), the scaled one is not. At a 0.02 init the queries are small and both stay
+    near uniform, which is why the switch alone does not show it early in training."""
+    c = model_config
+    keys = min(c.block_size, 1024)
+    # A norm's output has unit-variance features, so a query entry (a sum of d_model of them
+    # times N(0, init_std^2) weights) has std sqrt(d_model) * init_std; qk_norm makes it 1.
+    init_std = 1.0 if c.qk_norm else math.sqrt(c.d_model) * c.init_std
+    rows = []
+    for where, std in ((f"at init (q, k entries of std {init_std:.3g})", init_std), ("at unit-variance q, k", 1.0)):
+        s = score_statistics(c.head_dim, std, keys)
+        scaled, unscaled = s["scaled"], s["unscaled"]
+        rows.append(
+            Row(
+                "why sqrt(d_k)",
+                None,
+                f"{where}: var(q.k) {s['variance']:.3g} (theory {c.head_dim * std**4:.3g}); over {keys} keys, "
+                f"entropy {scaled['entropy']:.2f} and max weight {scaled['max_weight']:.3f} with the "
+                f"1/sqrt({c.head_dim}) scale, {unscaled['entropy']:.2f} and {unscaled['max_weight']:.3f} without "
+                f"(uniform: {math.log(keys):.2f} and {1 / keys:.3f})",
+            )
+        )
+    return rows
 
 
 def memory_row(compiled_step, state, mesh) -> Row:

@@ -41,8 +41,8 @@ def compile_step(run: RunConfig, mesh):
 
 def temp_bytes(compiled) -> int:
     """Temporary bytes per device of a compiled step, from XLA's memory analysis."""
-    memory = compiled.memory_analysis()
-    return int(memory.temp_size_in_bytes) if memory is not None else 0
+    analysis = compiled.memory_analysis()
+    return int(analysis.temp_size_in_bytes) if analysis is not None else 0
 
 
 def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:

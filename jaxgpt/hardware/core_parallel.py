@@ -104,7 +104,7 @@ class CoreParallelStep:
         results = [results[0]] + [jax.device_put(r, home) for r in results[1:]]  # runs when each core is done
         return (self._compiled_apply or self._apply)(state, results)
 
-    def eval_losses(self, params, make_batch, count: int) -> list[jax.Array]:
+    def eval_losses(self, params, make_batch, count: int) -> list[dict[str, jax.Array]]:
         """The loss of each of `count` batches, batch i built by make_batch(i, mesh) on core
         i % cores and evaluated there: the same numbers as on one device, computed side by side."""
         copies = [params] + [jax.device_put(params, d) for d in self.devices[1:]]

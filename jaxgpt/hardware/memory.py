@@ -64,7 +64,7 @@ def footprint(run: RunConfig, mesh, state: tuple[int, int] | None = None) -> Foo
     t = model.block_size
     logits = t * model.vocab_size * 4  # softmax and loss in float32
     heads_here = max(model.n_head // mesh.shape["tensor"], 1)
-    hidden_here = model.mlp_hidden // mesh.shape["tensor"]
+    hidden_here = model.mlp_hidden // mesh.shape["tensor"] if model.mlp else 0  # attention-only: no MLP
     probabilities = heads_here * t * t * compute if model.attention in MATERIALISED_SCORES else 0
     # What the backward pass needs of a layer, per token: its input, and the inputs of the
     # weight gradients no policy recomputes without a matmul (the MLP's hidden activations and

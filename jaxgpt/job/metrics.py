@@ -25,6 +25,8 @@ TAGS = {
     "val_loss": "loss/val",
     "val_bpb": "loss/val_bits_per_byte",
     "val_perplexity": "loss/val_perplexity",
+    "val_loss_past_only": "loss/val_past_only",
+    "val_bpb_past_only": "loss/val_bits_per_byte_past_only",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "tokens_per_sec": "speed/tokens_per_sec",

@@ -122,6 +122,11 @@ def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
     return run
 
 
+def mean_losses(batches: list[dict]) -> dict[str, float]:
+    """Each loss's mean over the batches."""
+    return {key: float(np.mean([b[key] for b in batches])) for key in batches[0]}
+
+
 class Trainer:
     """A run's compiled steps, data, mesh and checkpoints, and the loop that uses them."""
 
@@ -188,6 +193,7 @@ class Trainer:
                         self.say(
                             f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f} "
                             f"({last['val_bpb']:.4f} bits/byte)"
+                            + (f", past-only {last['val_loss_past_only']:.4f}" if "val_loss_past_only" in last else "")
                         )
                     log.write(last)
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
@@ -228,13 +234,18 @@ class Trainer:
             lambda i, mesh: data.sharded_batch(self.dataset.train, self.config, mesh, i, data.EVAL_TRAIN_STREAM),
             self.config.train.eval_batches,
         )
-        val_loss = float(np.mean(jax.device_get(val)))
-        return {
-            "val_loss": val_loss,
-            "val_bpb": val_loss * v.target_tokens / v.target_bytes / math.log(2),
-            "val_perplexity": math.exp(val_loss),
-            "eval_train_loss": float(np.mean(jax.device_get(train))),
+        val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
+        bits_per_byte = v.target_tokens / v.target_bytes / math.log(2)
+        record = {
+            "val_loss": val["loss"],
+            "val_bpb": val["loss"] * bits_per_byte,
+            "val_perplexity": math.exp(val["loss"]),
+            "eval_train_loss": train["loss"],
         }
+        if "past_only_loss" in val:  # causal=False: the score a language model can be judged by
+            past = val["past_only_loss"]
+            record |= {"val_loss_past_only": past, "val_bpb_past_only": past * bits_per_byte}
+        return record
 
     def _compile(self, batch):
         """The train step compiled for this state and batch (autotuning may have compiled it)."""
