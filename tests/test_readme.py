@@ -186,7 +186,7 @@ def test_the_preflight_table_is_what_check_prints():
     # between matmul kernels are amplified (0.014 and 0.043 measured on two slices of one VM
     # type). The README says so; here that end only has to be near zero.
     overfit_end = re.compile(r"-> ([\d.]+) in")
-    for name in ("initial loss", "gradients", "overfit one batch", "size"):
+    for name in ("initial loss", "gradients", "overfit one batch", "size", "kv cache"):
         ours = next(line for line in printed if name in line)
         theirs = next(line for line in quoted if name in line)
         if name == "overfit one batch":
@@ -194,5 +194,7 @@ def test_the_preflight_table_is_what_check_prints():
             ours, theirs = overfit_end.sub("", ours), overfit_end.sub("", theirs)
         without_time = re.compile(r"\([\d.]+ s\)")
         assert agree(without_time.sub("", ours), without_time.sub("", theirs)), (ours, theirs)
+    scale_rows = [[line for line in lines if "why sqrt(d_k)" in line] for lines in (printed, quoted)]
+    assert len(scale_rows[0]) == 2 and all(agree(a, b) for a, b in zip(*scale_rows, strict=True)), scale_rows
     ours, theirs = (next(line for line in lines if "memory" in line) for lines in (printed, quoted))
     assert re.search(r"params [\d.]+ MiB \+ optimizer [\d.]+ MiB", ours).group() in theirs

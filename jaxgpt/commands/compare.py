@@ -158,6 +158,8 @@ def plot(runs: dict[str, list[Path]], out: Path) -> Path:
     figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
     for i, (name, workdirs) in enumerate(runs.items()):
         colour = f"C{i % 10}"
+        if scored_key(read_metrics(workdirs[0]), "val_loss") != "val_loss":
+            name += " (val: past-only)"
         axes.plot(*mean_curve(workdirs, "train_loss"), color=colour, alpha=0.85, linewidth=1.5, label=name)
         axes.plot(*mean_curve(workdirs, "val_loss"), "o", color=colour, markeredgecolor="black", markersize=6)
     seeds = len(next(iter(runs.values())))
