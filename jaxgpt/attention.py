@@ -92,19 +92,26 @@ class Mask(NamedTuple):
         return causal_score_bias(q_len, kv_len, self.cache_index, self.slopes, self.window, self.causal)
 
 
-def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
-    """softmax(q k^T * scale + bias) over keys, in float32 whatever the inputs' dtype; scale
+def attention_scores(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
+    """q k^T * scale + bias, the softmax's input, in float32 whatever the inputs' dtype; scale
     defaults to 1/sqrt(d), which keeps the scores' variance near 1 whatever the head width.
+    Keys a query may not see score -inf.
 
     q: (b, t, k, g, d); k: (b, s, k, d); bias broadcastable to (b, k, g, t, s).
-    Returns (b, k, g, t, s) float32: bfloat16 has 8 bits of mantissa, too few to normalise
-    hundreds of exponentials without visibly biasing the weights.
+    Returns (b, k, g, t, s) float32.
     """
     scores = jnp.einsum("btkgd,bskd->bkgts", q, k, preferred_element_type=jnp.float32)
     # Divided, not multiplied by 1/sqrt(d): the two round differently, and runs stay bit-identical
     # to those trained before the scale became a setting.
     scores = scores / math.sqrt(q.shape[-1]) if scale is None else scores * scale
-    return jax.nn.softmax(scores + bias, axis=-1)
+    return scores + bias
+
+
+def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
+    """softmax over keys of `attention_scores`: (b, k, g, t, s) float32, since bfloat16 has 8
+    bits of mantissa, too few to normalise hundreds of exponentials without visibly biasing
+    the weights."""
+    return jax.nn.softmax(attention_scores(q, k, bias, scale), axis=-1)
 
 
 # Every kernel takes the same arguments and computes the same attention:
@@ -195,10 +202,10 @@ class CausalSelfAttention(nn.Module):
         y = kernel(c.attention)(q, k, v, mask, scale)  # (b, t, k, g, d)
         if self.has_variable("head_mask", "keep"):  # only when evaluating with heads removed
             y = y * self.get_variable("head_mask", "keep")[:, :, None].astype(y.dtype)
-        if self.is_mutable_collection("intermediates"):  # only when asked (jaxgpt.commands.attention_maps)
-            self.sow(
-                "intermediates", "attention_weights", attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
-            )
+        if self.is_mutable_collection("intermediates"):  # only when asked: jaxgpt.capture
+            scores = attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
+            self.sow("intermediates", "attention_scores", scores)
+            self.sow("intermediates", "attention_weights", jax.nn.softmax(scores, axis=-1))
 
         return nn.DenseGeneral(
             features=c.d_model,

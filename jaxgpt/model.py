@@ -79,19 +79,30 @@ class GPT(nn.Module):
         wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **dtypes(c), name="wte")
         x = self._add_positions(wte(tokens), positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
-        x = self._blocks(x, positions, cache_index, train=train)
-        if c.norm_position == "pre":  # post-norm blocks already end normalised
-            x = make_norm(c, "norm_f")(x)
+        x, residuals = self._blocks(x, positions, cache_index, train=train)
+        readout = self._readout(wte)
+        if residuals:  # capturing (jaxgpt.capture): the logit lens, the readout after every layer
+            self.sow("intermediates", "residual", jnp.stack(residuals))
+            self.sow("intermediates", "logit_lens", jnp.stack([readout(r) for r in residuals]))
+        return readout(x)
+
+    def _readout(self, wte: nn.Embed):
+        """The function from the residual stream to float32 logits: the final norm (pre-norm
+        models; post-norm blocks already end normalised), the LM head, the soft cap."""
+        c = self.config
+        norm_f = make_norm(c, "norm_f") if c.norm_position == "pre" else (lambda x: x)
         if c.tie_embeddings:
-            logits = wte.attend(x)
+            head = wte.attend
         else:
-            logits = nn.Dense(c.vocab_size, use_bias=False, kernel_init=self._embed_init, **dtypes(c), name="lm_head")(
-                x
-            )
-        logits = logits.astype(jnp.float32)
-        if c.logit_softcap:
-            logits = c.logit_softcap * jnp.tanh(logits / c.logit_softcap)
-        return logits
+            head = nn.Dense(c.vocab_size, use_bias=False, kernel_init=self._embed_init, **dtypes(c), name="lm_head")
+
+        def readout(x):
+            logits = head(norm_f(x)).astype(jnp.float32)
+            if c.logit_softcap:
+                logits = c.logit_softcap * jnp.tanh(logits / c.logit_softcap)
+            return logits
+
+        return readout
 
     @property
     def _embed_init(self):
@@ -123,10 +134,12 @@ class GPT(nn.Module):
             return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
         return x
 
-    def _blocks(self, x, positions, cache_index, *, train: bool) -> jnp.ndarray:
+    def _blocks(self, x, positions, cache_index, *, train: bool) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
         """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one
         block traced once and iterated (compile time independent of depth; each parameter
-        gains a leading n_layer axis)."""
+        gains a leading n_layer axis). Returns the output and, when the "intermediates"
+        collection is mutable and the layers are unscanned, the residual stream before the
+        first block and after each (else an empty list)."""
         c = self.config
         block = Block
         if c.remat != "none":
@@ -142,10 +155,12 @@ class GPT(nn.Module):
                 length=c.n_layer,
             )
             x, _ = scan(block(c, train=train, name="blocks"), x, positions, cache_index)
-            return x
+            return x, []
+        residuals = [x]
         for i in range(c.n_layer):
             x = block(c, train=train, name=f"block_{i}")(x, positions, cache_index)
-        return x
+            residuals.append(x)
+        return x, residuals if self.is_mutable_collection("intermediates") else []
 
 
 def init_params(config: ModelConfig, rng: jax.Array) -> dict:

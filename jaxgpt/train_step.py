@@ -32,8 +32,14 @@ class TrainState:
     rng: jax.Array
 
 
-def create_train_state(config: ModelConfig, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
+    """A run's two keys from train.seed: the parameters' initialisation, and dropout's."""
     init_key, dropout_key = jax.random.split(jax.random.key(seed))
+    return init_key, dropout_key
+
+
+def create_train_state(config: ModelConfig, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+    init_key, dropout_key = run_keys(seed)
     params = init_params(config, init_key)
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), dropout_key)
 

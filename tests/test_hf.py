@@ -249,6 +249,15 @@ def gpt2_directory(tmp_path, gpt2_bpe):
     return tmp_path / "gpt2"
 
 
+def test_attention_maps_of_hugging_face_weights(gpt2_directory, tmp_path, capsys):
+    from jaxgpt.commands import attention_maps
+
+    out = tmp_path / "maps.png"
+    attention_maps.main(["--init_from", str(gpt2_directory), "--prompt", "Hello world", "--out", str(out)])
+    assert f"({gpt2_directory}, 2 tokens, 2 layer(s) x 4 heads)" in capsys.readouterr().out
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
 def finetune_config(directory, **model):
     from conftest import small_run_config
 

@@ -108,6 +108,41 @@ def test_attention_maps_match_a_hand_computed_first_layer(trained):
     np.testing.assert_allclose(attention_maps(c, params, ids)[0], expected, atol=1e-5)
 
 
+def test_maps_at_initialisation_are_of_the_parameters_training_starts_from(trained, tmp_path, capsys):
+    """--init rebuilds step 0 from config.json's seed: the parameters create_train_state gives
+    the run, bit for bit; near-uniform attention at a 0.02 init."""
+    import argparse
+
+    from jaxgpt.commands import attention_maps as command
+    from jaxgpt.config import run_config_from_dict
+    from jaxgpt.optimizer import make_optimizer
+    from jaxgpt.train_step import create_train_state
+
+    workdir = trained[0]
+    config, params, _, source = command.load_model(argparse.Namespace(init_from=None, init=True, workdir=workdir))
+    run = run_config_from_dict(json.loads((workdir / "config.json").read_text()))
+    start = jax.jit(lambda: create_train_state(run.model, make_optimizer(run.train), run.train.seed))()
+    jax.tree.map(np.testing.assert_array_equal, params, start.params)
+    assert source == "initialisation (step 0)"
+    command.main(["--workdir", str(workdir), "--prompt", "x = 1", "--init", "--out", str(tmp_path / "init.png")])
+    assert "(initialisation (step 0), 5 tokens, 2 layer(s) x 2 heads)" in capsys.readouterr().out
+    maps = attention_maps(config, params, np.arange(5))
+    np.testing.assert_allclose(maps[:, :, 4], 0.2, atol=0.01)  # the last row of five keys: each about 1/5
+
+
+def test_maps_of_a_kept_step_and_of_the_scores(trained, tmp_path, capsys):
+    from jaxgpt.commands import attention_maps as command
+
+    run, params, tokenizer, _ = load_latest(trained[0], step=10)
+    ids = np.asarray(tokenizer.encode("x = 1"))
+    scores = attention_maps(run.model, params, ids, scores=True)
+    weights = attention_maps(run.model, params, ids)
+    np.testing.assert_allclose(jax.nn.softmax(scores, axis=-1), weights, rtol=1e-6, atol=1e-7)
+    out = tmp_path / "scores.png"
+    command.main(["--workdir", str(trained[0]), "--prompt", "x = 1", "--step", "10", "--scores", "--out", str(out)])
+    assert "(step 10, 5 tokens" in capsys.readouterr().out and png_size(out) == (2 * 200, 2 * 200)
+
+
 def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
     out = tmp_path / "maps.png"
     result = run_script(

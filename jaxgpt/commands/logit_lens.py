@@ -1,0 +1,93 @@
+"""What the model would predict if it stopped after each layer (the logit lens):
+python -m jaxgpt.logit_lens --workdir DIR --prompt TEXT [--step N | --init] [--positions 12]
+python -m jaxgpt.logit_lens --init_from gpt2 --prompt TEXT
+
+The final norm and the LM head are applied to the residual stream before the first block and
+after each (jaxgpt/capture.py): a row per layer with the stream's mean norm, the loss of that
+readout on the prompt's own next tokens, and its most likely next token at each of the last
+--positions positions. A model builds its prediction over its depth: the loss falls, and the
+guesses turn from the current token's bigram into the continuation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+import numpy as np
+
+from jaxgpt.capture import capture
+from jaxgpt.commands import cli
+from jaxgpt.commands.attention_maps import load_model
+from jaxgpt.errors import UserError
+
+CELL = 7  # characters per token column
+
+
+def lens_rows(logit_lens: np.ndarray, residual: np.ndarray, ids: np.ndarray) -> list[dict]:
+    """Per layer (embeddings first): mean residual norm, mean cross-entropy (nats) of the
+    readout against the next prompt token, and the readout's top token at every position.
+    logit_lens (layers, t, vocab), residual (layers, t, d), ids (t,)."""
+    rows = []
+    for lens, stream in zip(logit_lens, residual, strict=True):
+        shifted = lens - lens.max(-1, keepdims=True)
+        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        targets = log_probs[np.arange(len(ids) - 1), ids[1:]]
+        rows.append(
+            {
+                "norm": float(np.linalg.norm(stream, axis=-1).mean()),
+                "loss": float(-targets.mean()) if len(ids) > 1 else float("nan"),
+                "top": lens.argmax(-1),
+            }
+        )
+    return rows
+
+
+def shown(text: str) -> str:
+    """A token as a fixed-width cell: escaped, cut to fit."""
+    return repr(text)[1:-1][: CELL - 1].ljust(CELL)
+
+
+def table(rows: list[dict], ids: np.ndarray, decode, positions: int) -> list[str]:
+    first = max(0, len(ids) - positions)
+    names = ["embed"] + [f"block {i}" for i in range(len(rows) - 1)]
+    lines = [f"{'':8} {'|x|':>7} {'loss':>6}   " + "".join(shown(decode([i])) for i in ids[first:]) + "  <- input"]
+    for name, row in zip(names, rows, strict=True):
+        guesses = "".join(shown(decode([int(i)])) for i in row["top"][first:])
+        lines.append(f"{name:8} {row['norm']:>7.2f} {row['loss']:>6.3f}   {guesses}")
+    lines.append(f"{'':26}" + "".join(shown(decode([i])) for i in ids[first + 1 :]) + f"{'?':{CELL}}  <- next")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point: bad input exits 2 with one line."""
+    cli.run(lambda: _lens(argv))
+
+
+def _lens(argv: list[str] | None) -> None:
+    parser = argparse.ArgumentParser(prog="python -m jaxgpt.logit_lens", description=__doc__.splitlines()[0])
+    source = parser.add_mutually_exclusive_group(required=True)
+    source.add_argument("--workdir", type=Path, help="a train.py run")
+    source.add_argument("--init_from", help="Hugging Face weights: a local directory, or a Hub name such as gpt2")
+    parser.add_argument("--prompt", required=True, help="text to run the model on")
+    when = parser.add_mutually_exclusive_group()
+    when.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
+    when.add_argument("--init", action="store_true", help="the run's parameters at initialisation (step 0)")
+    parser.add_argument("--positions", type=int, default=12, help="show the last this many positions")
+    args = parser.parse_args(argv)
+    if args.init_from and (args.init or args.step is not None):
+        raise UserError("--step and --init choose a checkpoint of a --workdir run; --init_from weights have neither")
+    if args.positions < 1:
+        raise UserError(f"--positions {args.positions}: show at least 1")
+    config, params, tokenizer, source = load_model(args)
+    ids = np.asarray(tokenizer.encode(args.prompt))
+    if not 0 < len(ids) <= config.block_size:
+        raise UserError(f"the prompt is {len(ids)} tokens; give 1 to {config.block_size} (the model's block_size)")
+    captured = capture(config, params, ids[None])
+    rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
+    print(f"logit lens ({source}, {len(ids)} tokens): a row per layer, its top next token at each position")
+    print("\n".join(table(rows, ids, tokenizer.decode, args.positions)))
+
+
+if __name__ == "__main__":
+    main()
