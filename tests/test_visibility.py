@@ -114,12 +114,13 @@ def test_maps_at_initialisation_are_of_the_parameters_training_starts_from(train
     import argparse
 
     from jaxgpt.commands import attention_maps as command
+    from jaxgpt.commands import inspected
     from jaxgpt.config import run_config_from_dict
     from jaxgpt.optimizer import make_optimizer
     from jaxgpt.train_step import create_train_state
 
     workdir = trained[0]
-    config, params, _, source = command.load_model(argparse.Namespace(init_from=None, init=True, workdir=workdir))
+    config, params, _, source = inspected.load_model(argparse.Namespace(init_from=None, init=True, workdir=workdir))
     run = run_config_from_dict(json.loads((workdir / "config.json").read_text()))
     start = jax.jit(lambda: create_train_state(run.model, make_optimizer(run.train), run.train.seed))()
     jax.tree.map(np.testing.assert_array_equal, params, start.params)

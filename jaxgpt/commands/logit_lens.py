@@ -12,13 +12,11 @@ guesses turn from the current token's bigram into the continuation.
 from __future__ import annotations
 
 import argparse
-from pathlib import Path
 
 import numpy as np
 
 from jaxgpt.capture import capture
-from jaxgpt.commands import cli
-from jaxgpt.commands.attention_maps import load_model
+from jaxgpt.commands import cli, inspected
 from jaxgpt.errors import UserError
 
 CELL = 7  # characters per token column
@@ -66,23 +64,13 @@ def main(argv: list[str] | None = None) -> None:
 
 def _lens(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jaxgpt.logit_lens", description=__doc__.splitlines()[0])
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workdir", type=Path, help="a train.py run")
-    source.add_argument("--init_from", help="Hugging Face weights: a local directory, or a Hub name such as gpt2")
-    parser.add_argument("--prompt", required=True, help="text to run the model on")
-    when = parser.add_mutually_exclusive_group()
-    when.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
-    when.add_argument("--init", action="store_true", help="the run's parameters at initialisation (step 0)")
+    inspected.add_flags(parser)
     parser.add_argument("--positions", type=int, default=12, help="show the last this many positions")
     args = parser.parse_args(argv)
-    if args.init_from and (args.init or args.step is not None):
-        raise UserError("--step and --init choose a checkpoint of a --workdir run; --init_from weights have neither")
     if args.positions < 1:
         raise UserError(f"--positions {args.positions}: show at least 1")
-    config, params, tokenizer, source = load_model(args)
-    ids = np.asarray(tokenizer.encode(args.prompt))
-    if not 0 < len(ids) <= config.block_size:
-        raise UserError(f"the prompt is {len(ids)} tokens; give 1 to {config.block_size} (the model's block_size)")
+    config, params, tokenizer, source = inspected.load_model(args)
+    ids = inspected.prompt_ids(tokenizer, args.prompt, config)
     captured = capture(config, params, ids[None])
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
     print(f"logit lens ({source}, {len(ids)} tokens): a row per layer, its top next token at each position")
