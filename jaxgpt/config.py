@@ -346,6 +346,9 @@ class TrainConfig:
     grad_clip: clip the global gradient norm to this (0 disables).
     eval_every, eval_batches: evaluate train and val loss on eval_batches fixed batches.
     log_every: write a metrics line and refresh the progress bar.
+    log_layer_grad_norms: also log the gradient norm of each parameter group (embeddings, each
+        block, the final norm) as grad_norm/<group>, from the last step of each interval: where
+        in the depth the gradient vanishes or explodes.
     checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
         the newest keep_checkpoints.
     seed: seeds initialisation, dropout and every batch.
@@ -387,6 +390,7 @@ class TrainConfig:
     eval_every: int = 250
     eval_batches: int = 20
     log_every: int = 50
+    log_layer_grad_norms: bool = False
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
     seed: int = 0

@@ -12,6 +12,7 @@ from typing import Any
 import flax.struct
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 
 from jaxgpt import sharding
@@ -85,25 +86,65 @@ def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microba
     return jax.tree.map(lambda x: x / microbatches, (loss, grads))
 
 
+def gradient_norms(grads) -> dict:
+    """Gradient norm per top-level parameter group (embeddings, each block, final norm); a
+    layer-scanned "blocks" group gives one norm per layer. Traced into the step's program: on a
+    mesh, many small eager reductions in flight at once can starve each other of threads."""
+
+    def squares(group, keep_layer_axis):
+        return sum(
+            jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1 if keep_layer_axis else 0, g.ndim)))
+            for g in jax.tree.leaves(group)
+        )
+
+    return {name: jnp.sqrt(squares(group, name == "blocks")) for name, group in grads.items()}
+
+
+def per_layer(norms: dict) -> dict[str, float]:
+    """`gradient_norms`' arrays as floats by name, a scanned "blocks" group as block_0, block_1, ..."""
+    out = {}
+    for name, value in norms.items():
+        if name == "blocks":
+            out |= {f"block_{i}": float(v) for i, v in enumerate(np.asarray(value))}
+        else:
+            out[name] = float(value)
+    return out
+
+
 def apply_gradients(
-    state: TrainState, loss: jax.Array, grads, *, optimizer: optax.GradientTransformation
+    state: TrainState,
+    loss: jax.Array,
+    grads,
+    *,
+    optimizer: optax.GradientTransformation,
+    layer_grad_norms: bool = False,
 ) -> tuple[TrainState, dict]:
-    """The optimizer's update of `state` by `grads`, and the step's metrics."""
+    """The optimizer's update of `state` by `grads`, and the step's metrics (with
+    layer_grad_norms, `gradient_norms` too)."""
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )
-    return new_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    if layer_grad_norms:
+        metrics["layer_grad_norms"] = gradient_norms(grads)
+    return new_state, metrics
 
 
 def train_step(
-    state: TrainState, windows: jax.Array, *, model: GPT, optimizer: optax.GradientTransformation, microbatches: int = 1
+    state: TrainState,
+    windows: jax.Array,
+    *,
+    model: GPT,
+    optimizer: optax.GradientTransformation,
+    microbatches: int = 1,
+    layer_grad_norms: bool = False,
 ) -> tuple[TrainState, dict]:
     """One optimizer step on a batch of windows (batch, seq + 1); dropout draws from
     fold_in(state.rng, step), so a step's randomness does not depend on the steps before it."""
     rng = jax.random.fold_in(state.rng, state.step)
     loss, grads = gradients(state.params, windows, rng, model=model, microbatches=microbatches)
-    return apply_gradients(state, loss, grads, optimizer=optimizer)
+    return apply_gradients(state, loss, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
 def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]:
@@ -133,7 +174,12 @@ def jit_train_step(run: RunConfig, mesh):
     layout, _ = state_layout(run, mesh)
     state_shardings = jax.tree.map(lambda s: s.sharding, layout)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step = partial(train_step, model=GPT(run.model), optimizer=make_optimizer(run.train))
+    step = partial(
+        train_step,
+        model=GPT(run.model),
+        optimizer=make_optimizer(run.train),
+        layer_grad_norms=run.train.log_layer_grad_norms,
+    )
     return jax.jit(
         sharding.traced_on(mesh, partial(step, microbatches=run.train.microbatches)),
         in_shardings=(state_shardings, sharding.batch_sharding(mesh)),

@@ -120,3 +120,51 @@ def test_the_lens_command_prints_a_row_per_layer(trained_small_run, capsys):
     assert [line.split()[0] for line in printed[2:5]] == ["embed", "block", "block"]  # 2 layers
     losses = [float(line[17:23]) for line in printed[2:5]]  # the loss column (guesses may be blanks)
     assert all(0 < x < 10 for x in losses)
+
+
+@pytest.mark.slow
+def test_an_induction_head_forms_in_a_model_trained_on_repeated_text_and_not_before():
+    """Two layers trained on random token segments repeated to fill the window (a period of 4
+    to 16 tokens, so no fixed offset does the job): predicting a token after the first period
+    means finding the earlier copy of the current token and reading what followed it, which is
+    what an induction head does. Untrained, every head spreads its attention (score about
+    ln 2 / 16 = 0.04 on 16 + 16 tokens); after 1500 steps a head of the second layer puts most
+    of its weight on the token to copy (measured: 0.89 and 0.89 for two heads of layer 1,
+    at most 0.02 in layer 0; the loss on the repeated tokens 0.15), and the loss on the
+    repeated tokens falls from ln 32 = 3.5 towards 0."""
+    import optax
+
+    from jaxgpt.capture import model_induction_scores
+    from jaxgpt.config import ModelConfig
+
+    config = ModelConfig(vocab_size=32, block_size=32, n_layer=2, n_head=4, d_model=64, position="rope")
+    params = init_params(config, jax.random.key(0))
+    untrained = model_induction_scores(config, params)
+    optimizer = optax.adam(1e-3)
+
+    def batch(seed, rows=32):
+        rng = np.random.default_rng(seed)
+        periods = rng.integers(4, 17, rows)
+        windows = np.stack([np.resize(rng.integers(0, 32, p), 33) for p in periods]).astype(np.int32)
+        after_first_period = (np.arange(32)[None] >= periods[:, None] - 1).astype(np.float32)
+        return windows, after_first_period
+
+    @jax.jit
+    def step(params, opt_state, windows, weights):
+        def loss(params):
+            logits = GPT(config).apply({"params": params}, windows[:, :-1])
+            losses = optax.softmax_cross_entropy_with_integer_labels(logits, windows[:, 1:])
+            return (losses * weights).sum() / weights.sum()
+
+        value, grads = jax.value_and_grad(loss)(params)
+        updates, opt_state = optimizer.update(grads, opt_state)
+        return optax.apply_updates(params, updates), opt_state, value
+
+    opt_state, losses = optimizer.init(params), []
+    for i in range(1500):
+        params, opt_state, value = step(params, opt_state, *batch(i + 1))
+        losses.append(float(value))
+    trained = model_induction_scores(config, params)
+    assert untrained.max() < 0.1
+    assert np.mean(losses[-100:]) < 0.5  # the repeats are predicted
+    assert trained[1].max() > 0.5 and trained[1].max() > 3 * trained[0].max()  # a second-layer head

@@ -171,3 +171,21 @@ def test_a_run_without_the_causal_mask_says_why_and_logs_its_past_only_score(tmp
 def test_a_causal_run_logs_no_past_only_score(trained):
     workdir, _ = trained
     assert not [r for r in read_metrics(workdir) if "val_loss_past_only" in r]
+
+
+def test_per_layer_gradient_norms_are_logged_when_asked_and_make_up_the_global_norm(tmp_path):
+    """train.log_layer_grad_norms adds grad_norm/<group> to each training record: the groups
+    partition the parameters, so their squares sum to the global norm's square (float32 sums
+    of a few thousand squares in another order: 1e-5 relative)."""
+    last = train_and_evaluate(small_config(steps=5, log_every=5, log_layer_grad_norms=True), tmp_path, progress=False)
+    (record,) = [r for r in read_metrics(tmp_path) if "train_loss" in r]
+    groups = {k: v for k, v in record.items() if k.startswith("grad_norm/")}
+    assert sorted(groups) == [
+        "grad_norm/block_0",
+        "grad_norm/block_1",
+        "grad_norm/norm_f",
+        "grad_norm/wpe",
+        "grad_norm/wte",
+    ]
+    assert math.sqrt(sum(v * v for v in groups.values())) == pytest.approx(record["grad_norm"], rel=1e-5)
+    assert last["step"] == 5

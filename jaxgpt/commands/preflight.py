@@ -26,7 +26,6 @@ import time
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import data, sharding
@@ -34,6 +33,7 @@ from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import memory
 from jaxgpt.model import count_params, flops_per_token
+from jaxgpt.train_step import gradient_norms, per_layer
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
 GRAD_NORM_LIMIT = 100.0  # global gradient norm at init; a healthy GPT is around 1
@@ -44,31 +44,6 @@ class Row:
     name: str
     passed: bool | None  # None: information only
     detail: str
-
-
-def gradient_norms(grads) -> dict:
-    """Gradient norm per top-level parameter group (embeddings, each block, final norm); a
-    layer-scanned "blocks" group gives one norm per layer. Traced into the same program as the
-    gradients: on a mesh, many small eager reductions in flight at once can starve each other
-    of threads."""
-
-    def squares(group, keep_layer_axis):
-        return sum(
-            jnp.sum(jnp.square(g.astype(jnp.float32)), axis=tuple(range(1 if keep_layer_axis else 0, g.ndim)))
-            for g in jax.tree.leaves(group)
-        )
-
-    return {name: jnp.sqrt(squares(group, name == "blocks")) for name, group in grads.items()}
-
-
-def per_layer(norms: dict) -> dict[str, float]:
-    out = {}
-    for name, value in norms.items():
-        if name == "blocks":
-            out |= {f"block_{i}": float(v) for i, v in enumerate(np.asarray(value))}
-        else:
-            out[name] = float(value)
-    return out
 
 
 def run_checks(config, overfit_steps: int) -> list[Row]:

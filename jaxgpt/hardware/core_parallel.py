@@ -61,13 +61,15 @@ def core_gradients(params, key, step, windows, core, *, model, microbatches: int
     return gradients(params, windows, rng, model=model, microbatches=microbatches)
 
 
-def average_and_apply(state: TrainState, per_core: list, *, optimizer) -> tuple[TrainState, dict]:
+def average_and_apply(
+    state: TrainState, per_core: list, *, optimizer, layer_grad_norms: bool = False
+) -> tuple[TrainState, dict]:
     """The optimizer step on the mean of the cores' results, summed in core order."""
     total = per_core[0]
     for result in per_core[1:]:
         total = jax.tree.map(jnp.add, total, result)
     loss, grads = jax.tree.map(lambda x: x / len(per_core), total)
-    return apply_gradients(state, loss, grads, optimizer=optimizer)
+    return apply_gradients(state, loss, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
 class CoreParallelStep:
@@ -79,7 +81,8 @@ class CoreParallelStep:
         self.batch_mesh = sharding.make_mesh(MeshConfig(data=len(devices)), self.devices)
         model, optimizer = GPT(run.model), make_optimizer(run.train)
         self._gradients = jax.jit(partial(core_gradients, model=model, microbatches=run.train.microbatches))
-        self._apply = jax.jit(partial(average_and_apply, optimizer=optimizer), donate_argnums=0)
+        update = partial(average_and_apply, optimizer=optimizer, layer_grad_norms=run.train.log_layer_grad_norms)
+        self._apply = jax.jit(update, donate_argnums=0)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self._eval_loss = jax.jit(partial(eval_step, model=model))
         self.device_meshes = [sharding.make_mesh(MeshConfig(1, 1, 1), [d]) for d in self.devices]

@@ -59,6 +59,7 @@ RESUMABLE_FIELDS = frozenset(
         "train.eval_every",
         "train.eval_batches",
         "train.log_every",
+        "train.log_layer_grad_norms",
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.microbatches",

@@ -49,7 +49,7 @@ from jaxgpt.kernels import kernel_fallback
 from jaxgpt.model import count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.tokenizers import save_tokenizer
-from jaxgpt.train_step import initial_state
+from jaxgpt.train_step import initial_state, per_layer
 
 PEAK_RECHECK = 0.9  # achieved/peak above which the CPU peak is measured again
 
@@ -262,7 +262,7 @@ class Trainer:
             # once more (it counts only if the machine is otherwise idle; it can only rise).
             self.peak_flops, self.peak_source = remeasure_cpu_peak()
             self.peak_rechecked = True
-        return training_record(
+        record = training_record(
             step=done,
             losses=losses,
             lr=float(self.schedule(done - 1)),
@@ -274,6 +274,9 @@ class Trainer:
             peak_flops=self.peak_flops,
             elapsed=elapsed,
         )
+        if "layer_grad_norms" in fetched[-1]:  # train.log_layer_grad_norms
+            record |= {f"grad_norm/{name}": v for name, v in per_layer(fetched[-1]["layer_grad_norms"]).items()}
+        return record
 
     def _metrics_log(self, start_step: int) -> MetricsLog:
         t = self.config.train
