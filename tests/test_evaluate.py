@@ -116,3 +116,12 @@ def test_the_command_prints_the_loss_with_each_head_removed(trained_small_run, c
     assert printed[0].startswith(f"{trained_small_run.name}: loss ") and printed[0].endswith("one head removed:")
     assert [line.split()[0] for line in printed[2:]] == ["0", "1"]  # small_run_config: 2 layers of 2 heads
     assert all(float(x) > -1 for line in printed[2:] for x in line.split()[1:])
+
+
+def test_runs_are_named_by_as_much_of_their_path_as_tells_them_apart():
+    from pathlib import Path
+
+    runs = [Path("out/position=rope/seed0"), Path("out/position=alibi/seed0")]
+    assert evaluate.run_names(runs) == ["position=rope/seed0", "position=alibi/seed0"]
+    assert evaluate.run_names([Path("runs/tiny"), Path("runs/llama_tiny")]) == ["tiny", "llama_tiny"]
+    assert evaluate.run_names([Path("a/x"), Path("a/x")]) == ["a/x", "a/x"]  # the same run twice

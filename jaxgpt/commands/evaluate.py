@@ -212,6 +212,16 @@ def _lengths(text: str) -> list[int]:
     return lengths
 
 
+def run_names(workdirs: list[Path]) -> list[str]:
+    """Each workdir's name, with as many parent folders as it takes to tell them apart
+    (compare's runs all end in seed0)."""
+    for depth in range(1, max(len(w.parts) for w in workdirs) + 1):
+        names = ["/".join(w.parts[-depth:]) for w in workdirs]
+        if len(set(names)) == len(names):
+            return names
+    return [str(w) for w in workdirs]
+
+
 def _evaluate(argv: list[str] | None) -> None:
     parser = argparse.ArgumentParser(prog="python -m jaxgpt.evaluate", description=__doc__.splitlines()[0])
     parser.add_argument("--workdir", action="append", type=Path, required=True, help="a run; repeat to compare")
@@ -223,15 +233,16 @@ def _evaluate(argv: list[str] | None) -> None:
         "--mask_heads", action="store_true", help="instead: the loss at block_size with each attention head removed"
     )
     args = parser.parse_args(argv)
+    names = run_names(args.workdir)
     if args.mask_heads:
-        for workdir in args.workdir:
-            print("\n".join(head_table(workdir.name, *heads_of_run(workdir, args.tokens, args.step))))
+        for name, workdir in zip(names, args.workdir, strict=True):
+            print("\n".join(head_table(name, *heads_of_run(workdir, args.tokens, args.step))))
         return
     rows, drawn = [], []
-    for workdir in args.workdir:
+    for name, workdir in zip(names, args.workdir, strict=True):
         run, step, results = evaluate_run(workdir, args.lengths, args.tokens, args.step)
-        rows += [(workdir.name, step, run.model.block_size, r) for r in results]
-        drawn.append((workdir.name, run.model.block_size, results))
+        rows += [(name, step, run.model.block_size, r) for r in results]
+        drawn.append((name, run.model.block_size, results))
     print("\n".join(table(rows)))
     print(f"wrote {draw(drawn, args.out or args.workdir[0] / 'loss_by_position.png')}")
 
