@@ -151,17 +151,16 @@ def plot(runs: dict[str, list[Path]], out: Path) -> Path:
     from jaxgpt.job.metrics import read_metrics
 
     def mean_curve(workdirs: list[Path], key: str) -> tuple[list[int], np.ndarray]:
-        key = scored_key(read_metrics(workdirs[0]), key)
         curves = [[(r["step"], r[key]) for r in read_metrics(w) if r.get(key) is not None] for w in workdirs]
         return [s for s, _ in curves[0]], np.mean([[v for _, v in curve] for curve in curves], axis=0)
 
     figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
     for i, (name, workdirs) in enumerate(runs.items()):
         colour = f"C{i % 10}"
-        if scored_key(read_metrics(workdirs[0]), "val_loss") != "val_loss":
-            name += " (val: past-only)"
-        axes.plot(*mean_curve(workdirs, "train_loss"), color=colour, alpha=0.85, linewidth=1.5, label=name)
-        axes.plot(*mean_curve(workdirs, "val_loss"), "o", color=colour, markeredgecolor="black", markersize=6)
+        val_key = scored_key(read_metrics(workdirs[0]), "val_loss")
+        label = name + (" (val: past-only)" if val_key != "val_loss" else "")
+        axes.plot(*mean_curve(workdirs, "train_loss"), color=colour, alpha=0.85, linewidth=1.5, label=label)
+        axes.plot(*mean_curve(workdirs, val_key), "o", color=colour, markeredgecolor="black", markersize=6)
     seeds = len(next(iter(runs.values())))
     axes.set_title(f"{len(runs)} variants" + (f", mean of {seeds} seeds" if seeds > 1 else ""))
     axes.set_xlabel("step")
