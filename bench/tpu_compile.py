@@ -51,7 +51,7 @@ def measure(config_name: str, target_name: str) -> dict:
     row = dict(config=config_name, target=target_name, mesh=config.mesh.data)
     started = time.perf_counter()
     try:
-        step = tpu.compile_train_step(run, devices)
+        step = tpu.compile_train_step(run, devices, target)
     except tpu.OutOfMemory as refused:
         return row | dict(fits=False, compiler=str(refused), compile_s=time.perf_counter() - started)
     return row | dict(

@@ -241,6 +241,11 @@ class MeshStep:
         """XLA's memory analysis of the compiled program (after `compile`)."""
         return self._compiled.memory_analysis()
 
+    def cost_analysis(self) -> dict:
+        """XLA's cost analysis of the compiled program (after `compile`): its FLOPs, bytes."""
+        cost = self._compiled.cost_analysis()
+        return cost[0] if isinstance(cost, list) else cost
+
     def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
         """The compiled program's HLO, compiling it first if needed."""
         return [self.compile(state, windows)._compiled.as_text()]

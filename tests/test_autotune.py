@@ -1,6 +1,8 @@
 """Microbatches chosen by the run: from XLA's memory analysis of the compiled step, against a
 budget (the CPU's cache, an accelerator's memory)."""
 
+import math
+
 import pytest
 from conftest import small_run_config
 
@@ -33,6 +35,24 @@ def test_the_fewest_fitting_microbatches_are_chosen_from_two_compiles():
     compiled.clear()
     assert autotune.choose_microbatches(choices, 200, temp_bytes)[0] == 1 and compiled == [1]
     assert autotune.choose_microbatches(choices, 1, temp_bytes)[0] == 12  # nothing fits: the least memory
+
+
+def test_where_the_compiler_refuses_one_microbatch_the_counts_are_bisected():
+    """An accelerator's compiler can refuse a step outright (inf: no figure to interpolate from):
+    the fewest counts that fit are found by bisection, log2 of the choices compiles."""
+    compiled = []
+
+    def temp_bytes(m):
+        compiled.append(m)
+        return math.inf if m < 4 else 2.0 + 120.0 / m
+
+    choices = [1, 2, 3, 4, 6, 12]
+    assert autotune.choose_microbatches(choices, 32, temp_bytes)[0] == 4  # 2 + 120/4 = 32 fits
+    assert compiled == [1, 12, 3, 4]  # the ends, then the middle of [1, 12] and of [3, 12]
+    compiled.clear()
+    assert autotune.choose_microbatches(choices, 12.5, temp_bytes)[0] == 12 and compiled == [1, 12, 3, 4, 6]
+    compiled.clear()
+    assert autotune.choose_microbatches(choices, 1, temp_bytes)[0] == 12 and compiled == [1, 12]  # none fits
 
 
 def test_temporaries_shrink_as_the_interpolation_assumes():

@@ -3,6 +3,7 @@ the flash kernel sharded over every mesh layout, the memory and FLOPs the check 
 the check command itself. The sharded kernel's numbers are checked on CPU devices in Pallas's
 TPU interpret mode."""
 
+import dataclasses
 import importlib
 import importlib.util
 from functools import partial
@@ -16,7 +17,7 @@ from conftest import ROOT, attend, run_script
 from jaxgpt import sharding
 from jaxgpt.config_files import base_config, resolve
 from jaxgpt.errors import UserError
-from jaxgpt.hardware import tpu
+from jaxgpt.hardware import autotune, tpu
 from jaxgpt.model import count_params, init_params
 
 
@@ -80,14 +81,14 @@ def test_flash_kernel_compiles_sharded_for_a_v5e_8(v5e_8, mesh, n_kv_head):
     run = run_on(small_run(attention="flash_tpu", n_kv_head=n_kv_head), *mesh)
     step = tpu.compile_train_step(run, v5e_8)
     assert step.mesh == dict(zip(sharding.AXES, mesh, strict=True))
-    assert MOSAIC in step.compiled.as_text()  # the kernel itself, not a fallback
+    assert MOSAIC in step.program_text  # the kernel itself, not a fallback
 
 
 @needs_libtpu
 @pytest.mark.parametrize("kernel", ["xla", "dot_product"])
 def test_the_other_kernels_compile_sharded_for_a_v5e_8(v5e_8, kernel):
     step = tpu.compile_train_step(run_on(small_run(attention=kernel, n_kv_head=2), 2, 2, 2), v5e_8)
-    assert MOSAIC not in step.compiled.as_text() and step.temporaries_bytes > 0
+    assert MOSAIC not in step.program_text and step.temporaries_bytes > 0
 
 
 def test_the_sharded_flash_kernel_computes_the_readable_kernels_attention():
@@ -139,6 +140,25 @@ def test_memory_figures_are_the_sharded_parameter_counts(v5e_8):
 
 
 @needs_libtpu
+def test_microbatches_left_to_the_machine_are_chosen_against_the_slices_memory(v5e_8):
+    """`check --target` compiles the step training would choose on the slice. With
+    train.microbatches=0 on a chip too small for one microbatch (a v5e with its memory cut to
+    the state and half of one microbatch's temporaries), more microbatches are chosen against
+    the chip's memory and the compiled step fits it. 512-token windows, 8 rows per chip: the
+    activations are most of the temporaries (a smaller step's barely shrink on a TPU)."""
+    config = small_run(block_size=512)
+    config.train.batch_size = 64
+    one = tpu.compile_train_step(run_on(config, 8), v5e_8)
+    assert one.microbatches == 1
+    config.train.microbatches = 0
+    assert tpu.compile_train_step(run_on(config, 8), v5e_8, tpu.target("tpu-v5e-8")).microbatches == 1
+    cut = (one.inputs_bytes + one.temporaries_bytes / 2) / autotune.ACCELERATOR_HEADROOM
+    small_chip = dataclasses.replace(tpu.target("tpu-v5e-8"), hbm_bytes=int(cut))
+    chosen = tpu.compile_train_step(run_on(config, 8), v5e_8, small_chip)
+    assert chosen.microbatches > 1 and chosen.fits(small_chip) and not one.fits(small_chip)
+
+
+@needs_libtpu
 def test_xla_counts_the_flops_the_6n_formula_predicts(v5e_8):
     """Unscanned and without remat, the compiled step's FLOPs are the matmuls 6N + 12LdT counts
     plus the elementwise work it leaves out (softmax, norms, GELU, Adam: a few percent at this
@@ -154,7 +174,7 @@ def test_scanned_bfloat16_flash_steps_compile_for_a_v6e_with_each_remat_policy(r
     config = small_run(scan_layers=True, remat=remat, attention="flash_tpu")
     config.train.dtype = "bfloat16"
     step = tpu.compile_train_step(run_on(config), devices)
-    assert MOSAIC in step.compiled.as_text()
+    assert MOSAIC in step.program_text
 
 
 @needs_libtpu

@@ -12,11 +12,14 @@ train step keeps its temporary buffers within a budget:
 The temporaries come from XLA's own memory analysis of the compiled step, not a formula. The
 first candidate compiled is one microbatch; when that is over budget the largest split is
 compiled too, and the rest are interpolated: temporaries are a fixed part (gradients, their
-accumulator) plus activations that shrink as 1/microbatches.
+accumulator) plus activations that shrink as 1/microbatches. An accelerator's compiler may
+refuse the first outright (out of memory), which leaves nothing to interpolate from: then the
+counts in between are bisected, one compile each.
 """
 
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 from jaxgpt import sharding
@@ -34,9 +37,11 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
 
 
 def compile_step(run: RunConfig, mesh):
-    """The train step of `run`, compiled ahead of time for its state and batch layouts."""
+    """The train step of `run`, compiled ahead of time for its state and batch layouts; raises
+    memory.OutOfMemory where the compiler refuses it."""
     layout, _ = state_layout(run, mesh)
-    return jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile()
+    with memory.refusals_as_out_of_memory():
+        return jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile()
 
 
 def temp_bytes(compiled) -> int:
@@ -49,15 +54,16 @@ def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:
     return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh))
 
 
-def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
-    """(bytes the step's temporaries should stay within, where that figure comes from)."""
+def memory_budget(run: RunConfig, mesh, device_bytes: int | None = None) -> tuple[int, str]:
+    """(bytes the step's temporaries should stay within, where that figure comes from).
+    `device_bytes`: an accelerator's memory where its devices cannot report it (compile-only)."""
     device = mesh.devices.flat[0]
     if device.platform == "cpu":
         for level in (3, 2):
             if size := peak_flops.cpu_cache_bytes(level):
                 return size, f"the CPU's {size // 2**20} MiB L{level} cache"
         return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
-    limit = memory.device_memory_limit(device)
+    limit = device_bytes or memory.device_memory_limit(device)
     if not limit:
         return 2**62, "no memory limit reported"
     state, _ = memory.state_bytes(run, mesh)
@@ -67,13 +73,23 @@ def memory_budget(run: RunConfig, mesh) -> tuple[int, str]:
 def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[int, dict[int, int]]:
     """The fewest microbatches whose temporaries fit `budget`, and the temporaries measured
     ({microbatches: bytes}). `temp_bytes(m)` compiles; it is called for the first choice and,
-    if that does not fit, for the last; the others are interpolated as fixed + activations / m.
-    With nothing fitting, the most microbatches (the least memory)."""
+    if that does not fit, for the last; the others are interpolated as fixed + activations / m,
+    or bisected where the first gave no figure (inf: the compiler refused it). With nothing
+    fitting, the most microbatches (the least memory)."""
     measured = {choices[0]: temp_bytes(choices[0])}
     if measured[choices[0]] <= budget or len(choices) == 1:
         return choices[0], measured
     first, last = choices[0], choices[-1]
     measured[last] = temp_bytes(last)
+    if measured[last] > budget:
+        return last, measured
+    if math.isinf(measured[first]):
+        too_few, enough = 0, len(choices) - 1  # fitting is monotone in the count: bisect
+        while enough - too_few > 1:
+            middle = (too_few + enough) // 2
+            measured[choices[middle]] = temp_bytes(choices[middle])
+            too_few, enough = (too_few, middle) if measured[choices[middle]] <= budget else (middle, enough)
+        return choices[enough], measured
     # temp(m) = fixed + activations / m through the two measured points
     activations = (measured[first] - measured[last]) / (1 / first - 1 / last)
     fixed = measured[first] - activations / first
@@ -90,22 +106,26 @@ class Tuned(NamedTuple):
     why: str | None = None  # the measurements and budget behind the choice, when the machine chose
 
 
-def fill_microbatches(run: RunConfig, mesh) -> Tuned:
-    """`run` with train.microbatches chosen when it is 0."""
+def fill_microbatches(run: RunConfig, mesh, device_bytes: int | None = None) -> Tuned:
+    """`run` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's)."""
     if run.train.microbatches:
         return Tuned(run, None, None)
     choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
         return Tuned(with_train(run, microbatches=choices[0] if choices else 1), None, None)
-    budget, source = memory_budget(run, mesh)
+    budget, source = memory_budget(run, mesh, device_bytes)
     compiled: dict[int, object] = {}
 
-    def measure(m: int) -> int:
-        compiled[m] = compile_step(with_train(run, microbatches=m), mesh)
+    def measure(m: int) -> float:
+        try:
+            compiled[m] = compile_step(with_train(run, microbatches=m), mesh)
+        except memory.OutOfMemory:
+            return math.inf
         return temp_bytes(compiled[m])
 
     chosen, measured = choose_microbatches(choices, budget, measure)
-    seen = ", ".join(f"{m}: {b / 2**20:.0f} MiB" for m, b in sorted(measured.items()))
+    sizes = {m: f"{b / 2**20:.0f} MiB" if b < math.inf else "out of memory" for m, b in sorted(measured.items())}
+    seen = ", ".join(f"{m}: {size}" for m, size in sizes.items())
     why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
     return Tuned(
         with_train(run, microbatches=chosen), f"train.microbatches=0 -> {chosen} ({why})", compiled.get(chosen), why

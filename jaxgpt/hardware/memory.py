@@ -14,6 +14,7 @@ absurd `--config.train.batch_size=1000000000` is one line, not a numpy MemoryErr
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
@@ -97,6 +98,22 @@ def device_memory_limit(device) -> int | None:
     """Bytes the runtime lets one accelerator allocate (None on a CPU, or where not reported)."""
     stats = device.memory_stats() if hasattr(device, "memory_stats") else None
     return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
+
+
+class OutOfMemory(Exception):
+    """An accelerator compiler's own verdict that a program does not fit, in its words."""
+
+
+@contextlib.contextmanager
+def refusals_as_out_of_memory():
+    """Inside: an accelerator compiler's out-of-memory refusal (it checks its memory at compile
+    time) is raised as OutOfMemory, naming what the program needs; other errors pass."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as error:
+        if "RESOURCE_EXHAUSTED" in str(error):
+            raise OutOfMemory(str(error).split("RESOURCE_EXHAUSTED: ")[-1].splitlines()[0].rstrip(".")) from None
+        raise
 
 
 def device_memory_bytes(device) -> int | None:

@@ -9,7 +9,8 @@ what they compile, measure and time is the program training runs. Both steps app
   - CoreParallelStep (jaxgpt/hardware/core_parallel.py): one single-device program per CPU core on its
     share of the batch, joined on the first core; the CPU default when the batch splits.
 
-Either way train.microbatches = 0 is filled in by the machine (jaxgpt/hardware/autotune.py).
+Either way train.microbatches = 0 is filled in by the machine (jaxgpt/hardware/autotune.py). A
+TPU compiled ahead of time (`check --target`, jaxgpt/hardware/tpu.py) gets its step here too.
 """
 
 from __future__ import annotations
@@ -42,14 +43,15 @@ class ChosenStep(NamedTuple):
     note: str | None  # what was chosen and why, for the start-up lines
 
 
-def choose_step(run: RunConfig, mesh) -> ChosenStep:
+def choose_step(run: RunConfig, mesh, device_bytes: int | None = None) -> ChosenStep:
     """The step for `run` on `mesh`: one program per CPU core when the mesh is the CPU default
-    and the batch splits over several cores, else the mesh's own jitted step."""
+    and the batch splits over several cores, else the mesh's own jitted step. `device_bytes`
+    is each accelerator's memory where the devices cannot say (compile-only TPU devices)."""
     cores = core_parallel.cores_for(mesh)
     if len(cores) > 1:
         plan = core_parallel.plan(run, cores)
         if len(plan.devices) > 1:
             return ChosenStep(plan.run, CoreParallelStep(plan.run, plan.devices), plan.note)
-    tuned = fill_microbatches(run, mesh)
+    tuned = fill_microbatches(run, mesh, device_bytes)
     check_batch_fits_mesh(tuned.run, mesh)
     return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, tuned.compiled), tuned.note)

@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.errors import UserError
+from jaxgpt.hardware import memory
 
 GiB = 2**30
 
@@ -90,13 +91,14 @@ class StepOnTpu:
     """What one compiled train step needs of each device."""
 
     mesh: dict[str, int]
+    microbatches: int  # as training on the slice would choose them (train.microbatches=0)
     params_bytes: int
     optimizer_bytes: int
     inputs_bytes: int  # the argument buffers XLA counts: state + batch (+ any layout padding)
     temporaries_bytes: int
     xla_flops: float  # per device, from XLA's cost analysis
     model_flops: float  # per device: flops_per_token x tokens per step / devices
-    compiled: object = dataclasses.field(repr=False, compare=False, default=None)
+    program_text: str = dataclasses.field(repr=False, compare=False, default="")  # the compiled HLO
 
     @property
     def total_bytes(self) -> int:
@@ -110,46 +112,36 @@ class StepOnTpu:
         return self.model_flops / (tpu.peak_bf16_flops * mfu)
 
 
-class OutOfMemory(Exception):
-    """The TPU compiler's own verdict that the step does not fit, in its words."""
+OutOfMemory = memory.OutOfMemory  # the TPU compiler's own verdict that the step does not fit
 
 
-def _compile(lowered):
-    try:
-        return lowered.compile()
-    except jax.errors.JaxRuntimeError as error:
-        if "RESOURCE_EXHAUSTED" in str(error):
-            raise OutOfMemory(str(error).split("RESOURCE_EXHAUSTED: ")[-1].splitlines()[0].rstrip(".")) from None
-        raise
-
-
-def compile_train_step(run: RunConfig, devices) -> StepOnTpu:
-    """Compile the run's train step for `devices` (compile-only TPU devices, or real ones)
-    with the run's own mesh, shardings and batch, and read its memory and FLOPs. Raises
-    OutOfMemory when the compiler finds it cannot fit."""
+def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) -> StepOnTpu:
+    """Compile the run's train step for `devices` (compile-only TPU devices, or real ones) with
+    the run's own mesh, shardings and batch: the step training would choose there (microbatches
+    = 0 filled against `tpu`'s memory, jaxgpt/hardware/step_choice.py), and read its memory and
+    FLOPs. Raises OutOfMemory when the compiler finds it cannot fit."""
+    from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.model import flops_per_token
-    from jaxgpt.train_step import batch_layout, check_batch_fits_mesh, jit_train_step, state_layout
+    from jaxgpt.train_step import batch_layout, state_layout
 
-    if not run.train.microbatches:  # 0 is "fit the CPU's cache": a CPU-only choice; one on a TPU
-        run = with_train(run, microbatches=1)
     mesh = sharding.make_mesh(run.mesh, devices)
-    check_batch_fits_mesh(run, mesh)
-    layout, _ = state_layout(run, mesh)
-    batch = batch_layout(run, mesh)
-    compiled = _compile(jit_train_step(run, mesh).lower(layout, batch))
-    memory = compiled.memory_analysis()
-    cost = compiled.cost_analysis()
-    cost = cost[0] if isinstance(cost, list) else cost
+    with memory.refusals_as_out_of_memory():
+        run, step, _ = choose_step(run, mesh, device_bytes=tpu.hbm_bytes if tpu else None)
+        layout, _ = state_layout(run, mesh)
+        batch = batch_layout(run, mesh)
+        step.compile(layout, batch)
+    analysis, cost = step.memory_analysis(), step.cost_analysis()
     tokens = run.train.batch_size * run.model.block_size
     return StepOnTpu(
         mesh=dict(mesh.shape),
+        microbatches=run.train.microbatches,
         params_bytes=sharding.shard_bytes(layout.params),
         optimizer_bytes=sharding.shard_bytes(layout.opt_state),
-        inputs_bytes=memory.argument_size_in_bytes,
-        temporaries_bytes=memory.temp_size_in_bytes,
+        inputs_bytes=analysis.argument_size_in_bytes,
+        temporaries_bytes=analysis.temp_size_in_bytes,
         xla_flops=float(cost.get("flops", 0.0)),
         model_flops=flops_per_token(run.model) * tokens / mesh.size,
-        compiled=compiled,
+        program_text=step.program_texts(layout, batch)[0],
     )
 
 
@@ -170,7 +162,8 @@ def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: i
     lowered = generate.lower(
         model, params, prompt, rng, max_new_tokens=max_new_tokens, sampling=SamplingConfig(), eot_id=None
     )
-    return _compile(lowered)
+    with memory.refusals_as_out_of_memory():
+        return lowered.compile()
 
 
 def alternatives(run: RunConfig, n_devices: int) -> list[tuple[str, RunConfig]]:
@@ -199,7 +192,7 @@ def smallest_change_that_fits(run: RunConfig, devices, tpu: TpuTarget) -> str | 
     """The first of `alternatives` whose compiled step fits the chip, or None."""
     for flag, changed in alternatives(run, len(devices)):
         try:
-            if compile_train_step(changed, devices).fits(tpu):
+            if compile_train_step(changed, devices, tpu).fits(tpu):
                 return flag
         except OutOfMemory:
             continue
@@ -211,7 +204,7 @@ def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) ->
     others = step.inputs_bytes - step.params_bytes - step.optimizer_bytes
     ratio = step.xla_flops / step.model_flops if step.model_flops else float("nan")
     return [
-        f"{tpu.name}: mesh {step.mesh}, "
+        f"{tpu.name}: mesh {step.mesh}, {step.microbatches} microbatch{'es' * (step.microbatches > 1)}, "
         f"{tpu.hbm_bytes / GiB:.0f} GiB HBM and {tpu.peak_bf16_flops / 1e12:.1f} TFLOP/s bf16 peak per device "
         "(datasheet)",
         f"per device: parameters {mib(step.params_bytes)} + optimizer {mib(step.optimizer_bytes)} + batch and the "
@@ -258,7 +251,7 @@ def check(config, target_name: str, mfu: float, say=print) -> str | None:
     devices = compile_only_devices(tpu)
     say(f"compiling the train step for {tpu.name} ({len(devices)} compile-only device{'s' * (len(devices) > 1)})...")
     try:
-        step = compile_train_step(run, devices)
+        step = compile_train_step(run, devices, tpu)
     except OutOfMemory as error:
         verdict = f"does not fit {tpu.name}: the TPU compiler says {error}"
     else:
