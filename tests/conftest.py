@@ -4,6 +4,7 @@ XLA reads XLA_FLAGS once, when jax is first imported, so this must run before an
 module imports jax; pytest imports conftest.py first.
 """
 
+import fcntl
 import itertools
 import os
 import shutil
@@ -81,13 +82,21 @@ def small_run_config(**train):
 
 
 @pytest.fixture(scope="session")
-def trained_small_run(tmp_path_factory):
-    """small_run_config(steps=20) trained once for every test that only reads a finished run
-    (resuming it must change nothing, so no test may write to it)."""
+def trained_small_run():
+    """small_run_config(steps=20) trained once per test run for every test that only reads a
+    finished run (resuming it must change nothing, so no test may write to it). It lives in the
+    run's shared cache: the first xdist worker to ask trains it under a lock, the others wait
+    for it (on two cores the wait costs nothing: the training gets both)."""
     from jaxgpt.job.trainer import train_and_evaluate
 
-    workdir = tmp_path_factory.mktemp("trained-small-run")
-    train_and_evaluate(small_run_config(steps=20), workdir, progress=False)
+    workdir = Path(os.environ["JAXGPT_TEST_CACHE"]) / "trained-small-run"
+    finished = workdir.with_suffix(".finished")
+    with open(workdir.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not finished.exists():
+            shutil.rmtree(workdir, ignore_errors=True)  # a worker killed while training it
+            train_and_evaluate(small_run_config(steps=20), workdir, progress=False)
+            finished.touch()
     return workdir
 
 

@@ -55,6 +55,7 @@ def test_where_the_compiler_refuses_one_microbatch_the_counts_are_bisected():
     assert autotune.choose_microbatches(choices, 1, temp_bytes)[0] == 12 and compiled == [1, 12]  # none fits
 
 
+@pytest.mark.slow  # XLA's analysis against the rule's model; the rule itself is tested quick above
 def test_temporaries_shrink_as_the_interpolation_assumes():
     """The rule's model, fixed + activations / m, checked against XLA's analysis of a real
     step: the prediction for a middle count from the two ends is within a tenth."""

@@ -83,6 +83,7 @@ def test_a_share_left_out_would_be_caught():
     assert not np.allclose(half_losses, want_losses, rtol=1e-5)
 
 
+@pytest.mark.slow  # quick: test_trainer's repeat of a run on the per-core default, bit for bit
 def test_core_parallel_runs_repeat_bit_for_bit_with_dropout():
     run = make_run(model=MODEL.replace(dropout=0.2))
     windows = batches(3)

@@ -223,6 +223,7 @@ def test_without_the_causal_mask_every_written_key_is_visible():
     np.testing.assert_array_equal(decoding, [[1, 1, 1, 1, 1, 0]] * 2)
 
 
+@pytest.mark.slow  # quick: the past-only score of a run without the mask (below, and test_trainer)
 def test_the_missing_mask_leaks_the_future_into_training_and_fails_at_generation():
     """On uniformly random tokens nothing is predictable: a causal model's loss cannot go below
     ln V. Without the mask the model sees the token it must predict and learns to copy it, so
