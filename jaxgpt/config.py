@@ -351,6 +351,10 @@ class TrainConfig:
         in the depth the gradient vanishes or explodes.
     checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
         the newest keep_checkpoints.
+    multiple_choice: also score the model on multiple-choice questions (a HellaSwag JSONL
+        file, or hf:NAME[:SPLIT]; jaxgpt/multiple_choice.py) at the end, and every
+        multiple_choice_every steps if that is not 0, on the first multiple_choice_limit of them
+        (0: all); logged as multiple_choice_accuracy and multiple_choice_accuracy_norm.
     seed: seeds initialisation, dropout and every batch.
     microbatches: split each batch into this many sequential microbatches and accumulate
         their gradients inside the compiled step (same result up to float32 summation order,
@@ -393,6 +397,9 @@ class TrainConfig:
     log_layer_grad_norms: bool = False
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    multiple_choice: str = ""
+    multiple_choice_every: int = 0
+    multiple_choice_limit: int = 0
     seed: int = 0
     microbatches: int = 0
     dtype: str = "float32"
@@ -425,7 +432,9 @@ class TrainConfig:
         for field in ("beta1", "beta2"):
             if not 0 <= getattr(self, field) < 1:
                 problems.add(field, "must be in [0, 1)")
-        problems.not_negative("weight_decay", "grad_clip")
+        problems.not_negative("weight_decay", "grad_clip", "multiple_choice_every", "multiple_choice_limit")
+        if self.multiple_choice_every and not self.multiple_choice:
+            problems.add("multiple_choice_every", "scores questions from train.multiple_choice, which is empty: set it")
         problems.one_of("dtype", ("float32", "bfloat16"))
         problems.one_of("optimizer", ("adamw", "muon"))
         problems.positive("muon_lr")

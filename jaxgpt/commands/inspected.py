@@ -1,4 +1,4 @@
-"""The model an inspecting command looks at (attention_maps, logit_lens): a run's newest
+"""The model an inspecting command looks at (attention_maps, logit_lens, hellaswag): a run's newest
 checkpoint, a kept one (--step), its initialisation (--init), or Hugging Face weights
 (--init_from); and the prompt it reads."""
 
@@ -14,12 +14,13 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 
 
-def add_flags(parser: argparse.ArgumentParser) -> None:
-    """--workdir or --init_from, --step or --init, and --prompt."""
+def add_flags(parser: argparse.ArgumentParser, prompt: bool = True) -> None:
+    """--workdir or --init_from, --step or --init, and (unless prompt=False) --prompt."""
     source = parser.add_mutually_exclusive_group(required=True)
     source.add_argument("--workdir", type=Path, help="a train.py run")
     source.add_argument("--init_from", help="Hugging Face weights: a local directory, or a Hub name such as gpt2")
-    parser.add_argument("--prompt", required=True, help="text to run the model on")
+    if prompt:
+        parser.add_argument("--prompt", required=True, help="text to run the model on")
     when = parser.add_mutually_exclusive_group()
     when.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
     when.add_argument("--init", action="store_true", help="the run's parameters at initialisation (step 0)")

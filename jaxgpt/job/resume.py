@@ -45,9 +45,10 @@ ARCHITECTURE_FIELDS = (
 
 # What a resumed run may change: how long it runs (raising steps also moves the end of the
 # cosine schedule), the learning-rate schedule and clipping (the optimizer state does not
-# depend on them), how often it logs, evaluates and saves, and how the same math is laid out
-# (microbatches, attention kernel, rematerialisation, mesh). Anything else changes the model,
-# the data or the batches, and a checkpoint of another run cannot continue it.
+# depend on them), how often it logs, evaluates (multiple-choice questions too) and saves, and
+# how the same math is laid out (microbatches, attention kernel, rematerialisation, mesh).
+# Anything else changes the model, the data or the batches, and a checkpoint of another run
+# cannot continue it.
 RESUMABLE_FIELDS = frozenset(
     {
         "train.steps",
@@ -60,6 +61,9 @@ RESUMABLE_FIELDS = frozenset(
         "train.eval_batches",
         "train.log_every",
         "train.log_layer_grad_norms",
+        "train.multiple_choice",
+        "train.multiple_choice_every",
+        "train.multiple_choice_limit",
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.microbatches",

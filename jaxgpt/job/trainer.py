@@ -32,7 +32,7 @@ import numpy as np
 from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from jaxgpt import data, sharding
+from jaxgpt import data, multiple_choice, sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError, warn
@@ -131,6 +131,9 @@ class Trainer:
     """A run's compiled steps, data, mesh and checkpoints, and the loop that uses them."""
 
     def __init__(self, config: RunConfig, dataset: data.Dataset, workdir: Path, say):
+        t = config.train
+        limit = t.multiple_choice_limit or None
+        self.questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
         self.mesh = sharding.make_mesh(config.mesh, runtime.mesh_devices())
         config, self.step, note = choose_step(config, self.mesh)  # jaxgpt/hardware/step_choice.py
         if note:
@@ -143,7 +146,6 @@ class Trainer:
         self.flops_per_token = flops_per_token(config.model, config.model.block_size)
         self.peak_flops, self.peak_source = peak_flops(self.mesh.devices.flatten().tolist())
         self.peak_rechecked = False
-        t = config.train
         self.validation = data.validation_set(
             dataset.val, dataset.tokenizer.token_bytes(), config.model.block_size, t.batch_size, t.eval_batches
         )
@@ -178,7 +180,8 @@ class Trainer:
                 logs = done % t.log_every == 0 or done == t.steps
                 evals = done % t.eval_every == 0 or done == t.steps
                 saves = done % t.checkpoint_every == 0 or done == t.steps or stopping
-                if not (logs or evals or saves):
+                asks = bool(self.questions) and (done == t.steps or done % (t.multiple_choice_every or t.steps) == 0)
+                if not (logs or evals or saves or asks):
                     continue
                 fetched, pending = jax.device_get(pending), []  # the only host sync in the loop
                 check_finite(fetched, done - len(fetched) + 1, self.state.params, self.checkpoints, t.lr)
@@ -186,7 +189,7 @@ class Trainer:
                 losses += [float(m["loss"]) for m in fetched]
                 now = time.perf_counter()
                 elapsed = start.elapsed_before + now - clock
-                if logs or evals:
+                if logs or evals or asks:
                     last = self._record(done, losses, fetched, now - interval_start, elapsed)
                     if evals:
                         last |= self.evaluate()
@@ -194,6 +197,12 @@ class Trainer:
                             f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f} "
                             f"({last['val_bpb']:.4f} bits/byte)"
                             + (f", past-only {last['val_loss_past_only']:.4f}" if "val_loss_past_only" in last else "")
+                        )
+                    if asks:
+                        last |= self.ask_questions()
+                        self.say(
+                            f"step {done}: multiple choice accuracy {last['multiple_choice_accuracy']:.4f}, "
+                            f"normalised {last['multiple_choice_accuracy_norm']:.4f} ({t.multiple_choice})"
                         )
                     log.write(last)
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
@@ -246,6 +255,11 @@ class Trainer:
             past = val["past_only_loss"]
             record |= {"val_loss_past_only": past, "val_bpb_past_only": past * bits_per_byte}
         return record
+
+    def ask_questions(self) -> dict:
+        """Both accuracies on train.multiple_choice's questions (jaxgpt/multiple_choice.py)."""
+        score = multiple_choice.score(self.config.model, self.state.params, self.dataset.tokenizer, self.questions)
+        return {"multiple_choice_accuracy": score.accuracy, "multiple_choice_accuracy_norm": score.normalised_accuracy}
 
     def _compile(self, batch):
         """The train step compiled for this state and batch (autotuning may have compiled it)."""
