@@ -5,6 +5,7 @@ quotes from the tiny config's run and its pre-flight check are the numbers those
 import os
 import re
 import shlex
+import shutil
 import subprocess
 import sys
 
@@ -83,7 +84,7 @@ def argv_for(command: str, home) -> list[str]:
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
     """A directory to run the commands in, holding the files they name (a book, a corpus, a
-    prompt file, docs/images/), with HOME inside it."""
+    prompt file, docs/images/, the multiple-choice fixture), with HOME inside it."""
     home = tmp_path_factory.mktemp("readme")
     (home / "path" / "to").mkdir(parents=True)
     (home / "path" / "to" / "book.txt").write_text("It was the best of times, it was the worst of times. " * 400)
@@ -91,6 +92,8 @@ def sandbox(tmp_path_factory):
     (home / "corpus" / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 400)
     (home / "start.txt").write_text("def ")
     (home / "docs" / "images").mkdir(parents=True)
+    (home / "tests" / "data").mkdir(parents=True)
+    shutil.copy(ROOT / "tests" / "data" / "hellaswag_sample.jsonl", home / "tests" / "data")
     return home
 
 
