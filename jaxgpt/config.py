@@ -311,6 +311,10 @@ class DataConfig:
     max_tokens: stop preparing after this many tokens (0: the whole corpus); for sampling a
         slice of a huge streamed corpus.
     cache_dir: where prepared token files live ("" means $JAXGPT_CACHE or ~/.cache/jaxgpt).
+    align_to_documents: training windows begin where a document does (at the separator before
+        it, so its first token is predicted from a clean start) or a whole window further into
+        a long one, instead of at any offset (modded-nanogpt's "align batch starts with EoS",
+        nanochat's BOS-aligned rows); shorter documents are packed after it as without.
     """
 
     source: str = "builtin:python-docs"
@@ -319,6 +323,7 @@ class DataConfig:
     text_column: str = "text"
     max_tokens: int = 0
     cache_dir: str = ""
+    align_to_documents: bool = False
 
     def __post_init__(self):
         problems = Problems("data", self)

@@ -53,7 +53,9 @@ from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, to
 STRUCTURED_SUFFIXES = {".jsonl": "json", ".parquet": "parquet"}
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
-PREPARATION_VERSION = 2  # bump when the token file format or splitting changes (2: meta.json records a checksum)
+# bump when the token file format or splitting changes (2: meta.json records a checksum;
+# 3: documents.bin records where each document begins)
+PREPARATION_VERSION = 3
 # tokens.bin is hashed at every start up to this size: SHA-256 ran at 0.74 GB/s on the 2-core
 # EPYC this was written on, so at most ~0.2 s; larger corpora are hashed with verify=True.
 CHECKSUM_ON_START_BYTES = 128 << 20
@@ -61,11 +63,14 @@ CHECKSUM_ON_START_BYTES = 128 << 20
 
 @dataclasses.dataclass
 class Dataset:
-    """A prepared corpus: its tokenizer and the train/validation token streams (memory-mapped)."""
+    """A prepared corpus: its tokenizer, the train/validation token streams (memory-mapped),
+    and where each document begins in the whole stream (the separator token before it, 0 for
+    the first: a window aligned to a document reads the separator, then predicts its start)."""
 
     tokenizer: object
     train: np.ndarray
     val: np.ndarray
+    documents: np.ndarray
 
 
 # ----------------------------------------------------------------------------- reading
@@ -299,7 +304,8 @@ def prepare(config: DataConfig, progress: bool = True, verify: bool = False) -> 
     meta = json.loads((folder / "meta.json").read_text())
     tokens = np.memmap(folder / "tokens.bin", dtype=meta["dtype"], mode="r")
     split = meta["train_tokens"]
-    return Dataset(load_tokenizer(folder / "tokenizer.json"), tokens[:split], tokens[split:])
+    documents = np.fromfile(folder / "documents.bin", np.int64)
+    return Dataset(load_tokenizer(folder / "tokenizer.json"), tokens[:split], tokens[split:], documents)
 
 
 def cache_problem(folder: Path, verify: bool = False) -> str | None:
@@ -318,6 +324,11 @@ def cache_problem(folder: Path, verify: bool = False) -> str | None:
     if size != meta["bytes"]:
         found = "is missing" if size is None else f"has {size:,} bytes"
         return f"tokens.bin {found}; meta.json records {meta['tokens']:,} tokens = {meta['bytes']:,} bytes"
+    documents = folder / "documents.bin"
+    starts_size = documents.stat().st_size if documents.exists() else None
+    if starts_size != 8 * meta.get("documents", -1):
+        found = "is missing" if starts_size is None else f"has {starts_size:,} bytes"
+        return f"documents.bin {found}; meta.json records {meta.get('documents')} documents"
     try:
         load_tokenizer(folder / "tokenizer.json")
     except Exception as error:  # garbage JSON, a missing key, a missing file
@@ -365,10 +376,12 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
     staging = Path(tempfile.mkdtemp(prefix=".preparing-", dir=folder.parent))
     total = 0
     digest = hashlib.sha256()  # taken while writing: checking the file later costs no second read here
+    starts = []  # per document, where a window aligned to it begins
     encoded = _encoded(docs, count, tokenizer, separator)
     bar = tqdm(encoded, total=count, desc=f"tokenizing {config.source}", unit="doc", disable=not progress)
     with open(staging / "tokens.bin", "wb") as out:
         for doc_ids in bar:
+            starts.append(max(total - len(separator), 0))
             ids = np.asarray(doc_ids, dtype)
             if config.max_tokens:
                 ids = ids[: config.max_tokens - total]
@@ -384,9 +397,10 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
         raise UserError(f"data.source {config.source!r} holds no text; point it at a non-empty corpus")
     val = max(1, int(total * config.val_fraction))
     save_tokenizer(tokenizer, staging / "tokenizer.json")
+    np.asarray(starts, np.int64).tofile(staging / "documents.bin")
     meta = {"source": config.source, "tokenizer": config.tokenizer, "version": PREPARATION_VERSION}
     meta |= {"dtype": np.dtype(dtype).name, "tokens": total, "train_tokens": total - val, "val_tokens": val}
-    meta |= {"bytes": total * np.dtype(dtype).itemsize, "sha256": digest.hexdigest()}
+    meta |= {"bytes": total * np.dtype(dtype).itemsize, "sha256": digest.hexdigest(), "documents": len(starts)}
     (staging / "meta.json").write_text(json.dumps(meta, indent=1))
     try:
         staging.rename(folder)
@@ -402,15 +416,40 @@ TRAIN_STREAM, EVAL_TRAIN_STREAM = 0, 2  # stream 1 was random validation windows
 
 
 def batch_at(
-    tokens: np.ndarray, seq_len: int, batch_size: int, seed: int, stream: int, index: int, rows: slice = slice(None)
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    stream: int,
+    index: int,
+    rows: slice = slice(None),
+    starts: np.ndarray | None = None,
 ) -> np.ndarray:
     """Batch number `index` of a stream: (batch_size, seq_len + 1) int32 windows at random
-    offsets drawn from (seed, stream, index) alone. Inputs are [:, :-1], targets [:, 1:].
-    `rows` reads only part of the batch (one process's share): the offsets of the whole batch
-    are drawn, so every process agrees on them, but only those rows are read."""
+    offsets drawn from (seed, stream, index) alone: anywhere, or among `starts` when given
+    (aligned_starts). Inputs are [:, :-1], targets [:, 1:]. `rows` reads only part of the batch
+    (one process's share): the offsets of the whole batch are drawn, so every process agrees on
+    them, but only those rows are read."""
     rng = np.random.default_rng([seed, stream, index])
-    starts = rng.integers(0, len(tokens) - seq_len, size=batch_size)[rows]
-    return np.stack([tokens[s : s + seq_len + 1] for s in starts]).astype(np.int32)
+    if starts is None:
+        offsets = rng.integers(0, len(tokens) - seq_len, size=batch_size)[rows]
+    else:
+        offsets = starts[rng.integers(0, len(starts), size=batch_size)[rows]]
+    return np.stack([tokens[s : s + seq_len + 1] for s in offsets]).astype(np.int32)
+
+
+def aligned_starts(documents: np.ndarray, split_tokens: int, seq_len: int) -> np.ndarray:
+    """Where a document-aligned window (data.align_to_documents) may begin in the first
+    `split_tokens` tokens: at a document's start and, in a document longer than a window,
+    every seq_len tokens after it, so its later parts are read too (in whole windows, never
+    from the middle of one); only where seq_len + 1 tokens follow inside the split. A document
+    shorter than a window is followed in it by the next ones, packed as without alignment."""
+    documents = documents[documents < split_tokens]
+    ends = np.append(documents[1:], split_tokens)
+    chunks = np.maximum(1, -(-(ends - documents) // seq_len))  # windows to cover each document
+    first_of_document = np.repeat(np.cumsum(chunks) - chunks, chunks)
+    starts = np.repeat(documents, chunks) + seq_len * (np.arange(chunks.sum()) - first_of_document)
+    return starts[starts + seq_len + 1 <= split_tokens]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -473,15 +512,16 @@ def validation_batch(tokens: np.ndarray, validation: ValidationSet, mesh, index:
     return global_batch(mesh, rows, b)
 
 
-def sharded_batch(tokens: np.ndarray, run, mesh, index: int, stream: int = TRAIN_STREAM):
+def sharded_batch(tokens: np.ndarray, run, mesh, index: int, stream: int = TRAIN_STREAM, starts=None):
     """Batch `index` of a stream for `run` (a RunConfig) as one array sharded over `mesh`'s
-    data axes; each process reads only its own rows."""
+    data axes, windows at `starts` when given; each process reads only its own rows."""
     from jaxgpt.sharding import global_batch  # numpy-only callers of this module need no JAX
 
     t = run.train
 
     def rows(start: int, stop: int) -> np.ndarray:
-        return batch_at(tokens, run.model.block_size, t.batch_size, t.seed, stream, index, slice(start, stop))
+        part = slice(start, stop)
+        return batch_at(tokens, run.model.block_size, t.batch_size, t.seed, stream, index, part, starts)
 
     return global_batch(mesh, rows, t.batch_size)
 

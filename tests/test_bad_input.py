@@ -206,6 +206,7 @@ CACHE_FAULTS = [
     ("token count edited", lambda f: _edit_meta(f, tokens=12), "meta.json says 12 uint16 tokens"),
     ("metadata not JSON", lambda f: (f / "meta.json").write_text("{garbage"), "meta.json cannot be read"),
     ("metadata missing", lambda f: (f / "meta.json").unlink(), "meta.json cannot be read"),
+    ("document starts missing", lambda f: (f / "documents.bin").unlink(), "documents.bin is missing"),
     ("tokenizer garbage", lambda f: (f / "tokenizer.json").write_text("\0\0"), "tokenizer.json cannot be read"),
 ]
 

@@ -64,6 +64,36 @@ def test_batches_are_a_pure_function_of_seed_and_step():
     assert later_first.shape == (4, 17) and np.all(np.diff(later_first, axis=1) == 1)
 
 
+def test_preparation_records_where_each_document_begins(tmp_path):
+    """Byte tokens, documents joined by a newline: document k > 0 begins right after the
+    newline that ends document k - 1, and its aligned window begins at that newline."""
+    texts = ["first", "the second one", "3rd"]
+    (tmp_path / "docs.jsonl").write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    config = DataConfig(source=f"text:{tmp_path / 'docs.jsonl'}", tokenizer="byte", val_fraction=0.1)
+    dataset = data.prepare(config, progress=False)
+    lengths = [len(t) + 1 for t in texts]  # + the newline after each
+    assert dataset.documents.tolist() == [0, lengths[0] - 1, lengths[0] + lengths[1] - 1]
+    stream = np.concatenate([dataset.train, dataset.val])
+    for start, text in zip(dataset.documents[1:], texts[1:], strict=True):
+        assert dataset.tokenizer.decode(stream[start : start + 1 + len(text)]) == "\n" + text
+
+
+def test_aligned_windows_begin_at_documents_and_cover_long_ones_window_by_window():
+    """Documents at 0, 10, 13 and 40 of 60 tokens, windows of 8 (+ 1): the 10-token document
+    gives 0 and 8; the 3-token one 10 (packed with the next); the 27-token one 13, 21, 29, 37;
+    the last 40 and 48 (56 has no 9 tokens after it)."""
+    documents = np.array([0, 10, 13, 40])
+    assert data.aligned_starts(documents, 60, 8).tolist() == [0, 8, 10, 13, 21, 29, 37, 40, 48]
+    assert data.aligned_starts(documents, 30, 8).tolist() == [0, 8, 10, 13, 21]  # the train split's first 30
+    tokens = np.arange(60, dtype=np.uint16)
+    starts = data.aligned_starts(documents, 60, 8)
+    batch = data.batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, starts=starts)
+    assert set(batch[:, 0].tolist()) <= set(starts.tolist()) and len(set(batch[:, 0].tolist())) > 5
+    np.testing.assert_array_equal(batch, data.batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, starts=starts))
+    half = data.batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, rows=slice(32, 64), starts=starts)
+    np.testing.assert_array_equal(half, batch[32:])  # a process's share: the same draw, its rows
+
+
 def test_prefetch_yields_in_order_and_reraises():
     assert list(data.prefetch(lambda i: i * i, range(6))) == [0, 1, 4, 9, 16, 25]
 

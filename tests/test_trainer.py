@@ -189,3 +189,21 @@ def test_per_layer_gradient_norms_are_logged_when_asked_and_make_up_the_global_n
     ]
     assert math.sqrt(sum(v * v for v in groups.values())) == pytest.approx(record["grad_norm"], rel=1e-5)
     assert last["step"] == 5
+
+
+def test_aligned_to_documents_every_training_window_begins_at_a_document_or_a_window_into_one(tmp_path, monkeypatch):
+    """data.align_to_documents on the built-in corpus (79 topics, one per document): every
+    training batch the run reads, its evaluation's training batches too, is drawn from the
+    offsets data.aligned_starts gives (tests/test_data.py checks those offsets by hand)."""
+    from jaxgpt import data
+
+    read = []
+    batch_at = data.batch_at
+    monkeypatch.setattr(data, "batch_at", lambda *a, **k: read.append(k.get("starts", a[-1])) or batch_at(*a, **k))
+    config = small_config(steps=2, warmup_steps=1, eval_every=2, eval_batches=1)
+    config.data.align_to_documents = True
+    train_and_evaluate(config, tmp_path, progress=False)
+    dataset = data.prepare(resolve(config).data, progress=False)
+    want = data.aligned_starts(dataset.documents, len(dataset.train), config.model.block_size)
+    assert read and all(starts is not None and starts.tolist() == want.tolist() for starts in read)
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["align_to_documents"] is True

@@ -146,6 +146,10 @@ class Trainer:
         self.flops_per_token = flops_per_token(config.model, config.model.block_size)
         self.peak_flops, self.peak_source = peak_flops(self.mesh.devices.flatten().tolist())
         self.peak_rechecked = False
+        self.train_starts = None  # training windows at any offset, unless aligned to documents
+        if config.data.align_to_documents:
+            # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
+            self.train_starts = data.aligned_starts(dataset.documents, len(dataset.train), config.model.block_size)
         self.validation = data.validation_set(
             dataset.val, dataset.tokenizer.token_bytes(), config.model.block_size, t.batch_size, t.eval_batches
         )
@@ -230,7 +234,7 @@ class Trainer:
     def batch(self, step: int) -> jax.Array:
         """Training batch `step` as one array sharded over the devices the train step splits it
         over (the mesh's, or the CPU cores')."""
-        return data.sharded_batch(self.dataset.train, self.config, self.step.batch_mesh, step)
+        return data.sharded_batch(self.dataset.train, self.config, self.step.batch_mesh, step, starts=self.train_starts)
 
     def evaluate(self) -> dict:
         """The loss over the fixed validation set, with its bits per byte (the loss in nats per
@@ -240,7 +244,9 @@ class Trainer:
         losses = partial(self.step.eval_losses, self.state.params)
         val = losses(lambda i, mesh: data.validation_batch(self.dataset.val, v, mesh, i), v.batches)
         train = losses(
-            lambda i, mesh: data.sharded_batch(self.dataset.train, self.config, mesh, i, data.EVAL_TRAIN_STREAM),
+            lambda i, mesh: data.sharded_batch(
+                self.dataset.train, self.config, mesh, i, data.EVAL_TRAIN_STREAM, self.train_starts
+            ),
             self.config.train.eval_batches,
         )
         val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
