@@ -203,11 +203,7 @@ class Trainer:
                             + (f", past-only {last['val_loss_past_only']:.4f}" if "val_loss_past_only" in last else "")
                         )
                     if asks:
-                        last |= self.ask_questions()
-                        self.say(
-                            f"step {done}: multiple choice accuracy {last['multiple_choice_accuracy']:.4f}, "
-                            f"normalised {last['multiple_choice_accuracy_norm']:.4f} ({t.multiple_choice})"
-                        )
+                        last |= self.ask_questions(done)
                     log.write(last)
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
                     losses = []
@@ -262,9 +258,13 @@ class Trainer:
             record |= {"val_loss_past_only": past, "val_bpb_past_only": past * bits_per_byte}
         return record
 
-    def ask_questions(self) -> dict:
-        """Both accuracies on train.multiple_choice's questions (jaxgpt/multiple_choice.py)."""
+    def ask_questions(self, step: int) -> dict:
+        """Both accuracies on train.multiple_choice's questions (jaxgpt/multiple_choice.py), said."""
         score = multiple_choice.score(self.config.model, self.state.params, self.dataset.tokenizer, self.questions)
+        self.say(
+            f"step {step}: multiple choice accuracy {score.accuracy:.4f}, normalised {score.normalised_accuracy:.4f} "
+            f"({self.config.train.multiple_choice})"
+        )
         return {"multiple_choice_accuracy": score.accuracy, "multiple_choice_accuracy_norm": score.normalised_accuracy}
 
     def _compile(self, batch):
