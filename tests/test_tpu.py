@@ -233,11 +233,12 @@ def test_every_shipped_config_compiles_for_two_tpu_generations(config_name, name
     config = importlib.import_module(f"configs.{config_name}").get_config()
     if config.data.source.startswith("hf:") and not config.model.get("vocab_size"):
         config.model.vocab_size = 65  # tiny_shakespeare's characters; its data needs the Hub
-    devices = tpu.compile_only_devices(tpu.target(name))
+    target = tpu.target(name)
+    devices = tpu.compile_only_devices(target)
     config.mesh.data = max(d for d in (1, 2, 4, 8) if config.train.batch_size % d == 0)
     run = resolve(config, vocab_size=tpu.vocab_size_for(config))
-    step = tpu.compile_train_step(run, devices)
-    assert step.fits(tpu.target(name)), (config_name, step.total_bytes)
+    step = tpu.compile_train_step(run, devices, target)
+    assert step.fits(target), (config_name, step.total_bytes)
     n = count_params(jax.eval_shape(partial(init_params, run.model), jax.random.key(0)))
     assert step.params_bytes >= 4 * n // 8
-    assert tpu.report_lines(run, tpu.target(name), step, 0.4)[1].startswith("per device: parameters")
+    assert tpu.report_lines(run, target, step, 0.4)[1].startswith("per device: parameters")

@@ -95,8 +95,12 @@ def host_memory_bytes() -> int:
 
 
 def device_memory_limit(device) -> int | None:
-    """Bytes the runtime lets one accelerator allocate (None on a CPU, or where not reported)."""
-    stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    """Bytes the runtime lets one accelerator allocate (None on a CPU, or where not reported:
+    compile-only devices have no runtime to ask)."""
+    try:
+        stats = device.memory_stats() if hasattr(device, "memory_stats") else None
+    except jax.errors.JaxRuntimeError:
+        stats = None
     return int(stats["bytes_limit"]) if stats and stats.get("bytes_limit") else None
 
 
