@@ -311,6 +311,9 @@ class DataConfig:
     max_tokens: stop preparing after this many tokens (0: the whole corpus); for sampling a
         slice of a huge streamed corpus.
     cache_dir: where prepared token files live ("" means $JAXGPT_CACHE or ~/.cache/jaxgpt).
+    shard_tokens: tokens per prepared file (the last holds the rest): a preparation killed part
+        way continues from its last whole shard, so this bounds the work a kill loses. It names
+        the files, not the tokens: any value prepares the same stream.
     align_to_documents: training windows begin where a document does (at the separator before
         it, so its first token is predicted from a clean start) or a whole window further into
         a long one, instead of at any offset (modded-nanogpt's "align batch starts with EoS",
@@ -323,6 +326,7 @@ class DataConfig:
     text_column: str = "text"
     max_tokens: int = 0
     cache_dir: str = ""
+    shard_tokens: int = 1 << 27  # 256 MiB of uint16 tokens per file
     align_to_documents: bool = False
 
     def __post_init__(self):
@@ -331,6 +335,8 @@ class DataConfig:
             problems.add("val_fraction", "must be between 0 and 1 (exclusive)")
         if not self.max_tokens >= 0:
             problems.add("max_tokens", "must be >= 0 (0 means all)")
+        if not self.shard_tokens >= 1:
+            problems.add("shard_tokens", "must be >= 1")
         problems.raise_if_any()
 
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 import codecs
 import collections
 import dataclasses
+import fcntl
 import glob
 import hashlib
 import itertools
@@ -36,6 +37,7 @@ import socket
 import sys
 import tempfile
 import threading
+import time
 from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
@@ -54,10 +56,10 @@ STRUCTURED_SUFFIXES = {".jsonl": "json", ".parquet": "parquet"}
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
 # bump when the token file format or splitting changes (2: meta.json records a checksum;
-# 3: documents.bin records where each document begins)
-PREPARATION_VERSION = 3
-# tokens.bin is hashed at every start up to this size: SHA-256 ran at 0.74 GB/s on the 2-core
-# EPYC this was written on, so at most ~0.2 s; larger corpora are hashed with verify=True.
+# 3: documents.bin records where each document begins; 4: the tokens are in shards)
+PREPARATION_VERSION = 4
+# The token files are hashed at every start up to this size: SHA-256 ran at 0.74 GB/s on the
+# 2-core EPYC this was written on, so at most ~0.2 s; larger corpora are hashed with verify=True.
 CHECKSUM_ON_START_BYTES = 128 << 20
 
 
@@ -186,37 +188,49 @@ def _cause(error: BaseException) -> str:
     return f"{type(error).__name__}: {str(error).splitlines()[0][:200] if str(error) else ''}"
 
 
-def _texts(docs) -> Iterator[str]:
+def _texts(docs, skip: int = 0) -> Iterator[str]:
+    """The documents' texts from number `skip` on (a resumed preparation's first unwritten one)."""
     if hasattr(docs, "column_names"):  # a datasets.Dataset: read its column in slices
-        for start in range(0, len(docs), 1000):
+        for start in range(skip, len(docs), 1000):
             yield from docs[start : start + 1000]["text"]
     else:
-        yield from docs
+        yield from itertools.islice(docs, skip, None)
 
 
-def _encoded(docs, count: int | None, tokenizer, separator: list[int]) -> Iterator[list[int]]:
-    """Each document's token ids followed by the separator; a large local corpus is
-    tokenized by one worker process per core, in order."""
+def _encoded(texts: Iterator[str], tokenizer, separator: list[int]) -> Iterator[list[int]]:
+    """Each document's token ids followed by the separator, in order: tokenized by one worker
+    process per core once the corpus proves longer than PARALLEL_MIN_DOCS documents (a stream's
+    length is unknown until it ends, so its head is read first to find out)."""
     workers = os.cpu_count() or 1
-    if (count or 0) < PARALLEL_MIN_DOCS or workers < 2:
-        for text in _texts(docs):
+    head = list(itertools.islice(texts, PARALLEL_MIN_DOCS))
+    if len(head) < PARALLEL_MIN_DOCS or workers < 2:
+        for text in itertools.chain(head, texts):
             yield tokenizer.encode(text) + separator
         return
+    texts = itertools.chain(head, texts)
     # "spawn", not fork: forking a process whose JAX runtime threads are running can deadlock.
-    encode = partial(_encode_chunk, tokenizer.to_dict(), separator)
-    with ProcessPoolExecutor(workers, mp_context=multiprocessing.get_context("spawn")) as pool:
+    context = multiprocessing.get_context("spawn")
+    start = (tokenizer.to_dict(), separator)
+    with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=start) as pool:
         in_flight: collections.deque = collections.deque()
-        texts = _texts(docs)
         for chunk in iter(lambda: tuple(itertools.islice(texts, 500)), ()):
-            in_flight.append(pool.submit(encode, chunk))
+            in_flight.append(pool.submit(_encode_chunk, chunk))
             if len(in_flight) > 2 * workers:  # bounded: never the whole corpus in memory
                 yield from in_flight.popleft().result()
         while in_flight:
             yield from in_flight.popleft().result()
 
 
-def _encode_chunk(tokenizer_dict: dict, separator: list[int], texts: tuple[str, ...]) -> list[list[int]]:
-    tokenizer = tokenizer_from_dict(tokenizer_dict)
+_worker_tokenizer: tuple = ()  # (tokenizer, separator) in a tokenizing worker process
+
+
+def _start_worker(tokenizer_dict: dict, separator: list[int]) -> None:
+    global _worker_tokenizer
+    _worker_tokenizer = (tokenizer_from_dict(tokenizer_dict), separator)
+
+
+def _encode_chunk(texts: tuple[str, ...]) -> list[list[int]]:
+    tokenizer, separator = _worker_tokenizer
     return [tokenizer.encode(text) + separator for text in texts]
 
 
@@ -279,9 +293,8 @@ def _fingerprint(config: DataConfig) -> str:
 
 def prepare(config: DataConfig, progress: bool = True, verify: bool = False) -> Dataset:
     """Tokenize the corpus once (or reuse the cached result, checked) and memory-map it.
-    `verify` hashes the token file whatever its size."""
-    slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
-    folder = cache_root(config) / f"{slug}-{config.tokenizer}-{_fingerprint(config)}"
+    `verify` hashes the token files whatever their size."""
+    folder = cache_folder(config)
     problem = cache_problem(folder, verify) if folder.exists() else None
     if problem:
         aside = _set_aside(folder)
@@ -298,32 +311,80 @@ def prepare(config: DataConfig, progress: bool = True, verify: bool = False) -> 
                 f"({type(error).__name__}: {str(error).splitlines()[0][:200]}); make {config.source} readable "
                 "again and rerun, which prepares it afresh"
             ) from None
-        # Another process prepared the same data first: its file is checked in full.
+        # Another process prepared the same data first: its files are checked in full.
         if not built and (problem := cache_problem(folder, verify=True)):
             raise UserError(f"the prepared data in {folder}, just written by another process, is damaged ({problem})")
     meta = json.loads((folder / "meta.json").read_text())
-    tokens = np.memmap(folder / "tokens.bin", dtype=meta["dtype"], mode="r")
+    shards = [np.memmap(folder / shard["file"], dtype=meta["dtype"], mode="r") for shard in meta["shards"]]
     split = meta["train_tokens"]
+    if len(shards) == 1:
+        train, val = shards[0][:split], shards[0][split:]
+    else:
+        train, val = TokenShards(shards, 0, split), TokenShards(shards, split, meta["tokens"])
     documents = np.fromfile(folder / "documents.bin", np.int64)
-    return Dataset(load_tokenizer(folder / "tokenizer.json"), tokens[:split], tokens[split:], documents)
+    return Dataset(load_tokenizer(folder / "tokenizer.json"), train, val, documents)
+
+
+def cache_folder(config: DataConfig) -> Path:
+    """Where `config`'s prepared data lives: named by the source, the tokenizer and a hash of
+    everything that changes the tokens."""
+    slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
+    return cache_root(config) / f"{slug}-{config.tokenizer}-{_fingerprint(config)}"
+
+
+class TokenShards:
+    """Memory-mapped token files read as one stream: `len`, slices (a window that crosses from
+    one file into the next reads as from a single file) and `np.asarray`, which is what
+    batches and evaluation use, over tokens [start, stop) of the files end to end. Only the
+    windows read are loaded, so a corpus larger than memory trains."""
+
+    def __init__(self, shards: list[np.ndarray], start: int, stop: int):
+        self.shards, self.start, self.stop = shards, start, stop
+        self.ends = np.cumsum([len(shard) for shard in shards])
+        self.dtype = shards[0].dtype
+
+    def __len__(self) -> int:
+        return self.stop - self.start
+
+    def __getitem__(self, window: slice) -> np.ndarray:
+        if not isinstance(window, slice):
+            raise TypeError("TokenShards reads slices (tokens[a:b]); np.asarray(tokens) reads it whole")
+        first, last, stride = window.indices(len(self))
+        return self._read(self.start + first, self.start + max(first, last))[::stride]
+
+    def _read(self, start: int, stop: int) -> np.ndarray:
+        pieces = []
+        shard = int(np.searchsorted(self.ends, start, side="right"))
+        while start < stop:
+            offset = int(self.ends[shard - 1]) if shard else 0
+            end = min(stop, int(self.ends[shard]))
+            pieces.append(self.shards[shard][start - offset : end - offset])
+            start, shard = end, shard + 1
+        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces or [np.empty(0, self.dtype)])
+
+    def __array__(self, dtype=None, copy=None) -> np.ndarray:
+        whole = self._read(self.start, self.stop)
+        return whole if dtype is None else whole.astype(dtype)
 
 
 def cache_problem(folder: Path, verify: bool = False) -> str | None:
     """What is wrong with a prepared-data folder, in a few words, or None when it is whole:
-    its metadata readable, the token file the size it records, the tokenizer loadable, and
-    (when the file is small or `verify`) the token file's SHA-256 the one taken as it was written."""
+    its metadata readable, each token file the size it records, the document starts and the
+    tokenizer there, and (when the files are small or `verify`) each token file's SHA-256 the
+    one taken as it was written."""
     try:
         meta = json.loads((folder / "meta.json").read_text())
-        expected = meta["tokens"] * np.dtype(meta["dtype"]).itemsize, meta["bytes"], meta["sha256"]
+        itemsize, total = np.dtype(meta["dtype"]).itemsize, meta["tokens"]
+        shards = [(shard["file"], shard["tokens"], shard["sha256"]) for shard in meta["shards"]]
     except (OSError, ValueError, KeyError, TypeError) as error:
         return f"meta.json cannot be read: {type(error).__name__}: {error}"
-    if expected[0] != expected[1]:
-        return f"meta.json says {meta['tokens']:,} {meta['dtype']} tokens but {expected[1]:,} bytes"
-    path = folder / "tokens.bin"
-    size = path.stat().st_size if path.exists() else None
-    if size != meta["bytes"]:
-        found = "is missing" if size is None else f"has {size:,} bytes"
-        return f"tokens.bin {found}; meta.json records {meta['tokens']:,} tokens = {meta['bytes']:,} bytes"
+    if (held := sum(count for _, count, _ in shards)) != total:
+        return f"meta.json says {total:,} tokens but its token files hold {held:,}"
+    for name, count, _ in shards:
+        size = (folder / name).stat().st_size if (folder / name).exists() else None
+        if size != count * itemsize:
+            found = "is missing" if size is None else f"has {size:,} bytes"
+            return f"{name} {found}; meta.json records {count:,} tokens = {count * itemsize:,} bytes"
     documents = folder / "documents.bin"
     starts_size = documents.stat().st_size if documents.exists() else None
     if starts_size != 8 * meta.get("documents", -1):
@@ -333,8 +394,10 @@ def cache_problem(folder: Path, verify: bool = False) -> str | None:
         load_tokenizer(folder / "tokenizer.json")
     except Exception as error:  # garbage JSON, a missing key, a missing file
         return f"tokenizer.json cannot be read: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
-    if (verify or size <= CHECKSUM_ON_START_BYTES) and _sha256(path) != meta["sha256"]:
-        return "tokens.bin's SHA-256 differs from the one recorded when it was written"
+    if verify or total * itemsize <= CHECKSUM_ON_START_BYTES:
+        for name, _, digest in shards:
+            if _sha256(folder / name) != digest:
+                return f"{name}'s SHA-256 differs from the one recorded when it was written"
     return None
 
 
@@ -358,10 +421,39 @@ def _set_aside(folder: Path) -> Path | None:
 
 
 def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
-    """Write tokens.bin, tokenizer.json and meta.json into a temp folder, then rename it into
-    place: an interrupted preparation leaves no half-written cache behind. False when another
-    process renamed its own into place first (theirs is kept)."""
-    docs, count = read_documents(config, progress)
+    """Prepare into a staging folder beside `folder`, a shard at a time, then rename it into
+    place, so no half-written cache is ever read. The staging folder's name is fixed: a
+    preparation that was killed is continued by the next from its last whole shard, reading
+    the source from the first document not yet written, and ends with the same files an
+    uninterrupted one writes. A lock keeps a second process from writing it at the same time
+    (it waits, then finds the work done). False when another process prepared it."""
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    staging = folder.parent / f".preparing-{folder.name}"
+    staging.mkdir(exist_ok=True)
+    with open(staging / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes, or the process dies
+        if folder.exists():  # the process this one waited for prepared it
+            shutil.rmtree(staging, ignore_errors=True)
+            return False
+        docs, count = read_documents(config, progress)
+        tokenizer = _staged_tokenizer(config, staging, docs)
+        dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+        separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+        shards = _whole_shards(staging, np.dtype(dtype).itemsize)
+        if not config.max_tokens or sum(shard["tokens"] for shard in shards) < config.max_tokens:
+            _write_shards(config, staging, shards, (docs, count), tokenizer, separator, dtype, progress)
+        _finish(config, staging, shards, dtype, len(separator))
+        (staging / "lock").unlink()
+        staging.rename(folder)
+    return True
+
+
+def _staged_tokenizer(config: DataConfig, staging: Path, docs):
+    """The tokenizer, saved in the staging folder first: the character vocabulary of a corpus
+    is read from the corpus once, not again when a preparation resumes."""
+    path = staging / "tokenizer.json"
+    if path.exists():
+        return load_tokenizer(path)
     if config.tokenizer == "char":  # the vocabulary is the corpus's character set
         characters = set("\n")
         for text in _texts(docs):
@@ -369,45 +461,142 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
         tokenizer = make_tokenizer("char", "".join(characters))
     else:
         tokenizer = make_tokenizer(config.tokenizer)
-    dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-    separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+    _write_whole(path, partial(save_tokenizer, tokenizer))
+    return tokenizer
 
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    staging = Path(tempfile.mkdtemp(prefix=".preparing-", dir=folder.parent))
-    total = 0
-    digest = hashlib.sha256()  # taken while writing: checking the file later costs no second read here
-    starts = []  # per document, where a window aligned to it begins
-    encoded = _encoded(docs, count, tokenizer, separator)
-    bar = tqdm(encoded, total=count, desc=f"tokenizing {config.source}", unit="doc", disable=not progress)
-    with open(staging / "tokens.bin", "wb") as out:
-        for doc_ids in bar:
-            starts.append(max(total - len(separator), 0))
-            ids = np.asarray(doc_ids, dtype)
-            if config.max_tokens:
-                ids = ids[: config.max_tokens - total]
-            chunk = ids.tobytes()
-            out.write(chunk)
-            digest.update(chunk)
-            total += len(ids)
-            if config.max_tokens and total >= config.max_tokens:
-                break
+
+def _write_whole(path: Path, write: Callable[[Path], None]) -> None:
+    """write(a path beside `path`), then rename it to `path`: a kill leaves it whole or absent."""
+    beside = path.with_name(path.name + ".partial")
+    write(beside)
+    os.replace(beside, path)
+
+
+def _shard_name(index: int, kind: str) -> str:
+    return f"{kind}-{index:05d}.{'json' if kind == 'record' else 'bin'}"
+
+
+def _whole_shards(staging: Path, itemsize: int) -> list[dict]:
+    """The shards a killed preparation finished, in order (each has its record, written last),
+    with everything after them removed: the shard it was writing is written again."""
+    shards = []
+    while (record := staging / _shard_name(len(shards), "record")).exists():
+        shard = json.loads(record.read_text())
+        if (staging / shard["file"]).stat().st_size != shard["tokens"] * itemsize:
+            break
+        shards.append(shard)
+    keep = {"lock", "tokenizer.json"} | {_shard_name(i, k) for i in range(len(shards)) for k in SHARD_FILES}
+    for path in staging.iterdir():
+        if path.name not in keep:
+            path.unlink()
+    return shards
+
+
+SHARD_FILES = ("tokens", "starts", "record")  # per shard: its tokens, its documents' starts, its record
+
+
+def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus, tokenizer, separator, dtype, progress):
+    """Tokenize the documents after those in `shards` and append shards of config.shard_tokens
+    tokens (a shard ends after the document that fills it), each recorded once it is whole.
+    `corpus`: read_documents' (documents, count)."""
+    docs, count = corpus
+    skipped = sum(shard["documents"] for shard in shards)
+    total = sum(shard["tokens"] for shard in shards)
+    by_tokens = bool(config.max_tokens)  # then the size is known in tokens, and the bar counts them
+    bar = tqdm(
+        total=config.max_tokens or count,
+        initial=total if by_tokens else skipped,
+        desc=f"tokenizing {config.source}" + (f", from shard {len(shards)}" if shards else ""),
+        unit="token" if by_tokens else "doc",
+        unit_scale=by_tokens,
+        disable=not progress,
+    )
+    begun, written = time.perf_counter(), 0
+
+    def describe() -> None:  # the count the bar does not keep, and the rate in tokens
+        done = f"{skipped + writer.documents:,} docs" if by_tokens else f"{total:,} tokens"
+        rate = written / max(time.perf_counter() - begun, 1e-9)
+        bar.set_postfix_str(f"{done}, {rate:,.0f} tokens/s", refresh=False)
+
+    writer = _ShardWriter(staging, len(shards), total)
+    for ids in _encoded(_texts(docs, skipped), tokenizer, separator):
+        ids = np.asarray(ids[: config.max_tokens - total] if config.max_tokens else ids, dtype)
+        writer.add(ids, len(separator))
+        total, written = total + len(ids), written + len(ids)
+        if (skipped + writer.documents) % 256 == 0:
+            describe()
+        bar.update(len(ids) if by_tokens else 1)
+        if config.max_tokens and total >= config.max_tokens:
+            break
+        if writer.tokens >= config.shard_tokens:
+            shards.append(writer.close())
+            skipped += shards[-1]["documents"]
+            writer = _ShardWriter(staging, len(shards), total)
+    describe()
     bar.close()
-    if total == 0 or total == len(separator) * (count or 0):
+    if writer.tokens:
+        shards.append(writer.close())
+    else:
+        writer.discard()
+
+
+class _ShardWriter:
+    """One shard being written: its tokens, their SHA-256 taken while writing (checking the
+    file later needs no second read here), and where each of its documents begins in the
+    whole stream (the separator before it, 0 for the first document)."""
+
+    def __init__(self, staging: Path, index: int, offset: int):
+        self.staging, self.index, self.offset = staging, index, offset
+        self.path = staging / _shard_name(index, "tokens")
+        self.file = open(self.path, "wb")
+        self.digest = hashlib.sha256()
+        self.starts: list[int] = []
+        self.tokens = 0
+
+    @property
+    def documents(self) -> int:
+        return len(self.starts)
+
+    def add(self, ids: np.ndarray, separator_length: int) -> None:
+        self.starts.append(max(self.offset + self.tokens - separator_length, 0))
+        chunk = ids.tobytes()
+        self.file.write(chunk)
+        self.digest.update(chunk)
+        self.tokens += len(ids)
+
+    def close(self) -> dict:
+        """Make the shard durable, then record it: the record's presence says it is whole."""
+        self.file.flush()
+        os.fsync(self.file.fileno())
+        self.file.close()
+        np.asarray(self.starts, np.int64).tofile(self.staging / _shard_name(self.index, "starts"))
+        record = {"file": self.path.name, "tokens": self.tokens, "documents": self.documents}
+        record["sha256"] = self.digest.hexdigest()
+        _write_whole(self.staging / _shard_name(self.index, "record"), lambda path: path.write_text(json.dumps(record)))
+        return record
+
+    def discard(self) -> None:
+        self.file.close()
+        self.path.unlink()
+
+
+def _finish(config: DataConfig, staging: Path, shards: list[dict], dtype, separator_length: int) -> None:
+    """Join the shards' document starts, split off validation, and write meta.json."""
+    total = sum(shard["tokens"] for shard in shards)
+    documents = sum(shard["documents"] for shard in shards)
+    if total == documents * separator_length:  # nothing but separators (or nothing at all)
         shutil.rmtree(staging)
         raise UserError(f"data.source {config.source!r} holds no text; point it at a non-empty corpus")
+    with open(staging / "documents.bin", "wb") as out:
+        for index in range(len(shards)):
+            out.write((staging / _shard_name(index, "starts")).read_bytes())
+            (staging / _shard_name(index, "starts")).unlink()
+            (staging / _shard_name(index, "record")).unlink()
     val = max(1, int(total * config.val_fraction))
-    save_tokenizer(tokenizer, staging / "tokenizer.json")
-    np.asarray(starts, np.int64).tofile(staging / "documents.bin")
     meta = {"source": config.source, "tokenizer": config.tokenizer, "version": PREPARATION_VERSION}
     meta |= {"dtype": np.dtype(dtype).name, "tokens": total, "train_tokens": total - val, "val_tokens": val}
-    meta |= {"bytes": total * np.dtype(dtype).itemsize, "sha256": digest.hexdigest(), "documents": len(starts)}
+    meta |= {"documents": documents, "shards": [{k: s[k] for k in ("file", "tokens", "sha256")} for s in shards]}
     (staging / "meta.json").write_text(json.dumps(meta, indent=1))
-    try:
-        staging.rename(folder)
-    except OSError:  # another process prepared the same data first: keep theirs
-        shutil.rmtree(staging, ignore_errors=True)
-        return False
-    return True
 
 
 # ----------------------------------------------------------------------------- batching

@@ -186,7 +186,7 @@ CORPUS = "".join(f"line {i}: the quick brown fox jumps over the lazy dog\n" for 
 
 
 def _zero_middle(folder: Path) -> None:
-    path = folder / "tokens.bin"
+    path = folder / "tokens-00000.bin"
     raw = bytearray(path.read_bytes())
     middle = len(raw) // 2
     raw[middle - 25_000 : middle + 25_000] = bytes(50_000)
@@ -200,10 +200,10 @@ def _edit_meta(folder: Path, **changes) -> None:
 
 # (name, what is done to the prepared folder, what the warning names)
 CACHE_FAULTS = [
-    ("token file truncated", lambda f: os.truncate(f / "tokens.bin", 1000), "tokens.bin has 1,000 bytes"),
-    ("token file zeroed in the middle", _zero_middle, "tokens.bin's SHA-256 differs"),
-    ("token file missing", lambda f: (f / "tokens.bin").unlink(), "tokens.bin is missing"),
-    ("token count edited", lambda f: _edit_meta(f, tokens=12), "meta.json says 12 uint16 tokens"),
+    ("token file truncated", lambda f: os.truncate(f / "tokens-00000.bin", 1000), "tokens-00000.bin has 1,000 bytes"),
+    ("token file zeroed in the middle", _zero_middle, "tokens-00000.bin's SHA-256 differs"),
+    ("token file missing", lambda f: (f / "tokens-00000.bin").unlink(), "tokens-00000.bin is missing"),
+    ("token count edited", lambda f: _edit_meta(f, tokens=12), "meta.json says 12 tokens but its token files hold"),
     ("metadata not JSON", lambda f: (f / "meta.json").write_text("{garbage"), "meta.json cannot be read"),
     ("metadata missing", lambda f: (f / "meta.json").unlink(), "meta.json cannot be read"),
     ("document starts missing", lambda f: (f / "documents.bin").unlink(), "documents.bin is missing"),
@@ -220,14 +220,14 @@ def _prepared(tmp_path):
     config = DataConfig(source=f"text:{tmp_path / 'corpus.txt'}", cache_dir=str(tmp_path / "cache"))
     data.prepare(config, progress=False)
     (folder,) = (tmp_path / "cache" / "data").iterdir()
-    return config, folder, (folder / "tokens.bin").read_bytes(), data
+    return config, folder, (folder / "tokens-00000.bin").read_bytes(), data
 
 
 @pytest.mark.parametrize("name, damage, problem", CACHE_FAULTS, ids=[c[0] for c in CACHE_FAULTS])
 def test_a_damaged_token_cache_is_set_aside_and_prepared_again(tmp_path, capsys, name, damage, problem):
     config, folder, original, data = _prepared(tmp_path)
     (tmp_path / "cache" / "data" / "other").mkdir()  # another corpus's cache: must not be touched
-    (tmp_path / "cache" / "data" / "other" / "tokens.bin").write_bytes(b"x" * 10)
+    (tmp_path / "cache" / "data" / "other" / "tokens-00000.bin").write_bytes(b"x" * 10)
     damage(folder)
     damaged = snapshot(folder)
     capsys.readouterr()
@@ -235,11 +235,11 @@ def test_a_damaged_token_cache_is_set_aside_and_prepared_again(tmp_path, capsys,
     warning = capsys.readouterr().err.strip().splitlines()
     assert len(warning) == 1 and warning[0].startswith("warning: ") and problem in warning[0], warning
     assert "preparing it again" in warning[0]
-    assert (folder / "tokens.bin").read_bytes() == original  # rebuilt exactly
+    assert (folder / "tokens-00000.bin").read_bytes() == original  # rebuilt exactly
     assert np.array_equal(np.concatenate([dataset.train, dataset.val]), np.frombuffer(original, np.uint16))
     (aside,) = (p for p in folder.parent.iterdir() if ".damaged-" in p.name)
     assert snapshot(aside / folder.name) == damaged  # kept as it was, for whoever wants to look
-    assert snapshot(folder.parent / "other") == {"tokens.bin": b"x" * 10}
+    assert snapshot(folder.parent / "other") == {"tokens-00000.bin": b"x" * 10}
 
 
 def test_a_sound_cache_is_reused_without_a_word_and_unchanged(tmp_path, capsys):
@@ -261,15 +261,15 @@ def test_a_large_cache_is_hashed_only_when_asked(tmp_path, monkeypatch, capsys):
     data.prepare(config, progress=False)
     assert capsys.readouterr().err == ""  # the size is right: not hashed, not noticed
     data.prepare(config, progress=False, verify=True)
-    assert "tokens.bin's SHA-256 differs" in capsys.readouterr().err
-    assert (folder / "tokens.bin").read_bytes() == original
+    assert "tokens-00000.bin's SHA-256 differs" in capsys.readouterr().err
+    assert (folder / "tokens-00000.bin").read_bytes() == original
 
 
 def test_a_damaged_cache_whose_source_is_gone_is_refused_naming_the_folder(tmp_path, monkeypatch):
     from jaxgpt.errors import UserError
 
     config, folder, original, data = _prepared(tmp_path)
-    os.truncate(folder / "tokens.bin", 10)
+    os.truncate(folder / "tokens-00000.bin", 10)
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("the Hub cannot be reached")
@@ -278,7 +278,7 @@ def test_a_damaged_cache_whose_source_is_gone_is_refused_naming_the_folder(tmp_p
     with pytest.raises(UserError) as refused:
         data.prepare(config, progress=False)
     message = str(refused.value)
-    assert f"the prepared data in {folder} was damaged (tokens.bin has 10 bytes" in message
+    assert f"the prepared data in {folder} was damaged (tokens-00000.bin has 10 bytes" in message
     assert "preparing it again failed (ConnectionError: the Hub cannot be reached)" in message
     assert "rerun, which prepares it afresh" in message
 

@@ -44,10 +44,10 @@ def test_preparation_is_cached_and_reused(tmp_path):
     config = DataConfig(source=f"text:{tmp_path / 'c.txt'}", cache_dir=str(tmp_path / "cache"))
     data.prepare(config, progress=False)
     (folder,) = (tmp_path / "cache" / "data").iterdir()
-    stamp = (folder / "tokens.bin").stat().st_mtime_ns
+    stamp = (folder / "tokens-00000.bin").stat().st_mtime_ns
     time.sleep(0.01)
     data.prepare(config, progress=False)
-    assert (folder / "tokens.bin").stat().st_mtime_ns == stamp  # not rewritten
+    assert (folder / "tokens-00000.bin").stat().st_mtime_ns == stamp  # not rewritten
     data.prepare(DataConfig(source=config.source, cache_dir=config.cache_dir, tokenizer="byte"), progress=False)
     assert len(list((tmp_path / "cache" / "data").iterdir())) == 2  # another tokenizer, another entry
 
@@ -154,3 +154,150 @@ def test_parallel_tokenization_writes_the_same_tokens_as_serial(tmp_path, monkey
 
     monkeypatch.setattr(data.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
     np.testing.assert_array_equal(prepared(1, "parallel"), prepared(10**9, "serial"))
+
+
+# ----------------------------------------------------------------------------- shards
+
+
+def test_shards_read_as_one_stream():
+    """TokenShards against the files joined in memory: every slice, windows that cross one or
+    several boundaries, a whole-stream read, and batches drawn from it."""
+    rng = np.random.default_rng(0)
+    parts = [rng.integers(0, 60_000, size=n).astype(np.uint16) for n in (7, 1, 30, 12)]
+    joined = np.concatenate(parts)
+    for start, stop in ((0, 50), (5, 40), (7, 8), (8, 38)):
+        stream = data.TokenShards(parts, start, stop)
+        assert len(stream) == stop - start
+        np.testing.assert_array_equal(np.asarray(stream), joined[start:stop])
+        for a in range(len(stream) + 1):
+            for b in range(a, len(stream) + 2):
+                np.testing.assert_array_equal(stream[a:b], joined[start:stop][a:b])
+    stream = data.TokenShards(parts, 0, 50)
+    for index in range(20):
+        np.testing.assert_array_equal(
+            data.batch_at(stream, 9, 4, 0, data.TRAIN_STREAM, index),
+            data.batch_at(joined, 9, 4, 0, data.TRAIN_STREAM, index),
+        )
+
+
+def _stream(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return np.asarray(dataset.train), np.asarray(dataset.val), dataset.documents
+
+
+def _many_documents(tmp_path, count: int = 300) -> str:
+    """A .jsonl corpus of `count` documents of differing lengths; its data.source."""
+    lines = [json.dumps({"text": f"document {i}: " + "several words " * (i % 11)}) for i in range(count)]
+    (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
+    return f"text:{tmp_path / 'docs.jsonl'}"
+
+
+def test_shards_hold_the_stream_one_file_holds(tmp_path):
+    """Shards of 500 tokens (a document ends each: 58 files) and one file of the whole corpus:
+    the same train and validation tokens and document starts; the files are what meta.json lists."""
+    source = _many_documents(tmp_path)
+    one = data.prepare(DataConfig(source=source, tokenizer="byte", cache_dir=str(tmp_path / "one")), progress=False)
+    config = DataConfig(source=source, tokenizer="byte", cache_dir=str(tmp_path / "many"), shard_tokens=500)
+    many = data.prepare(config, progress=False)
+    assert isinstance(many.train, data.TokenShards) and not isinstance(one.train, data.TokenShards)
+    for a, b in zip(_stream(one), _stream(many), strict=True):
+        np.testing.assert_array_equal(a, b)
+    meta = json.loads((data.cache_folder(config) / "meta.json").read_text())
+    sizes = [shard["tokens"] for shard in meta["shards"]]
+    assert len(sizes) > 10 and all(size >= 500 for size in sizes[:-1]) and sum(sizes) == meta["tokens"]
+    assert sorted(p.name for p in data.cache_folder(config).iterdir()) == sorted(
+        [shard["file"] for shard in meta["shards"]] + ["documents.bin", "meta.json", "tokenizer.json"]
+    )
+
+
+class Crash(Exception):
+    pass
+
+
+@pytest.mark.parametrize("crash_after", [1, 37, 150, 299, "finish"])
+def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkeypatch, crash_after):
+    """A crash after the first document, in a shard's middle, near the end, and with every shard
+    written but the whole not yet put together: the next preparation continues from the last
+    whole shard and writes exactly what an uninterrupted one writes (shards of 500 tokens)."""
+    source = _many_documents(tmp_path)
+    whole = data.prepare(DataConfig(source=source, tokenizer="char", cache_dir=str(tmp_path / "whole")), progress=False)
+    config = DataConfig(source=source, tokenizer="char", cache_dir=str(tmp_path / "crashed"), shard_tokens=500)
+    encoded = data._encoded
+
+    def crashing(texts, tokenizer, separator):
+        for number, ids in enumerate(encoded(texts, tokenizer, separator), 1):
+            yield ids
+            if number == crash_after:
+                raise Crash
+
+    def unfinished(*args):
+        raise Crash
+
+    with monkeypatch.context() as patched:
+        patched.setattr(data, "_encoded", crashing)
+        if crash_after == "finish":
+            patched.setattr(data, "_finish", unfinished)
+        with pytest.raises(Crash):
+            data.prepare(config, progress=False)
+    assert not data.cache_folder(config).exists()
+    tokenized = []
+
+    def counting(texts, tokenizer, separator):
+        for ids in encoded(texts, tokenizer, separator):
+            tokenized.append(ids)
+            yield ids
+
+    monkeypatch.setattr(data, "_encoded", counting)
+    resumed = data.prepare(config, progress=False)
+    for a, b in zip(_stream(whole), _stream(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert [p.name for p in data.cache_folder(config).parent.iterdir()] == [data.cache_folder(config).name]
+    # The whole shards' documents were not tokenized again. A shard ends with the document that
+    # brings it to 500 tokens; a document is its characters and the newline after it.
+    lengths = [len(json.loads(line)["text"]) + 1 for line in (tmp_path / "docs.jsonl").read_text().splitlines()]
+    kept = in_shard = shard = 0
+    for length in lengths[: 300 if crash_after == "finish" else crash_after]:
+        shard, in_shard = shard + length, in_shard + 1
+        if shard >= 500:
+            kept, shard, in_shard = kept + in_shard, 0, 0
+    assert len(tokenized) == (0 if crash_after == "finish" else 300 - kept)
+
+
+def test_a_preparation_killed_part_way_continues_to_the_same_files(tmp_path):
+    """SIGKILL to a preparation (and its tokenizing workers: 20,000 documents are tokenized on
+    every core) once it has written two whole shards: the next start continues from them and
+    ends with the tokens, splits and document starts an uninterrupted preparation writes."""
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    source = _many_documents(tmp_path, 20_000)
+    killed = DataConfig(source=source, tokenizer="byte", cache_dir=str(tmp_path / "killed"), shard_tokens=50_000)
+    snippet = (
+        "from jaxgpt import data; from jaxgpt.config import DataConfig; "
+        f"data.prepare(DataConfig(source={source!r}, tokenizer='byte', cache_dir={killed.cache_dir!r}, "
+        "shard_tokens=50_000), progress=False)"
+    )
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    process = subprocess.Popen([sys.executable, "-c", snippet], env=env, start_new_session=True)
+    staging = data.cache_folder(killed).parent / f".preparing-{data.cache_folder(killed).name}"
+    deadline = time.monotonic() + 120
+    while not (staging / "record-00001.json").exists() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.002)
+    os.killpg(process.pid, signal.SIGKILL)
+    assert process.wait() == -signal.SIGKILL, "the preparation ended before it could be killed"
+    assert not data.cache_folder(killed).exists() and (staging / "record-00001.json").exists()
+
+    resumed = data.prepare(killed, progress=False)
+    whole = data.prepare(DataConfig(source=source, tokenizer="byte", cache_dir=str(tmp_path / "whole")), progress=False)
+    for a, b in zip(_stream(whole), _stream(resumed), strict=True):
+        np.testing.assert_array_equal(a, b)
+    assert not staging.exists()
+
+
+def test_preparation_progress_counts_documents_tokens_and_their_rate(tmp_path, capsys):
+    data.prepare(DataConfig(source=_many_documents(tmp_path), tokenizer="byte", cache_dir=str(tmp_path)))
+    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
+    assert "300/300" in last and "doc" in last and " tokens, " in last and "tokens/s" in last, last

@@ -72,6 +72,7 @@ RESUMABLE_FIELDS = frozenset(
         "model.attention",
         "model.remat",
         "data.cache_dir",
+        "data.shard_tokens",  # the files the tokens are kept in, not the tokens
         "mesh.data",  # a checkpoint restores onto any device layout
         "mesh.fsdp",
         "mesh.tensor",
