@@ -16,7 +16,6 @@ import argparse
 import importlib
 import json
 import os
-import platform
 import sys
 import time
 from pathlib import Path
@@ -27,15 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 from jaxgpt.config_files import resolve  # noqa: E402
 from jaxgpt.hardware import tpu  # noqa: E402
+from jaxgpt.hardware.peak_flops import describe_cpu  # noqa: E402
 
 UNREACHABLE_VOCAB = {"shakespeare_char": 65, "finetune_gpt2": 50257}  # the Hub / tiktoken's download
-
-
-def cpu_name() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def measure(config_name: str, target_name: str) -> dict:
@@ -81,14 +74,14 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "bench" / "results" / "tpu_compile.json"))
     args = parser.parse_args()
     rows = [measure(c, t) for c in args.configs.split(",") for t in args.targets.split(",")]
-    print(f"compiled on {cpu_name()}, {os.cpu_count()} cores; libtpu's compile-only devices\n")
+    print(f"compiled on {describe_cpu()}; libtpu's compile-only devices\n")
     print(
         "| config | target | data axis | per device: params + optimizer + temporaries | of HBM | fits | step, 40% MFU |"
     )
     print("|---|---|---|---|---|---|---|")
     for r in rows:
         print(f"| {r['config']} | {r['target']} | {r['mesh']} | " + table_cells(r) + " |")
-    Path(args.out).write_text(json.dumps(dict(cpu=cpu_name(), rows=rows), indent=1) + "\n")
+    Path(args.out).write_text(json.dumps(dict(cpu=describe_cpu(), rows=rows), indent=1) + "\n")
     print(f"\nwrote {args.out}")
 
 

@@ -28,6 +28,7 @@ import numpy as np
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.model import GPT
+from jaxgpt.train_step import token_losses
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,10 +122,8 @@ def encode(question: Question, tokenizer, block_size: int) -> Encoded:
 def _ending_log_probs(config: ModelConfig, params, tokens: jax.Array, scored: jax.Array) -> jax.Array:
     """Per row, the sum of log p(token | the tokens before it) over the positions `scored`
     marks. tokens (rows, t + 1) int, scored (rows, t) bool, for the predictions of tokens 1..t."""
-    logits = GPT(config).apply({"params": params}, tokens[:, :-1])
-    log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    picked = jnp.take_along_axis(log_probs, tokens[:, 1:, None], axis=-1)[..., 0]
-    return jnp.where(scored, picked, 0.0).sum(axis=-1)
+    log_probs = -token_losses(GPT(config), params, tokens)  # the training loss: float32 logits, optax
+    return jnp.where(scored, log_probs, 0.0).sum(axis=-1)
 
 
 def padded_length(longest: int, block_size: int) -> int:

@@ -54,6 +54,7 @@ def test_console_scripts_answer_help_from_any_directory(installed, tmp_path):
         ("jaxgpt-sample", "--prompt"),
         ("jaxgpt-check", "--config"),
         ("jaxgpt-compare", "--vary"),
+        ("jaxgpt-prepare", "--verify"),
     ):
         result = run_installed(installed, tmp_path, command, "--help")
         assert result.returncode == 0, result.stderr

@@ -19,7 +19,7 @@ EXCUSED = {
     r"^pip install": "installs packages: CI's own setup (.ci/run) does this",
     r"pytest": "the test suite itself",
     r"^gcloud ": "needs a TPU slice",
-    r"train\.py .*gpt2_124m\.py": "trains GPT-2 small on FineWeb: a Hub download and days of an accelerator",
+    r"train\.py .*gpt2_124m\.py": "trains GPT-2 small on FineWeb-edu: a Hub download and days of an accelerator",
     r"finetune_gpt2|--init_from gpt2": "downloads GPT-2's weights from the Hub (tests/test_hf.py covers a local copy)",
 }
 
