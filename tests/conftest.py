@@ -5,6 +5,7 @@ module imports jax; pytest imports conftest.py first.
 """
 
 import fcntl
+import importlib.util
 import itertools
 import os
 import shutil
@@ -158,3 +159,23 @@ def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask):
     from jaxgpt.attention import kernel as named
 
     return named(kernel)(q, k, v, Mask(**mask), scale)
+
+
+# Compiling for a TPU needs libtpu's compile-only devices; without it (the README's plain
+# install) these tests skip with this sentence, as the Hugging Face tests do without torch.
+# They are the slow set's (CI's): each compiles a sharded program for a whole slice.
+_without_libtpu = pytest.mark.skipif(
+    importlib.util.find_spec("libtpu") is None,
+    reason="compiling for TPUs needs libtpu: pip install -r requirements-tpu.txt",
+)
+
+# The tests share one compilation cache (conftest), in which a TPU program written by one test
+# cannot be loaded back on compile-only devices by the next: JAX says so and compiles again.
+# `jaxgpt.check --target` keeps no cache, so users never see this.
+_cache_cannot_load_tpu_programs = pytest.mark.filterwarnings(
+    "ignore:Error reading persistent compilation cache entry:UserWarning"
+)
+
+
+def needs_libtpu(test):
+    return pytest.mark.slow(_cache_cannot_load_tpu_programs(_without_libtpu(test)))

@@ -4,7 +4,6 @@ the check command itself. The sharded kernel's numbers are checked on CPU device
 TPU interpret mode."""
 
 import dataclasses
-import importlib
 import importlib.util
 from functools import partial
 
@@ -12,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, attend, run_script
+from conftest import attend, needs_libtpu, run_script
 
 from jaxgpt import sharding
 from jaxgpt.config_files import base_config, resolve
@@ -31,26 +30,6 @@ def small_run(**model):
 def run_on(config, data=-1, fsdp=1, tensor=1):
     config.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
     return resolve(config, vocab_size=256)
-
-
-# Compiling for a TPU needs libtpu's compile-only devices; without it (the README's plain
-# install) these tests skip with this sentence, as the Hugging Face tests do without torch.
-# They are the slow set's (CI's): each compiles a sharded program for a whole slice.
-_without_libtpu = pytest.mark.skipif(
-    importlib.util.find_spec("libtpu") is None,
-    reason="compiling for TPUs needs libtpu: pip install -r requirements-tpu.txt",
-)
-
-# The tests share one compilation cache (conftest), in which a TPU program written by one test
-# cannot be loaded back on compile-only devices by the next: JAX says so and compiles again.
-# `jaxgpt.check --target` keeps no cache, so users never see this.
-_cache_cannot_load_tpu_programs = pytest.mark.filterwarnings(
-    "ignore:Error reading persistent compilation cache entry:UserWarning"
-)
-
-
-def needs_libtpu(test):
-    return pytest.mark.slow(_cache_cannot_load_tpu_programs(_without_libtpu(test)))
 
 
 @pytest.fixture(scope="module")
@@ -219,26 +198,3 @@ def test_check_target_names_the_smallest_change_that_fits():
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].endswith("the smallest change that fits: --config.model.remat=dots")
-
-
-SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
-
-
-@needs_libtpu
-@pytest.mark.parametrize("name", ["tpu-v5e-8", "tpu-v6e-8"])
-@pytest.mark.parametrize("config_name", SHIPPED)
-def test_every_shipped_config_compiles_for_two_tpu_generations(config_name, name, gpt2_bpe):
-    """Each config as shipped, on 8 chips of v5e and of v6e: the report, and whether it fits.
-    Configs whose batch does not split 8 ways use the largest mesh it does split over."""
-    config = importlib.import_module(f"configs.{config_name}").get_config()
-    if config.data.source.startswith("hf:") and not config.model.get("vocab_size"):
-        config.model.vocab_size = 65  # tiny_shakespeare's characters; its data needs the Hub
-    target = tpu.target(name)
-    devices = tpu.compile_only_devices(target)
-    config.mesh.data = max(d for d in (1, 2, 4, 8) if config.train.batch_size % d == 0)
-    run = resolve(config, vocab_size=tpu.vocab_size_for(config))
-    step = tpu.compile_train_step(run, devices, target)
-    assert step.fits(target), (config_name, step.total_bytes)
-    n = count_params(jax.eval_shape(partial(init_params, run.model), jax.random.key(0)))
-    assert step.params_bytes >= 4 * n // 8
-    assert tpu.report_lines(run, target, step, 0.4)[1].startswith("per device: parameters")
