@@ -1,0 +1,62 @@
+"""The package's folders are its architecture: imports run one way, commands -> job -> hardware
+-> core, and nothing in the core imports a folder. Read from the source (ast), so an import
+inside a function counts as much as one at the top."""
+
+import ast
+
+import pytest
+from conftest import ROOT
+
+PACKAGE = ROOT / "jaxgpt"
+LAYERS = {"core": 0, "hardware": 1, "job": 2, "commands": 3}  # a module may import its own layer and below
+
+
+def layer_of(module: str) -> str:
+    """'jaxgpt.job.trainer' -> 'job'; a top-level module ('jaxgpt.model') is the core."""
+    parts = module.split(".")
+    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else "core"
+
+
+def package_imports(path) -> set[str]:
+    """Every jaxgpt module the file imports (absolute imports: the package uses no relative ones)."""
+    found = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.ImportFrom):
+            assert node.level == 0, f"{path}: relative import"
+            names = [f"{node.module}.{alias.name}" for alias in node.names]
+            found.update(name for name in [node.module, *names] if name and name.startswith("jaxgpt"))
+        elif isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names if alias.name.startswith("jaxgpt"))
+    return found
+
+
+def shims() -> set[str]:
+    """Top-level modules that only keep a command's documented `python -m jaxgpt.X` name."""
+    return {
+        f"jaxgpt.{path.stem}"
+        for path in PACKAGE.glob("*.py")
+        if path.stem != "__init__"
+        and package_imports(path) == {f"jaxgpt.commands.{path.stem}", f"jaxgpt.commands.{path.stem}.main"}
+    }
+
+
+MODULES = sorted(
+    ".".join(path.relative_to(ROOT).with_suffix("").parts) for path in PACKAGE.rglob("*.py") if path.stem != "__init__"
+)
+SHIMS = shims()
+
+
+def test_the_layers_are_what_the_listing_says():
+    assert {layer_of(m) for m in MODULES} == set(LAYERS)
+    assert layer_of("jaxgpt.model") == "core" and layer_of("jaxgpt.commands.cli") == "commands"
+    assert "jaxgpt.check" in SHIMS and "jaxgpt.model" not in SHIMS
+
+
+# The shims (`python -m jaxgpt.check` and the like) import their command by design.
+@pytest.mark.parametrize("module", [m for m in MODULES if m not in SHIMS])
+def test_imports_run_one_way(module):
+    path = ROOT / (module.replace(".", "/") + ".py")
+    upward = sorted(
+        imported for imported in package_imports(path) if LAYERS[layer_of(imported)] > LAYERS[layer_of(module)]
+    )
+    assert not upward, f"{module} ({layer_of(module)}) imports from a layer above it: {upward}"
