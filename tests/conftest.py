@@ -169,7 +169,7 @@ _without_libtpu = pytest.mark.skipif(
     reason="compiling for TPUs needs libtpu: pip install -r requirements-tpu.txt",
 )
 
-# The tests share one compilation cache (conftest), in which a TPU program written by one test
+# The tests share one compilation cache (pytest_configure above), in which a TPU program written by one test
 # cannot be loaded back on compile-only devices by the next: JAX says so and compiles again.
 # `jaxgpt.check --target` keeps no cache, so users never see this.
 _cache_cannot_load_tpu_programs = pytest.mark.filterwarnings(

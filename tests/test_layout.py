@@ -12,9 +12,10 @@ LAYERS = {"core": 0, "hardware": 1, "job": 2, "commands": 3}  # a module may imp
 
 
 def layer_of(module: str) -> str:
-    """'jaxgpt.job.trainer' -> 'job'; a top-level module ('jaxgpt.model') is the core."""
+    """'jaxgpt.job.trainer' and the folder itself ('from jaxgpt import job') -> 'job'; a
+    top-level module ('jaxgpt.model') is the core."""
     parts = module.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else "core"
+    return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "core"
 
 
 def package_imports(path) -> set[str]:
@@ -49,6 +50,7 @@ SHIMS = shims()
 def test_the_layers_are_what_the_listing_says():
     assert {layer_of(m) for m in MODULES} == set(LAYERS)
     assert layer_of("jaxgpt.model") == "core" and layer_of("jaxgpt.commands.cli") == "commands"
+    assert layer_of("jaxgpt.hardware") == "hardware"  # `from jaxgpt import hardware` is an import of the folder
     assert "jaxgpt.check" in SHIMS and "jaxgpt.model" not in SHIMS
 
 

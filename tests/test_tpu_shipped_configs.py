@@ -1,7 +1,7 @@
 """Every shipped config compiled ahead of time for two TPU generations (libtpu's compile-only
 devices). Apart from tests/test_tpu.py so that the slow set's two workers share the TPU
-compiles: pytest-xdist hands out whole files (--dist loadfile), and these twelve alone take
-minutes."""
+compiles: pytest-xdist hands out whole files (--dist loadfile), and these alone take about
+half an hour of one worker's time."""
 
 import importlib
 from functools import partial
