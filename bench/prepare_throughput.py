@@ -9,12 +9,15 @@ fresh cache every round. Rows, side by side in each round, medians over the roun
 
   tiktoken, 1 thread        encode_ordinary on each document in turn: the tokenizer alone
   tiktoken, N threads       encode_ordinary_batch(num_threads=N): tiktoken's own parallelism
-  prepare, 1 process        data.prepare with one core (os.cpu_count() = 1: no workers)
-  prepare, N processes      data.prepare as it runs: one tokenizing process per core
+  prepare, 0 workers        data.prepare tokenizing in its own process
+  prepare, W workers        data.prepare with W tokenizing processes (JAXGPT_PREPARE_WORKERS=W),
+                            for W from 1 to the core count; the default is marked
 
 prepare's time is the whole preparation: reading the parquet, tokenizing, writing the shards,
 hashing them, the validation split, spawning the workers; `datasets`' one-time conversion of the
-parquet to its Arrow cache is left out (a first, untimed preparation). Per core = tokens/s / cores used.
+parquet to its Arrow cache is left out (a first, untimed preparation). Cores used: the tokenizing
+processes plus the preparing one (which reads and writes), at most the machine's; per core =
+tokens/s / cores used.
 The GPT-2 BPE file must be in tiktoken's cache (TIKTOKEN_CACHE_DIR); offline, --tiktoken_cache
 names a folder holding it, which is copied to a temporary, writable one.
 """
@@ -34,7 +37,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxgpt import data  # noqa: E402
-from jaxgpt.config import DataConfig  # noqa: E402
+from jaxgpt.config import DataConfig, usable_cores  # noqa: E402
 from jaxgpt.hardware.peak_flops import describe_cpu  # noqa: E402
 
 
@@ -80,18 +83,18 @@ def tiktoken_rate(texts: list[str], threads: int) -> tuple[float, int]:
     return time.perf_counter() - start, tokens
 
 
-def prepare_rate(corpus: Path, cores: int) -> tuple[float, int]:
-    """(seconds, tokens) of a whole data.prepare of `corpus` into a fresh cache, on `cores` cores."""
+def prepare_rate(corpus: Path, workers: int) -> tuple[float, int]:
+    """(seconds, tokens) of a whole data.prepare of `corpus` into a fresh cache, with `workers`
+    tokenizing processes."""
     cache = Path(tempfile.mkdtemp(prefix="prepare-bench-"))
-    available = os.cpu_count
-    data.os.cpu_count = lambda: cores  # the worker count data.prepare reads
+    os.environ[data.WORKERS_ENV] = str(workers)
     try:
         start = time.perf_counter()
         dataset = data.prepare(DataConfig(source=f"text:{corpus}", tokenizer="gpt2", cache_dir=str(cache)), False)
         seconds = time.perf_counter() - start
         return seconds, len(dataset.train) + len(dataset.val) - len(dataset.documents)  # less the separators
     finally:
-        data.os.cpu_count = available
+        del os.environ[data.WORKERS_ENV]
         shutil.rmtree(cache)
 
 
@@ -106,17 +109,21 @@ def main() -> None:
     if args.tiktoken_cache:
         shutil.copytree(args.tiktoken_cache, work / "tiktoken")
         os.environ["TIKTOKEN_CACHE_DIR"] = str(work / "tiktoken")
-    cores = os.cpu_count() or 1
+    os.environ.pop(data.WORKERS_ENV, None)
+    default_workers = data.tokenizing_workers()
+    cores = usable_cores()
     texts = write_corpus(work / "corpus", args.megabytes)
     megabytes = sum(len(t.encode()) for t in texts) / 1e6
     print(f"{describe_cpu()}; {len(texts):,} documents, {megabytes:.1f} MB of text in 4 parquet shards")
     cases = {
         "tiktoken, 1 thread": (1, lambda: tiktoken_rate(texts, 1)),
         f"tiktoken, {cores} threads": (cores, lambda: tiktoken_rate(texts, cores)),
-        "prepare, 1 process": (1, lambda: prepare_rate(work / "corpus", 1)),
-        f"prepare, {cores} processes": (cores, lambda: prepare_rate(work / "corpus", cores)),
     }
-    prepare_rate(work / "corpus", 1)  # datasets converts the parquet to Arrow once, and caches it
+    for workers in range(cores + 1):
+        name = f"prepare, {workers} worker{'' if workers == 1 else 's'}"
+        name += " (default)" if workers == default_workers else ""
+        cases[name] = (min(workers + 1, cores), lambda workers=workers: prepare_rate(work / "corpus", workers))
+    prepare_rate(work / "corpus", 0)  # datasets converts the parquet to Arrow once, and caches it
     rates: dict[str, list[float]] = {name: [] for name in cases}
     counts: dict[str, int] = {}
     for round_ in range(args.rounds):
@@ -124,7 +131,7 @@ def main() -> None:
             seconds, tokens = measure()
             rates[name].append(tokens / seconds)
             counts[name] = tokens
-            print(f"round {round_ + 1}: {name:24s} {tokens / seconds / 1e6:6.2f} M tokens/s", flush=True)
+            print(f"round {round_ + 1}: {name:28s} {tokens / seconds / 1e6:6.2f} M tokens/s", flush=True)
     assert len(set(counts.values())) == 1, f"the cases counted different tokens: {counts}"
     baseline = statistics.median(rates["tiktoken, 1 thread"])
     rows = []

@@ -35,6 +35,12 @@ def cache_root() -> Path:
     return Path(os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt")
 
 
+def usable_cores() -> int:
+    """The CPU cores this process may run on: its affinity mask (what taskset, cgroups and
+    container limits leave it), which os.cpu_count() ignores."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
 class ConfigError(UserError, ValueError):
     """A configuration that cannot describe a working model; the message says how to fix it."""
 

@@ -152,8 +152,20 @@ def test_parallel_tokenization_writes_the_same_tokens_as_serial(tmp_path, monkey
         dataset = data.prepare(config, progress=False)
         return np.concatenate([dataset.train, dataset.val])
 
-    monkeypatch.setattr(data.os, "cpu_count", lambda: 2)  # two workers even on a one-core machine
+    monkeypatch.setenv(data.WORKERS_ENV, "2")  # two workers, whatever the machine's cores
     np.testing.assert_array_equal(prepared(1, "parallel"), prepared(10**9, "serial"))
+
+
+def test_tokenizing_workers_leave_the_preparing_process_a_core(monkeypatch):
+    monkeypatch.delenv(data.WORKERS_ENV, raising=False)
+    for cores, workers in ((1, 0), (2, 0), (3, 2), (16, 15)):  # one worker beside it is never worth it
+        monkeypatch.setattr(data, "usable_cores", lambda cores=cores: cores)
+        assert data.tokenizing_workers() == workers
+    monkeypatch.setenv(data.WORKERS_ENV, "1")
+    assert data.tokenizing_workers() == 1
+    monkeypatch.setenv(data.WORKERS_ENV, "two")
+    with pytest.raises(UserError, match="JAXGPT_PREPARE_WORKERS='two' is not a worker count"):
+        data.tokenizing_workers()
 
 
 # ----------------------------------------------------------------------------- shards
@@ -223,8 +235,8 @@ def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkey
     config = DataConfig(source=source, tokenizer="char", cache_dir=str(tmp_path / "crashed"), shard_tokens=500)
     encoded = data._encoded
 
-    def crashing(texts, tokenizer, separator):
-        for number, ids in enumerate(encoded(texts, tokenizer, separator), 1):
+    def crashing(*args):
+        for number, ids in enumerate(encoded(*args), 1):
             yield ids
             if number == crash_after:
                 raise Crash
@@ -241,8 +253,8 @@ def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkey
     assert not data.cache_folder(config).exists()
     tokenized = []
 
-    def counting(texts, tokenizer, separator):
-        for ids in encoded(texts, tokenizer, separator):
+    def counting(*args):
+        for ids in encoded(*args):
             tokenized.append(ids)
             yield ids
 

@@ -48,7 +48,7 @@ def test_the_recipe_from_parquet_shards_to_a_multiple_choice_score(tmp_path, gpt
     write_fineweb_like(corpus)
     recipe = ["--config", "configs/gpt2_124m.py", f"--config.data.source=text:{corpus}"]
     recipe += [f"--config.data.cache_dir={cache}", "--config.data.max_tokens=0", "--config.data.shard_tokens=20000"]
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT), data.WORKERS_ENV: "2"}  # workers, even on 2 cores
 
     # Prepare, killed (with its tokenizing workers) once two shards are whole, then again to the end.
     command = [sys.executable, "-m", "jaxgpt.prepare", *recipe]

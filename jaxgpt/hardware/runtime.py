@@ -25,7 +25,7 @@ from pathlib import Path
 
 import jax
 
-from jaxgpt.config import cache_root
+from jaxgpt.config import cache_root, usable_cores
 from jaxgpt.errors import UserError
 
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
@@ -89,7 +89,7 @@ def cpu_cores() -> int:
         if not setting.isdigit() or int(setting) < 1:
             raise UserError(f"{CORES_ENV}={setting!r} is not a core count; set it to a whole number >= 1, or unset it")
         return int(setting)
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return usable_cores()
 
 
 def mesh_devices() -> list:
