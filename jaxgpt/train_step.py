@@ -33,13 +33,23 @@ class TrainState:
     rng: jax.Array
 
 
-def run_keys(seed: int) -> tuple[jax.Array, jax.Array]:
-    """A run's two keys from train.seed: the parameters' initialisation, and dropout's."""
-    init_key, dropout_key = jax.random.split(jax.random.key(seed))
+def run_keys(seed: int | jax.Array) -> tuple[jax.Array, jax.Array]:
+    """A run's two keys from train.seed (or the key data of jax.random.key(seed)): the
+    parameters' initialisation, and dropout's."""
+    key = jax.random.key(seed) if isinstance(seed, int) else jax.random.wrap_key_data(seed)
+    init_key, dropout_key = jax.random.split(key)
     return init_key, dropout_key
 
 
-def create_train_state(config: ModelConfig, optimizer: optax.GradientTransformation, seed: int) -> TrainState:
+def seed_key_data(seed: int) -> np.ndarray:
+    """jax.random.key(seed)'s bits, as the argument a compiled initialisation takes: with the
+    seed outside the program, runs that differ only in seed share one (`compare --seeds`)."""
+    return np.asarray(jax.random.key_data(jax.random.key(seed)))
+
+
+def create_train_state(
+    config: ModelConfig, optimizer: optax.GradientTransformation, seed: int | jax.Array
+) -> TrainState:
     init_key, dropout_key = run_keys(seed)
     params = init_params(config, init_key)
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), dropout_key)
@@ -160,12 +170,13 @@ def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]
 
 def state_layout(run: RunConfig, mesh):
     """The train state's shapes, dtypes and shardings (nothing allocated), and the function
-    that creates it."""
-    create = partial(create_train_state, run.model, make_optimizer(run.train), run.train.seed)
-    shapes = jax.eval_shape(create)
+    that creates it: the compiled initialisation (`.func`) applied to the seed's key data."""
+    create = partial(create_train_state, run.model, make_optimizer(run.train))
+    key_data = seed_key_data(run.train.seed)
+    shapes = jax.eval_shape(create, key_data)
     layout = sharding.laid_out(shapes, mesh)
     shardings = jax.tree.map(lambda s: s.sharding, layout)
-    return layout, jax.jit(create, out_shardings=shardings)
+    return layout, partial(jax.jit(create, out_shardings=shardings), key_data)
 
 
 def jit_train_step(run: RunConfig, mesh):

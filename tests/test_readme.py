@@ -1,6 +1,7 @@
 """The README's commands as a user copies them: every shell command in its ```bash blocks runs
-offline on this CPU (with short step counts) or is excused below with the reason; the numbers it
-quotes from the tiny config's run and its pre-flight check are the numbers those commands print."""
+offline on this CPU (with short step counts, or in full in tests/test_readme_runs.py) or is
+excused below with the reason; the numbers it quotes from the tiny config's run and its
+pre-flight check are the numbers those commands print."""
 
 import os
 import re
@@ -58,7 +59,22 @@ def excuse(command: str) -> str | None:
     return next((why for pattern, why in EXCUSED.items() if re.search(pattern, command)), None)
 
 
+# Commands tests/test_readme_runs.py runs as written and to their end (where the README quotes
+# what they print), so a shortened run of them here would only repeat their start. Nothing later
+# in the README reads what they write.
+RUN_IN_FULL = {
+    "speedrun": r"^python train\.py --config configs/tiny_speedrun\.py ",
+    "pre-flight": r"^jaxgpt-check --config tiny$",
+}
+
 RUNNABLE = [c for c in shell_commands(README) if excuse(c) is None]
+SHORTENED = [c for c in RUNNABLE if not any(re.search(pattern, c) for pattern in RUN_IN_FULL.values())]
+
+
+def readme_command(name: str) -> str:
+    """The one runnable README command RUN_IN_FULL[name] picks out."""
+    (command,) = [c for c in RUNNABLE if re.search(RUN_IN_FULL[name], c)]
+    return command
 
 
 def test_the_readme_commands_are_found_and_each_is_run_or_excused():
@@ -66,12 +82,16 @@ def test_the_readme_commands_are_found_and_each_is_run_or_excused():
     assert len(commands) >= 20  # the parser found the blocks
     for command in RUNNABLE:
         assert any(command.startswith(prefix) for prefix in COMMANDS), f"no way to run: {command}"
-    assert "python train.py --config configs/tiny.py" in RUNNABLE  # the first run is run, not excused
+    assert "python train.py --config configs/tiny.py" in SHORTENED  # the first run is run, not excused
+    assert len(SHORTENED) == len(RUNNABLE) - len(RUN_IN_FULL)  # each name picks out exactly one
+    assert all(readme_command(name) for name in RUN_IN_FULL)
 
 
-def argv_for(command: str, home) -> list[str]:
+def argv_for(command: str, home, shortened: bool = True) -> list[str]:
     prefix = next(p for p in COMMANDS if command.startswith(p))
     args = [a.replace("~", str(home), 1) if a.startswith("~") else a for a in shlex.split(command[len(prefix) :])]
+    if not shortened:
+        return COMMANDS[prefix] + args
     if prefix in ("python train.py", "jaxgpt-train"):
         args += SHORT_TRAINING
     elif prefix == "python -m" and args[0] == "jaxgpt.compare":
@@ -98,7 +118,7 @@ def sandbox(tmp_path_factory):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("command", RUNNABLE)
+@pytest.mark.parametrize("command", SHORTENED)
 def test_readme_command_runs(command, sandbox, request):
     """In README order: the sampling and plotting commands read the runs the training ones wrote."""
     env = os.environ | {"HOME": str(sandbox), "PYTHONPATH": str(ROOT)}

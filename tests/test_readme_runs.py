@@ -1,6 +1,7 @@
 """The README's long runs, apart from its commands (tests/test_readme.py) so that the slow set's
 two workers share them: the full first run ends at the losses the README quotes, the speedrun
-beats it in 400 steps, and the pre-flight table is what `jaxgpt.check` prints."""
+beats it in 400 steps, and the pre-flight table is what `jaxgpt-check --config tiny` prints. The
+last two run the README's commands as written, so tests/test_readme.py leaves them out."""
 
 import os
 import re
@@ -9,7 +10,7 @@ import sys
 
 import pytest
 from conftest import ROOT
-from test_readme import README, agree, quoted_block
+from test_readme import README, agree, argv_for, quoted_block, readme_command
 
 
 @pytest.mark.slow
@@ -32,14 +33,14 @@ def test_the_first_run_ends_at_the_losses_the_readme_quotes(tmp_path):
 
 @pytest.mark.slow
 def test_the_speedrun_reaches_the_first_runs_bits_per_byte_in_400_steps(tmp_path):
-    """The README's claim: configs/tiny_speedrun.py ends below the validation bits per byte that
+    """The README's claim: its speedrun command ends below the validation bits per byte that
     configs/tiny.py ends at (the README's step-2000 line, which the test above holds to the run)."""
     tiny_bpb = float(re.search(r"step 2000: .*\(([\d.]+) bits/byte\)", README).group(1))
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     env.pop("XLA_FLAGS")
-    config = str(ROOT / "configs/tiny_speedrun.py")
     result = subprocess.run(
-        [sys.executable, str(ROOT / "train.py"), "--config", config, f"--workdir={tmp_path}"],
+        argv_for(readme_command("speedrun"), tmp_path, shortened=False),
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,
@@ -51,14 +52,14 @@ def test_the_speedrun_reaches_the_first_runs_bits_per_byte_in_400_steps(tmp_path
 
 
 @pytest.mark.slow
-def test_the_preflight_table_is_what_check_prints():
+def test_the_preflight_table_is_what_check_prints(tmp_path):
     """Every number in the README's check table except times and this machine's memory."""
     quoted = quoted_block("prints a table").splitlines()
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env = os.environ | {"PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     env.pop("XLA_FLAGS")
     result = subprocess.run(
-        [sys.executable, "-m", "jaxgpt.check", "--config", str(ROOT / "configs/tiny.py")],
-        cwd=ROOT,
+        argv_for(readme_command("pre-flight"), tmp_path, shortened=False),
+        cwd=tmp_path,
         env=env,
         capture_output=True,
         text=True,

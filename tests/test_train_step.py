@@ -101,3 +101,23 @@ def test_bfloat16_training_follows_float32():
     assert half[-1] < 0.6 * half[0]  # it learned
     np.testing.assert_allclose(half, full, rtol=2**-8)
     assert np.abs(half - full).max() > 0  # bfloat16 really computed
+
+
+def test_one_compiled_initialisation_serves_every_seed():
+    """The seed is the initialisation program's argument, not a constant folded into it: two
+    seeds lower to the same program, which gives the parameters and dropout key that
+    create_train_state gives for the seed, bit for bit (the key's bits are the same bits)."""
+    from jaxgpt.config import DataConfig, MeshConfig, RunConfig
+    from jaxgpt.sharding import make_mesh
+    from jaxgpt.train_step import state_layout
+
+    mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
+    runs = {seed: RunConfig(MODEL, DataConfig(), TrainConfig(seed=seed, batch_size=8)) for seed in (0, 7)}
+    creates = {seed: state_layout(run, mesh)[1] for seed, run in runs.items()}
+    programs = {seed: create.func.lower(*create.args).as_text() for seed, create in creates.items()}
+    assert programs[0] == programs[7]
+    expected = jax.jit(partial(create_train_state, MODEL, make_optimizer(runs[7].train), 7))()
+    for got, want in zip(jax.tree.leaves(creates[7]()), jax.tree.leaves(expected), strict=True):
+        if jnp.issubdtype(want.dtype, jax.dtypes.prng_key):
+            got, want = jax.random.key_data(got), jax.random.key_data(want)
+        np.testing.assert_array_equal(got, want)
