@@ -68,6 +68,15 @@ def test_temporaries_shrink_as_the_interpolation_assumes():
     assert abs(predicted - temp[3]) <= 0.1 * temp[3], (temp, predicted)
 
 
+def test_a_step_compiled_only_to_be_measured_has_the_optimised_steps_temporaries():
+    """The CPU's per-core plan compiles its candidates without LLVM's optimisations (they are
+    measured, never run): XLA assigns the buffers before LLVM, so the bytes are the same."""
+    run = resolve(small_run_config(batch_size=12), vocab_size=96)
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
+    for m in (1, 12):
+        assert autotune.step_temp_bytes(run, mesh, m, measure_only=True) == autotune.step_temp_bytes(run, mesh, m)
+
+
 def test_an_explicit_setting_is_kept_and_zero_is_filled():
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
     run = resolve(small_run_config(batch_size=8, microbatches=2), vocab_size=96)

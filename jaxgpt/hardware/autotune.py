@@ -15,6 +15,11 @@ compiled too, and the rest are interpolated: temporaries are a fixed part (gradi
 accumulator) plus activations that shrink as 1/microbatches. An accelerator's compiler may
 refuse the first outright (out of memory), which leaves nothing to interpolate from: then the
 counts in between are bisected, one compile each.
+
+Where the candidates are only measured (the CPU's per-core plan: each core then compiles the
+program it runs, jaxgpt/hardware/core_parallel.py), they are compiled without LLVM's
+optimisations, a quarter to a third faster: XLA assigns every buffer before LLVM sees the
+program, so the temporaries are the optimised step's to the byte (tests/test_autotune.py).
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
 
 FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
 ACCELERATOR_HEADROOM = 0.9  # leave XLA's allocator a tenth of the device's memory
+MEASURE_ONLY = {"xla_backend_optimization_level": 0}  # LLVM's level: buffers are assigned before it
 
 
 def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
@@ -36,12 +42,14 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
     return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
 
 
-def compile_step(run: RunConfig, mesh):
+def compile_step(run: RunConfig, mesh, measure_only: bool = False):
     """The train step of `run`, compiled ahead of time for its state and batch layouts; raises
-    memory.OutOfMemory where the compiler refuses it."""
+    memory.OutOfMemory where the compiler refuses it. `measure_only`: for its memory analysis,
+    never to run (a CPU program compiled without LLVM's optimisations)."""
     layout, _ = state_layout(run, mesh)
     with memory.refusals_as_out_of_memory():
-        return jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile()
+        lowered = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh))
+        return lowered.compile(MEASURE_ONLY if measure_only else None)
 
 
 def temp_bytes(compiled) -> int:
@@ -50,8 +58,8 @@ def temp_bytes(compiled) -> int:
     return int(analysis.temp_size_in_bytes) if analysis is not None else 0
 
 
-def step_temp_bytes(run: RunConfig, mesh, microbatches: int) -> int:
-    return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh))
+def step_temp_bytes(run: RunConfig, mesh, microbatches: int, measure_only: bool = False) -> int:
+    return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh, measure_only))
 
 
 def memory_budget(run: RunConfig, mesh, device_bytes: int | None = None) -> tuple[int, str]:
@@ -106,8 +114,9 @@ class Tuned(NamedTuple):
     why: str | None = None  # the measurements and budget behind the choice, when the machine chose
 
 
-def fill_microbatches(run: RunConfig, mesh, device_bytes: int | None = None) -> Tuned:
-    """`run` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's)."""
+def fill_microbatches(run: RunConfig, mesh, device_bytes: int | None = None, measure_only: bool = False) -> Tuned:
+    """`run` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's).
+    `measure_only`: the caller compiles the step it runs itself (none is returned)."""
     if run.train.microbatches:
         return Tuned(run, None, None)
     choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
@@ -118,7 +127,7 @@ def fill_microbatches(run: RunConfig, mesh, device_bytes: int | None = None) -> 
 
     def measure(m: int) -> float:
         try:
-            compiled[m] = compile_step(with_train(run, microbatches=m), mesh)
+            compiled[m] = compile_step(with_train(run, microbatches=m), mesh, measure_only)
         except memory.OutOfMemory:
             return math.inf
         return temp_bytes(compiled[m])
@@ -128,5 +137,8 @@ def fill_microbatches(run: RunConfig, mesh, device_bytes: int | None = None) -> 
     seen = ", ".join(f"{m}: {size}" for m, size in sizes.items())
     why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
     return Tuned(
-        with_train(run, microbatches=chosen), f"train.microbatches=0 -> {chosen} ({why})", compiled.get(chosen), why
+        with_train(run, microbatches=chosen),
+        f"train.microbatches=0 -> {chosen} ({why})",
+        None if measure_only else compiled.get(chosen),
+        why,
     )

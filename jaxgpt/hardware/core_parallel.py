@@ -163,7 +163,7 @@ def plan(run: RunConfig, devices: list) -> CorePlan:
         return CorePlan(run, devices[:1], None)
     per_core = with_train(run, batch_size=run.train.batch_size // n)
     started = time.perf_counter()
-    tuned = fill_microbatches(per_core, sharding.make_mesh(MeshConfig(1, 1, 1), devices[:1]))
+    tuned = fill_microbatches(per_core, sharding.make_mesh(MeshConfig(1, 1, 1), devices[:1]), measure_only=True)
     microbatches = tuned.run.train.microbatches
     note = (
         f"{n} CPU cores, each running the step on {run.train.batch_size // n} of the {run.train.batch_size} rows "
