@@ -31,9 +31,10 @@ if _MADE_CACHE:
     # compile options, so a changed model compiles afresh and an unchanged one loads. A second
     # run of test_trainer.py + test_sampling.py: 62 s against 151 s. In .pytest_cache/, which git
     # ignores; JAXGPT_COMPILATION_CACHE chooses another place, or "off".
-    _kept = Path(__file__).resolve().parents[1] / ".pytest_cache" / "jaxgpt-xla"
-    _kept.mkdir(parents=True, exist_ok=True)
-    os.environ.setdefault("JAXGPT_COMPILATION_CACHE", str(_kept))
+    if "JAXGPT_COMPILATION_CACHE" not in os.environ:
+        _kept = Path(__file__).resolve().parents[1] / ".pytest_cache" / "jaxgpt-xla"
+        _kept.mkdir(parents=True, exist_ok=True)
+        os.environ["JAXGPT_COMPILATION_CACHE"] = str(_kept)
 os.environ["JAXGPT_CACHE"] = os.environ["JAXGPT_TEST_CACHE"]
 os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-datasets")
 
