@@ -55,6 +55,18 @@ def pytest_configure(config):
     jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.5)
 
 
+@pytest.hookimpl(trylast=True)
+def pytest_terminal_summary(terminalreporter):
+    """The suite's cost in every log, beside pytest's slowest tests (--durations): the test time
+    summed over every test's setup, call and teardown, which the workers share. It is what grows
+    as tests are added; docs/testing.md says what a set may cost."""
+    reports = [r for kind in terminalreporter.stats.values() for r in kind if getattr(r, "when", None)]
+    if reports:
+        total = sum(r.duration for r in reports)
+        tests = len({r.nodeid for r in reports})
+        terminalreporter.write_line(f"test time: {total:.0f} s summed over {tests} tests ({total / 60:.1f} min)")
+
+
 def pytest_unconfigure(config):
     if _MADE_CACHE:
         shutil.rmtree(os.environ["JAXGPT_TEST_CACHE"], ignore_errors=True)

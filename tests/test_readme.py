@@ -3,12 +3,15 @@ offline on this CPU (with short step counts, or in full in tests/test_readme_run
 excused below with the reason; the numbers it quotes from the tiny config's run and its
 pre-flight check are the numbers those commands print."""
 
+import itertools
+import math
 import os
 import re
 import shlex
 import shutil
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 from conftest import ROOT
@@ -24,12 +27,15 @@ EXCUSED = {
     r"finetune_gpt2|--init_from gpt2": "downloads GPT-2's weights from the Hub (tests/test_hf.py covers a local copy)",
 }
 
+# A one-layer model: the same code path at a third of the compile (15 s -> 10 s a command, Zen 5).
+# It goes right after --config, before the command's own flags, so a command that sets n_layer
+# keeps its value.
+SMALLER_MODEL = ["--config.model.n_layer=1"]
 SHORT_TRAINING = [
     "--config.train.steps=3",
     "--config.train.eval_every=3",
     "--config.train.eval_batches=1",
     "--config.train.checkpoint_every=3",
-    "--quiet",
 ]
 COMMANDS = {  # how each entry point is started without installing the package
     "python train.py": [sys.executable, str(ROOT / "train.py")],
@@ -87,15 +93,29 @@ def test_the_readme_commands_are_found_and_each_is_run_or_excused():
     assert all(readme_command(name) for name in RUN_IN_FULL)
 
 
+def smaller_model(args: list[str]) -> list[str]:
+    at = (
+        args.index("--config") + 2
+        if "--config" in args
+        else next(i for i, a in enumerate(args) if a.startswith("--config=")) + 1
+    )
+    return args[:at] + SMALLER_MODEL + args[at:]
+
+
 def argv_for(command: str, home, shortened: bool = True) -> list[str]:
     prefix = next(p for p in COMMANDS if command.startswith(p))
     args = [a.replace("~", str(home), 1) if a.startswith("~") else a for a in shlex.split(command[len(prefix) :])]
     if not shortened:
         return COMMANDS[prefix] + args
     if prefix in ("python train.py", "jaxgpt-train"):
-        args += SHORT_TRAINING
+        args = smaller_model(args) + SHORT_TRAINING
     elif prefix == "python -m" and args[0] == "jaxgpt.compare":
-        args += ["--steps=3", "--config.train.eval_every=3", "--config.train.eval_batches=1", "--quiet"]
+        args = smaller_model(args) + [
+            "--steps=3",
+            "--config.train.eval_every=3",
+            "--config.train.eval_batches=1",
+            "--quiet",  # one line per run; the table is still printed
+        ]
     elif prefix in ("python sample.py", "jaxgpt-sample") and "--max_new_tokens" not in command:
         args.append("--max_new_tokens=8")
     return COMMANDS[prefix] + args
@@ -127,6 +147,46 @@ def test_readme_command_runs(command, sandbox, request):
     env.pop("XLA_FLAGS")  # the user's default device count, not the test session's eight
     result = subprocess.run(argv_for(command, sandbox), cwd=sandbox, env=env, capture_output=True, text=True)
     assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+    assert_prints_what_it_should(command, result.stdout + result.stderr, sandbox)
+
+
+def assert_prints_what_it_should(command: str, printed: str, home) -> None:
+    """What each kind of command says when it has done its work, read from the command itself:
+    a training run its last step (3, shortened), a sample its prompt, a check the slice it fits,
+    a table its rows, a drawing the file it wrote."""
+    args = shlex.split(command)
+    value = {a: b for a, b in itertools.pairwise(args) if a.startswith("--")}
+    if args[0] == "jaxgpt-train" or args[:2] == ["python", "train.py"]:
+        assert re.search(r"done: step 3, val loss [\d.]+|already trained to step 3", printed), printed[-2000:]
+    elif args[0] == "jaxgpt-sample" or args[:2] == ["python", "sample.py"]:
+        prompt = (home / value["--prompt_file"]).read_text() if "--prompt_file" in value else value.get("--prompt", "")
+        samples = re.split(r"^--- sample \d+\n", printed, flags=re.M)[1:] or [printed]
+        assert len(samples) == int(value.get("--num_samples", 1)), printed
+        assert all(sample.startswith(prompt) and len(sample) > len(prompt) for sample in samples), printed
+    elif "jaxgpt.check" in args and "--target" in value:
+        assert f"\nfits {value['--target']}\n" in printed and "\nper device: parameters " in printed, printed
+    elif "jaxgpt.prepare" in args:
+        assert re.search(r"[\d,]+ tokens \([\d,]+ train, [\d,]+ validation\)", printed), printed
+    elif "jaxgpt.hellaswag" in args:
+        assert re.search(r"\d+ questions, accuracy [\d.]+", printed), printed
+    elif "jaxgpt.evaluate" in args:
+        # a row per run and length, or the length named as skipped for that run (with the reason)
+        runs = [Path(b).name for a, b in itertools.pairwise(args) if a == "--workdir"]
+        asked = set(itertools.product(runs, value["--lengths"].split(",")))
+        scored = set(re.findall(r"^(\S+) +\d+ +(\d+) +\d+ ", printed, flags=re.M))
+        skipped = re.findall(r"^(\S+): lengths ([\d, ]+) skipped: ", printed, flags=re.M)
+        skipped = {(Path(run).name, n) for run, lengths in skipped for n in lengths.split(", ")}
+        assert scored | skipped == asked and not scored & skipped, printed
+    elif "jaxgpt.compare" in args:
+        varied = [b.split("=", 1)[1].split(",") for a, b in itertools.pairwise(args) if a == "--vary"]
+        rows = [line for line in printed.splitlines() if line.startswith("| ") and "=" in line.split("|")[1]]
+        assert len(rows) == math.prod(map(len, varied)), printed
+        assert all(line.split("|")[2].strip() == value["--seeds"] for line in rows), printed
+    out = value.get("--out")
+    if out and "jaxgpt.compare" in args:
+        assert (home / out / "results.md").exists()
+    elif out:  # a drawing
+        assert f"wrote {out}" in printed and (home / out).read_bytes()[:4] == b"\x89PNG", printed
 
 
 def quoted_block(after: str) -> str:

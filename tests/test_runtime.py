@@ -3,8 +3,6 @@ collectives), and the compilation cache."""
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 from conftest import run_script
@@ -124,28 +122,13 @@ def test_train_py_fills_the_compilation_cache_and_reuses_it(tmp_path):
 
 @pytest.mark.slow
 def test_the_default_run_survives_a_busy_machine(tmp_path):
-    """The README's main command, shortened to 400 steps, three times on a machine where
-    another process keeps one core busy: every run finishes (the two-device default this
-    replaced aborted in about one run in eight under this load)."""
-    busy = subprocess.Popen([sys.executable, "-c", "while True: pass"])
-    try:
-        for attempt in range(3):
-            workdir = tmp_path / f"run{attempt}"
-            result = run_script(
-                "train.py",
-                "--config=configs/tiny.py",
-                f"--workdir={workdir}",
-                "--config.train.steps=400",
-                "--config.train.eval_every=200",
-                "--config.train.checkpoint_every=200",
-                "--quiet",
-                env=default_environment(),
-                replace_env=True,
-                timeout=900,
-            )
-            assert result.returncode == 0, result.stderr[-3000:]
-            last = json.loads((workdir / "metrics.jsonl").read_text().splitlines()[-1])
-            assert last["step"] == 400
-    finally:
-        busy.kill()
-        busy.wait()
+    """The README's main command, shortened to 400 steps, on a machine where another process
+    keeps one core busy: the run finishes (the two-device default this replaced aborted in about
+    one run in eight under this load). Once here; bench/busy_machine.py runs it three times or
+    more, which the docs ask for before a change to how the CPU step is chosen."""
+    out = tmp_path / "busy.json"
+    result = run_script("bench/busy_machine.py", "--runs=1", f"--out={out}", env=default_environment(),
+                        replace_env=True, timeout=900)  # fmt: skip
+    assert result.returncode == 0, result.stdout[-1000:] + result.stderr[-3000:]
+    (run,) = json.loads(out.read_text())["runs"]
+    assert (run["returncode"], run["last_step"]) == (0, 400), run

@@ -1,7 +1,11 @@
-"""Every shipped config compiled ahead of time for two TPU generations (libtpu's compile-only
-devices). Apart from tests/test_tpu.py so that the slow set's two workers share the TPU
-compiles: pytest-xdist hands out whole files (--dist loadfile), and these alone take about
-half an hour of one worker's time."""
+"""Every shipped config compiled ahead of time for a TPU slice (libtpu's compile-only devices):
+GPT-2 124M, the config people rent TPUs for, on both generations (its v5e-8 compile is the
+README's `jaxgpt.check` command, run by tests/test_readme.py: the same program); every other
+config on one of them (GENERATIONS), so each generation compiles several kinds of model (the
+other TPU paths, flash kernels and remat policies, are tests/test_tpu.py's). Apart from that file so
+that the slow set's two workers share the TPU compiles: pytest-xdist hands out whole files
+(--dist loadfile), and these are the longest compiles in the suite (shakespeare_char's, with
+dropout in six unscanned layers: 3 minutes on a Zen 5 core, 6 on a Zen 3)."""
 
 import importlib
 from functools import partial
@@ -9,19 +13,36 @@ from functools import partial
 import jax
 import pytest
 from conftest import ROOT, needs_libtpu
+from test_readme import SHORTENED
 
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import tpu
 from jaxgpt.model import count_params, init_params
 
 SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
+V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"
+# Where each shipped config is compiled here. A new config must be added (the test below says so).
+GENERATIONS = {
+    "finetune_gpt2": (V5E,),
+    "gpt2_124m": (V6E,),  # and on a v5e-8: the README's command below, which must print that it fits
+    "llama_tiny": (V6E,),
+    "shakespeare_char": (V5E,),
+    "tiny": (V6E,),
+    "tiny_speedrun": (V6E,),
+}
+README_CHECK = "python -m jaxgpt.check --config configs/gpt2_124m.py --target tpu-v5e-8"
+
+
+def test_every_shipped_config_is_compiled_and_both_generations_are_compiled_for():
+    assert set(GENERATIONS) == set(SHIPPED), "give each new config in configs/ its TPU generation here"
+    assert {g for names in GENERATIONS.values() for g in names} == {V5E, V6E}
+    assert README_CHECK in SHORTENED  # tests/test_readme.py runs it and reads "fits tpu-v5e-8"
 
 
 @needs_libtpu
-@pytest.mark.parametrize("name", ["tpu-v5e-8", "tpu-v6e-8"])
-@pytest.mark.parametrize("config_name", SHIPPED)
-def test_every_shipped_config_compiles_for_two_tpu_generations(config_name, name, gpt2_bpe):
-    """Each config as shipped, on 8 chips of v5e and of v6e: the report, and whether it fits.
+@pytest.mark.parametrize("config_name, name", [(c, g) for c in SHIPPED for g in GENERATIONS.get(c, ())])
+def test_every_shipped_config_compiles_for_a_tpu_slice(config_name, name, gpt2_bpe):
+    """Each config as shipped, on 8 chips of its generation: the report, and whether it fits.
     Configs whose batch does not split 8 ways use the largest mesh it does split over."""
     config = importlib.import_module(f"configs.{config_name}").get_config()
     if config.data.source.startswith("hf:") and not config.model.get("vocab_size"):
