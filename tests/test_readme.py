@@ -1,7 +1,7 @@
-"""The README's commands as a user copies them: every shell command in its ```bash blocks runs
-offline on this CPU (with short step counts, or in full in tests/test_readme_runs.py) or is
-excused below with the reason; the numbers it quotes from the tiny config's run and its
-pre-flight check are the numbers those commands print."""
+"""The guide's commands as a user copies them: every shell command in the ```bash blocks of the
+README and of the docs pages it leads to (GUIDE) runs offline on this CPU (shortened, or in full
+in tests/test_readme_runs.py) or is excused below with the reason; the numbers they quote from
+the tiny config's run and its pre-flight check are the numbers those commands print."""
 
 import itertools
 import math
@@ -16,11 +16,16 @@ from pathlib import Path
 import pytest
 from conftest import ROOT
 
+# The README, then the pages whose commands read the runs the README's commands write, in the
+# order a reader meets them (a sampling or plotting command comes after the run it reads).
+GUIDE_PAGES = ["README.md"] + [f"docs/{p}.md" for p in ("training", "configuration", "devices", "workbench", "model")]
 README = (ROOT / "README.md").read_text()
+GUIDE = "\n".join((ROOT / page).read_text() for page in GUIDE_PAGES)
 
 # Commands an offline 2-core CPU cannot run, and why. Every other command is run.
 EXCUSED = {
     r"^pip install": "installs packages: CI's own setup (.ci/run) does this",
+    r"^python3\.11 -m venv |^\. \.venv/bin/activate$": "makes the virtual environment: CI's own setup does this",
     r"pytest": "the test suite itself",
     r"^gcloud ": "needs a TPU slice",
     r"train\.py .*gpt2_124m\.py": "trains GPT-2 small on FineWeb-edu: a Hub download and days of an accelerator",
@@ -44,6 +49,7 @@ COMMANDS = {  # how each entry point is started without installing the package
     "jaxgpt-sample": [sys.executable, "-m", "jaxgpt.commands.sample"],
     "jaxgpt-check": [sys.executable, "-m", "jaxgpt.check"],
     "python -m": [sys.executable, "-m"],
+    "echo ": ["bash", "-c"],  # writes a file a later command reads
 }
 
 
@@ -73,18 +79,18 @@ RUN_IN_FULL = {
     "pre-flight": r"^jaxgpt-check --config tiny$",
 }
 
-RUNNABLE = [c for c in shell_commands(README) if excuse(c) is None]
+RUNNABLE = [c for c in shell_commands(GUIDE) if excuse(c) is None]
 SHORTENED = [c for c in RUNNABLE if not any(re.search(pattern, c) for pattern in RUN_IN_FULL.values())]
 
 
 def readme_command(name: str) -> str:
-    """The one runnable README command RUN_IN_FULL[name] picks out."""
+    """The one runnable guide command RUN_IN_FULL[name] picks out."""
     (command,) = [c for c in RUNNABLE if re.search(RUN_IN_FULL[name], c)]
     return command
 
 
 def test_the_readme_commands_are_found_and_each_is_run_or_excused():
-    commands = shell_commands(README)
+    commands = shell_commands(GUIDE)
     assert len(commands) >= 20  # the parser found the blocks
     for command in RUNNABLE:
         assert any(command.startswith(prefix) for prefix in COMMANDS), f"no way to run: {command}"
@@ -102,9 +108,21 @@ def smaller_model(args: list[str]) -> list[str]:
     return args[:at] + SMALLER_MODEL + args[at:]
 
 
+def test_the_readme_is_a_short_guide_whose_links_lead_to_every_docs_page():
+    assert len(README.splitlines()) <= 250
+    linked = re.findall(r"\]\((docs/[\w/.-]+?)(?:#[\w-]+)?\)", README)
+    assert linked and all((ROOT / link).is_file() for link in linked), linked
+    pages = sorted(p.name for p in (ROOT / "docs").glob("*.md") if p.name != "README.md")
+    index = (ROOT / "docs" / "README.md").read_text()
+    assert [page for page in pages if f"]({page})" not in index] == []
+    assert "docs/README.md" in linked
+
+
 def argv_for(command: str, home, shortened: bool = True) -> list[str]:
     prefix = next(p for p in COMMANDS if command.startswith(p))
     args = [a.replace("~", str(home), 1) if a.startswith("~") else a for a in shlex.split(command[len(prefix) :])]
+    if prefix == "echo ":
+        return COMMANDS[prefix] + [command]
     if not shortened:
         return COMMANDS[prefix] + args
     if prefix in ("python train.py", "jaxgpt-train"):
@@ -123,14 +141,13 @@ def argv_for(command: str, home, shortened: bool = True) -> list[str]:
 
 @pytest.fixture(scope="module")
 def sandbox(tmp_path_factory):
-    """A directory to run the commands in, holding the files they name (a book, a corpus, a
-    prompt file, docs/images/, the multiple-choice fixture), with HOME inside it."""
+    """A directory to run the commands in, holding the files they name (a book, a corpus,
+    docs/images/, the multiple-choice fixture), with HOME inside it."""
     home = tmp_path_factory.mktemp("readme")
     (home / "path" / "to").mkdir(parents=True)
     (home / "path" / "to" / "book.txt").write_text("It was the best of times, it was the worst of times. " * 400)
     (home / "corpus").mkdir()
     (home / "corpus" / "a.txt").write_text("The quick brown fox jumps over the lazy dog. " * 400)
-    (home / "start.txt").write_text("def ")
     (home / "docs" / "images").mkdir(parents=True)
     (home / "tests" / "data").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "data" / "hellaswag_sample.jsonl", home / "tests" / "data")
@@ -140,7 +157,7 @@ def sandbox(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("command", SHORTENED)
 def test_readme_command_runs(command, sandbox, request):
-    """In README order: the sampling and plotting commands read the runs the training ones wrote."""
+    """In the guide's order: the sampling and plotting commands read the runs the training ones wrote."""
     env = os.environ | {"HOME": str(sandbox), "PYTHONPATH": str(ROOT)}
     if "tokenizer=gpt2" in command:
         env["TIKTOKEN_CACHE_DIR"] = str(request.getfixturevalue("gpt2_bpe"))
@@ -156,7 +173,9 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
     a table its rows, a drawing the file it wrote."""
     args = shlex.split(command)
     value = {a: b for a, b in itertools.pairwise(args) if a.startswith("--")}
-    if args[0] == "jaxgpt-train" or args[:2] == ["python", "train.py"]:
+    if args[0] == "echo":
+        assert (home / args[-1]).read_text() == args[1] + "\n"
+    elif args[0] == "jaxgpt-train" or args[:2] == ["python", "train.py"]:
         assert re.search(r"done: step 3, val loss [\d.]+|already trained to step 3", printed), printed[-2000:]
     elif args[0] == "jaxgpt-sample" or args[:2] == ["python", "sample.py"]:
         prompt = (home / value["--prompt_file"]).read_text() if "--prompt_file" in value else value.get("--prompt", "")
@@ -191,7 +210,7 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
 
 def quoted_block(after: str) -> str:
     """The first plain ``` block after the text `after`."""
-    return re.search(r"```\n(.*?)```", README[README.index(after) :], flags=re.S).group(1)
+    return re.search(r"```\n(.*?)```", GUIDE[GUIDE.index(after) :], flags=re.S).group(1)
 
 
 def numbers(text: str) -> list[str]:
