@@ -33,6 +33,7 @@ import multiprocessing
 import os
 import queue
 import shutil
+import signal
 import socket
 import sys
 import tempfile
@@ -243,6 +244,9 @@ _worker_tokenizer: tuple = ()  # (tokenizer, separator, dtype) in a tokenizing w
 
 def _start_worker(tokenizer_dict: dict, separator: list[int], dtype) -> None:
     global _worker_tokenizer
+    # Ctrl-C reaches the terminal's whole process group: the preparing process answers it (and
+    # its workers end with it), so a worker printing a KeyboardInterrupt of its own adds nothing.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     _worker_tokenizer = (tokenizer_from_dict(tokenizer_dict), separator, dtype)
 
 

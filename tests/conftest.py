@@ -151,8 +151,8 @@ def run_script(
     replace_env: bool = False,
     timeout: float = 300,
 ):
-    """Run one of the repository's scripts (train.py), modules (jaxgpt.commands.plot) or, with "-c",
-    a snippet, as a user would: a fresh Python at the repository root. `devices` sets the
+    """Run one of the repository's scripts (train.py), modules (jaxgpt, jaxgpt.commands.plot) or,
+    with "-c", a snippet, as a user would: a fresh Python at the repository root. `devices` sets the
     number of fake CPU devices; `background` returns the Popen; `env` adds environment
     variables, or with `replace_env` is the whole environment."""
     import subprocess
@@ -166,7 +166,8 @@ def run_script(
         interpreter = ["-X", option]
     else:
         interpreter = []
-    target = ["-m", name] if name.startswith("jaxgpt.") else [name] if name == "-c" else [str(ROOT / name)]
+    module = name == "jaxgpt" or name.startswith("jaxgpt.")
+    target = ["-m", name] if module else [name] if name == "-c" else [str(ROOT / name)]
     target = interpreter + target
     command = [sys.executable, *target, *args]
     if background:
@@ -185,7 +186,7 @@ def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask):
 # Compiling for a TPU needs libtpu's compile-only devices; without it (the README's plain
 # install) these tests skip with this sentence, as the Hugging Face tests do without torch.
 # They are the slow set's (CI's): each compiles a sharded program for a whole slice.
-_without_libtpu = pytest.mark.skipif(
+requires_libtpu = pytest.mark.skipif(
     importlib.util.find_spec("libtpu") is None,
     reason="compiling for TPUs needs libtpu: pip install -r requirements-tpu.txt",
 )
@@ -199,4 +200,4 @@ _cache_cannot_load_tpu_programs = pytest.mark.filterwarnings(
 
 
 def needs_libtpu(test):
-    return pytest.mark.slow(_cache_cannot_load_tpu_programs(_without_libtpu(test)))
+    return pytest.mark.slow(_cache_cannot_load_tpu_programs(requires_libtpu(test)))

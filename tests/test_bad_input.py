@@ -223,6 +223,25 @@ def _prepared(tmp_path):
     return config, folder, (folder / "tokens-00000.bin").read_bytes(), data
 
 
+NANOGPT_HABITS = [  # nanoGPT's `train.py config/x.py --batch_size=32`, typed into train.py
+    (["configs/tiny.py"], "configs/tiny.py is a word, not a flag; did you mean --config configs/tiny.py?"),
+    (["--config=configs/tiny.py", "--batch_size=32"], "did you mean --config.train.batch_size=32?"),
+    (["--config=configs/tiny.py", "--learning_rate", "1e-3"], "did you mean --config.train.lr=1e-3?"),
+    (["--config=configs/tiny.py", "--out_dir=out"], "did you mean --workdir=out?"),
+    (["--config=configs/tiny.py", "--no_such_thing=1"], "unknown flag --no_such_thing (see --help)"),
+    (["--config=configs/tiny.py", "stray"], "unexpected argument 'stray'; every argument is a flag"),
+]
+
+
+@pytest.mark.parametrize("args, message", NANOGPT_HABITS, ids=[" ".join(a) for a, _ in NANOGPT_HABITS])
+def test_nanogpt_habits_get_the_jaxgpt_spelling_in_one_line(tmp_path, args, message):
+    result = run_script("train.py", *args, f"--workdir={tmp_path / 'run'}")
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and lines == [f"error: {lines[-1].removeprefix('error: ')}"], result.stderr[-2000:]
+    assert message in lines[-1]
+    assert not (tmp_path / "run").exists()
+
+
 @pytest.mark.parametrize("name, damage, problem", CACHE_FAULTS, ids=[c[0] for c in CACHE_FAULTS])
 def test_a_damaged_token_cache_is_set_aside_and_prepared_again(tmp_path, capsys, name, damage, problem):
     config, folder, original, data = _prepared(tmp_path)

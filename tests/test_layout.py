@@ -32,12 +32,14 @@ def package_imports(path) -> set[str]:
 
 
 def shims() -> set[str]:
-    """Top-level modules that only keep a command's documented `python -m jaxgpt.X` name."""
+    """Top-level modules that only start a command: each keeps a documented `python -m jaxgpt.X`
+    name, and __main__ is `python -m jaxgpt COMMAND` (the dispatcher)."""
+    entry = {"__main__": "dispatch"}
     return {
         f"jaxgpt.{path.stem}"
         for path in PACKAGE.glob("*.py")
         if path.stem != "__init__"
-        and package_imports(path) == {f"jaxgpt.commands.{path.stem}", f"jaxgpt.commands.{path.stem}.main"}
+        and package_imports(path) == {f"jaxgpt.commands.{entry.get(path.stem, path.stem)}" + s for s in ("", ".main")}
     }
 
 
@@ -51,7 +53,7 @@ def test_the_layers_are_what_the_listing_says():
     assert {layer_of(m) for m in MODULES} == set(LAYERS)
     assert layer_of("jaxgpt.model") == "core" and layer_of("jaxgpt.commands.cli") == "commands"
     assert layer_of("jaxgpt.hardware") == "hardware"  # `from jaxgpt import hardware` is an import of the folder
-    assert "jaxgpt.check" in SHIMS and "jaxgpt.model" not in SHIMS
+    assert {"jaxgpt.check", "jaxgpt.__main__"} <= SHIMS and "jaxgpt.model" not in SHIMS
 
 
 # The shims (`python -m jaxgpt.check` and the like) import their command by design.

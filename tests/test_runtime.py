@@ -5,7 +5,7 @@ import json
 import os
 
 import pytest
-from conftest import run_script
+from conftest import requires_libtpu, run_script
 
 from jaxgpt.hardware import runtime
 
@@ -75,6 +75,30 @@ def test_device_counts_asked_for_in_the_environment_are_read(monkeypatch, xla_fl
     monkeypatch.setenv("XLA_FLAGS", xla_flags)
     monkeypatch.setenv("JAX_NUM_CPU_DEVICES", num_devices)
     assert runtime.requested_cpu_devices() == expected
+
+
+def test_jax_tries_a_tpu_only_where_there_is_one():
+    assert runtime.platforms_without_a_tpu(libtpu_installed=True, tpu_chips=0, nvidia_gpu=False) == "cpu"
+    assert runtime.platforms_without_a_tpu(libtpu_installed=True, tpu_chips=4, nvidia_gpu=False) is None  # a TPU VM
+    assert runtime.platforms_without_a_tpu(libtpu_installed=False, tpu_chips=0, nvidia_gpu=False) is None
+    assert runtime.platforms_without_a_tpu(libtpu_installed=True, tpu_chips=0, nvidia_gpu=True) is None  # JAX's choice
+
+
+STARTS = "import jax; print(jax.default_backend())"
+
+
+@requires_libtpu
+def test_with_libtpu_and_no_tpu_a_configured_start_says_nothing_of_tpus():
+    """libtpu installed on this TPU-less machine: a bare JAX start prints libtpu's complaints
+    (the premise: without them this test would show nothing); after `configure` there are none,
+    and the backend is the CPU. A TPU compiled ahead of time still works: tests/test_tpu.py."""
+    env = {k: v for k, v in default_environment().items() if k != "JAX_PLATFORMS"} | {runtime.CACHE_ENV: "off"}
+    bare = run_script("-c", STARTS, env=env, replace_env=True)
+    assert bare.returncode == 0 and "TPU" in bare.stderr, bare.stderr
+    configured = run_script("-c", "from jaxgpt.hardware import runtime; runtime.configure(); " + STARTS, env=env,
+                            replace_env=True)  # fmt: skip
+    assert configured.returncode == 0, configured.stderr
+    assert (configured.stdout.strip(), configured.stderr) == ("cpu", ""), configured.stderr
 
 
 def test_several_cpu_devices_asked_for_get_a_warning(monkeypatch):

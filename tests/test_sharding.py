@@ -106,9 +106,14 @@ def test_a_mesh_that_cannot_be_built_is_a_clear_error(mesh, message):
         MeshConfig(**mesh).shape(8)
 
 
-def test_a_batch_the_mesh_cannot_split_is_a_clear_error(tmp_path):
-    with pytest.raises(UserError, match="train.batch_size=12 .* does not split over the 8 data-parallel devices"):
+def test_a_batch_the_mesh_cannot_split_is_a_clear_error_proposing_what_would(tmp_path):
+    """12 rows over 8 devices: 8 or 16 rows split, and so do 12 rows over 4 devices (the largest
+    divisor of 8 that divides 12)."""
+    with pytest.raises(
+        UserError, match="train.batch_size=12 .* does not split over the 8 data-parallel devices"
+    ) as refused:
         train_and_evaluate(config(dict(data=8), batch_size=12), tmp_path, progress=False)
+    assert str(refused.value).endswith("(--config.train.batch_size=8 or 16) or --config.mesh.data=4")
 
 
 @pytest.mark.parametrize(

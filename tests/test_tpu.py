@@ -173,6 +173,10 @@ def test_a_run_that_does_not_split_over_the_slice_is_one_clear_error(v5e_8):
         tpu.compile_train_step(run_on(config), v5e_8)
 
 
+def test_flop_counts_are_printed_in_the_unit_that_keeps_their_digits():
+    assert [tpu.flops(n) for n in (7.007e12, 1.21e9, 5.401e8, 12.5e12)] == ["7.007 T", "1.21 G", "540.1 M", "12.5 T"]
+
+
 def test_unknown_target_and_missing_libtpu_are_one_line(monkeypatch):
     with pytest.raises(UserError, match="--target='tpu-v9' is not a TPU this check knows; choose one of tpu-v2-8"):
         tpu.target("tpu-v9")

@@ -1,6 +1,6 @@
 """Every shipped config compiled ahead of time for a TPU slice (libtpu's compile-only devices):
 GPT-2 124M, the config people rent TPUs for, on both generations (its v5e-8 compile is the
-README's `jaxgpt.check` command, run by tests/test_readme.py: the same program); every other
+`jaxgpt.check` command in docs/devices.md, run by tests/test_readme.py: the same program); every other
 config on one of them (GENERATIONS), so each generation compiles several kinds of model (the
 other TPU paths, flash kernels and remat policies, are tests/test_tpu.py's). Apart from that file so
 that the slow set's two workers share the TPU compiles: pytest-xdist hands out whole files
@@ -24,7 +24,7 @@ V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"
 # Where each shipped config is compiled here. A new config must be added (the test below says so).
 GENERATIONS = {
     "finetune_gpt2": (V5E,),
-    "gpt2_124m": (V6E,),  # and on a v5e-8: the README's command below, which must print that it fits
+    "gpt2_124m": (V6E,),  # and on a v5e-8: the guide's command below, which must print that it fits
     "llama_tiny": (V6E,),
     "shakespeare_char": (V5E,),
     "tiny": (V6E,),

@@ -1,10 +1,13 @@
 """train.py as a user runs it: bad input is one line on stderr, exit status 2, nothing written."""
 
+import ast
 import json
 from pathlib import Path
 
 import pytest
 from conftest import run_script
+
+from jaxgpt.commands.dispatch import COMMANDS
 
 ROOT = Path(__file__).resolve().parents[1]
 FAST = [
@@ -114,3 +117,24 @@ def test_help_answers_without_importing_jax():
         assert result.returncode == 0 and "Examples:" in result.stdout and a_flag in result.stdout
         imported = [line.rsplit("|", 1)[-1].strip() for line in result.stderr.splitlines() if "|" in line]
         assert "flax" not in imported and not [m for m in imported if m == "jax" or m.startswith("jax.")]
+
+
+def test_one_entry_point_lists_every_command_and_names_the_nearest_to_a_typo():
+    listed = run_script("jaxgpt")
+    assert listed.returncode == 2 and all(f"  {name} " in listed.stdout for name in COMMANDS), listed.stdout
+    typo = run_script("jaxgpt", "trian", "--config", "configs/tiny.py")
+    assert typo.returncode == 2
+    assert typo.stderr.strip() == f"error: unknown command 'trian'; did you mean train? commands: {', '.join(COMMANDS)}"
+
+
+QUICK_HELP = {"train", "attention-maps", "plot"}  # absl and argparse flags, a hyphenated name
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK_HELP else pytest.mark.slow) for n in COMMANDS])
+def test_every_command_answers_help_through_the_one_entry_point(name):
+    """`python -m jaxgpt NAME --help` is that command's own help."""
+    source = (ROOT / "jaxgpt" / "commands" / f"{COMMANDS[name][0]}.py").read_text()  # not imported: absl's
+    result = run_script("jaxgpt", name, "--help")  # flags are process-wide, and the commands share names
+    assert result.returncode == 0, result.stderr[-2000:]
+    what = ast.get_docstring(ast.parse(source)).split(":")[0]  # "Plot training curves", as the module says
+    assert what in " ".join(result.stdout.split()), result.stdout[:500]

@@ -3,6 +3,7 @@ same config and seed give the same numbers bit for bit."""
 
 import json
 import math
+import re
 
 import pytest
 from conftest import small_run_config as small_config
@@ -166,6 +167,20 @@ def test_a_run_without_the_causal_mask_says_why_and_logs_its_past_only_score(tmp
     evaluations = [r for r in read_metrics(tmp_path) if "val_loss" in r]
     assert len(evaluations) == 2 and all(math.isfinite(r["val_loss_past_only"]) for r in evaluations)
     assert last["val_bpb_past_only"] / last["val_loss_past_only"] == pytest.approx(last["val_bpb"] / last["val_loss"])
+
+
+def test_the_closing_line_gives_the_runs_average_speed(tmp_path, capsys):
+    """Not the last logging interval's: every step's tokens over the training time of all the
+    intervals, which is what metrics.jsonl's per-interval rates add up to (tokens_i / rate_i is
+    interval i's seconds); printed to the whole token."""
+    config = small_config()  # every fetch of metrics is a logged one: each 5 steps, to 30
+    train_and_evaluate(config, tmp_path, progress=True)
+    done = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("done: "))
+    printed = float(re.search(r"averaged over the 30 steps trained here: ([\d,]+) tokens/s", done)[1].replace(",", ""))
+    records = read_metrics(tmp_path)
+    tokens = 30 * config.train.batch_size * config.model.block_size
+    seconds = sum(tokens / 6 / r["tokens_per_sec"] for r in records)  # six intervals of five steps
+    assert len(records) == 6 and abs(printed - tokens / seconds) <= 0.5 + 1e-6 * printed, (done, tokens / seconds)
 
 
 def test_a_causal_run_logs_no_past_only_score(trained):

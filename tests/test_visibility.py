@@ -4,6 +4,7 @@ Colab notebook executing top to bottom."""
 import json
 import math
 import os
+import re
 import struct
 import sys
 from pathlib import Path
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 from conftest import ROOT, run_script, small_run_config
 
+from jaxgpt.commands import plot
 from jaxgpt.commands.attention_maps import attention_maps
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest
@@ -70,6 +72,19 @@ def test_plot_draws_several_runs_at_the_documented_size(trained, tmp_path):
     speed = tmp_path / "speed.png"
     result = run_script("jaxgpt.plot", str(trained[0]), "--metric", "tokens_per_sec", "--out", str(speed))
     assert result.returncode == 0 and png_size(speed) == (1100, 400), result.stderr
+
+
+def test_a_run_evaluated_once_shows_its_validation_point(tmp_path):
+    """A line through one point draws nothing: the evaluations must be marked to be seen."""
+    (tmp_path / "config.json").write_text('{"train": {"batch_size": 8}, "model": {"block_size": 32}}')
+    (tmp_path / "metrics.jsonl").write_text(
+        '{"step": 5, "train_loss": 4.0}\n{"step": 10, "train_loss": 3.5, "val_loss": 3.6}\n'
+    )
+    figure = plot.draw_runs([tmp_path], "loss")
+    lines = [line for axes in figure.axes for line in axes.get_lines()]
+    single = [line for line in lines if len(line.get_xdata()) == 1]
+    assert len(single) == 2 and all(line.get_marker() not in ("None", "", None) for line in single)
+    assert all(line.get_label().endswith("val") for line in single)
 
 
 def test_plot_rejects_a_metric_the_run_never_logged(trained, tmp_path):
@@ -235,7 +250,7 @@ def test_colab_notebook_executes_top_to_bottom(tmp_path):
     import nbformat
 
     notebook = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4)
-    install = next(i for i, cell in enumerate(notebook.cells) if "checkout_root()" in cell.source)
+    install = next(i for i, cell in enumerate(notebook.cells) if "working in" in cell.source)
     notebook.cells.insert(install + 1, copy.deepcopy(notebook.cells[install]))
     env = {"JAXGPT_NOTEBOOK_QUICK": "1", "JAXGPT_NOTEBOOK_WORKDIR": str(tmp_path / "runs")}
     saved = {k: os.environ.get(k) for k in env}
@@ -253,30 +268,88 @@ def test_colab_notebook_executes_top_to_bottom(tmp_path):
     assert (tmp_path / "runs" / "resume" / "metrics.jsonl").exists()
 
 
-def test_on_colab_an_empty_repo_url_stops_the_first_cell_with_one_sentence(monkeypatch, capsys):
-    """The first cell as IPython runs it, with google.colab imported and no clone yet: one
-    line naming the edit, no traceback; with REPO_URL set the cell runs through."""
+def first_cell_on_colab(monkeypatch, tmp_path, uploads: dict, repo_url: str | None = None):
+    """The notebook's first cell as IPython runs it on Colab (google.colab importable, files.upload
+    answering `uploads`), away from any checkout, fetching into tmp_path/jaxgpt. Returns the
+    cell's result, what it printed, and its namespace."""
     import types
 
     import nbformat
     from IPython.core.interactiveshell import InteractiveShell
 
     cells = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4).cells
-    first = next(cell for cell in cells if cell.cell_type == "code")
-    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    source = next(cell for cell in cells if cell.cell_type == "code").source
+    if repo_url is not None:
+        source = source.replace('REPO_URL = "https://github.com/OWNER/jaxgpt"', f"REPO_URL = {repo_url!r}")
+    colab = types.ModuleType("google.colab")
+    colab.files = types.SimpleNamespace(upload=lambda: uploads)
+    monkeypatch.setitem(sys.modules, "google.colab", colab)
+    monkeypatch.setenv("JAXGPT_NOTEBOOK_CHECKOUT", str(tmp_path / "jaxgpt"))
+    monkeypatch.chdir(tmp_path)
     shell = InteractiveShell.instance()
     try:
-        result = shell.run_cell(first.source)
-        shown = capsys.readouterr().out.strip().splitlines()
-        assert type(result.error_in_exec).__name__ == "SetupNeeded"
-        assert shown == [
-            "Set REPO_URL in this cell to the git URL of your copy of jaxgpt "
-            "(e.g. https://github.com/<you>/jaxgpt), then run this cell again."
-        ]
-        set_url = first.source.replace('REPO_URL = ""', 'REPO_URL = "https://example.org/jaxgpt.git"')
-        assert shell.run_cell(set_url).success
+        return shell.run_cell(source), dict(shell.user_ns)
     finally:
         InteractiveShell.clear_instance()
+
+
+def zipped_checkout(top: str, names=("train.py", "jaxgpt/__init__.py", "requirements.txt")) -> bytes:
+    """A .zip of this checkout's files (by default those that mark it as one) under one top
+    folder, as GitHub's "Download ZIP" makes it."""
+    import io
+    import zipfile
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for name in names:
+            archive.write(ROOT / name, f"{top}/{name}")
+    return buffer.getvalue()
+
+
+def test_on_colab_without_an_address_the_first_cell_unpacks_an_uploaded_checkout(monkeypatch, tmp_path, capsys):
+    result, names = first_cell_on_colab(monkeypatch, tmp_path, {"jaxgpt-main.zip": zipped_checkout("jaxgpt-main")})
+    assert result.success, result.error_in_exec
+    assert names["checkout_root"]() == tmp_path / "jaxgpt"
+    assert (tmp_path / "jaxgpt" / "train.py").read_bytes() == (ROOT / "train.py").read_bytes()
+    assert "upload an archive of a jaxgpt checkout" in capsys.readouterr().out
+
+
+def test_on_colab_nothing_uploaded_or_not_a_checkout_is_one_sentence(monkeypatch, tmp_path, capsys):
+    result, _ = first_cell_on_colab(monkeypatch, tmp_path, {})
+    assert type(result.error_in_exec).__name__ == "SetupNeeded"
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("Nothing was uploaded: set REPO_URL")
+    result, _ = first_cell_on_colab(monkeypatch, tmp_path, {"notes.zip": zipped_checkout("x", ["requirements.txt"])})
+    assert type(result.error_in_exec).__name__ == "SetupNeeded"
+    assert "is not an archive of a jaxgpt checkout" in capsys.readouterr().out
+    assert not (tmp_path / "jaxgpt").exists()
+
+
+@pytest.mark.skipif(not (ROOT / ".git").exists(), reason="clones this checkout, which is not a git repository here")
+def test_on_colab_with_an_address_the_first_cell_clones_it(monkeypatch, tmp_path):
+    result, names = first_cell_on_colab(monkeypatch, tmp_path, {}, repo_url=str(ROOT))  # a local clone: offline
+    assert result.success, result.error_in_exec
+    assert names["checkout_root"]() == tmp_path / "jaxgpt" and (tmp_path / "jaxgpt" / ".git").is_dir()
+
+
+def test_the_colab_links_and_the_clone_name_one_repository_that_one_command_sets(tmp_path):
+    """Every Colab link and REPO_URL name the same repository and the notebook that exists;
+    set_repository.py changes them all at once (run on a copy of the files it edits)."""
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        import set_repository
+    finally:
+        sys.path.remove(str(ROOT / "notebooks"))
+    assert set_repository.repositories() == {"OWNER/jaxgpt"}  # until the publisher runs it
+    for place in set_repository.PLACES:
+        text = (ROOT / place).read_text()
+        for path in re.findall(r"colab\.research\.google\.com/github/[\w.-]+/[\w.-]+/blob/main/([\w/.-]+)", text):
+            assert (ROOT / path).is_file(), (place, path)
+        (tmp_path / place).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / place).write_text(text)
+    (tmp_path / "notebooks" / "set_repository.py").write_bytes((ROOT / "notebooks" / "set_repository.py").read_bytes())
+    result = run_script(str(tmp_path / "notebooks" / "set_repository.py"), "alice/jax-gpt")
+    assert result.returncode == 0, result.stderr
+    assert set_repository.repositories(tmp_path) == {"alice/jax-gpt"}
 
 
 class FakeWandb:

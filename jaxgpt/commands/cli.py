@@ -36,13 +36,49 @@ def parse_flags(argv: list[str], usage: str = "", module: str = "__main__") -> N
         argv = [argv[0], f"--config={config_file}", *_without_flag(argv[1:], "--config")]
         check_config_file(config_file)
     try:
-        flags.FLAGS(argv)
+        positional = flags.FLAGS(argv)[1:]
     except (AttributeError, KeyError) as error:  # ml_collections: an override names no key
         fail(_unknown_key_message(argv, str(error)))
+    except flags.UnrecognizedFlagError as error:
+        given = error.flagvalue.partition("=")[2] or _flag_value(argv, error.flagvalue) or "VALUE"
+        hint = _config_key_for(error.flagname, given) if "config" in flags.FLAGS else None
+        fail(f"unknown flag --{error.flagname}" + (f"; did you mean {hint}?" if hint else " (see --help)"))
     except flags.Error as error:
         fail(f"{str(error).strip().splitlines()[-1]} (see --help)")
     except Exception as error:  # the config file itself failed to run
         fail(f"config file {config_file} failed to load: {str(error).strip().splitlines()[-1]}")
+    for word in positional:  # every command takes flags only
+        looks_like_config = word.endswith(".py") or word in shipped_config_names()
+        if looks_like_config and "config" in flags.FLAGS and config_file is None:
+            fail(f"{word} is a word, not a flag; did you mean --config {word}?")
+        fail(f"unexpected argument {word!r}; every argument is a flag (see --help)")
+
+
+# nanoGPT's names for what jaxgpt's config keys are (its configurator takes --name=value)
+NANOGPT_KEYS = {
+    "n_embd": "model.d_model",
+    "learning_rate": "train.lr",
+    "max_iters": "train.steps",
+    "lr_decay_iters": "train.decay_steps",
+    "warmup_iters": "train.warmup_steps",
+    "eval_interval": "train.eval_every",
+    "eval_iters": "train.eval_batches",
+    "log_interval": "train.log_every",
+    "gradient_accumulation_steps": "train.microbatches",
+    "dataset": "data.source",
+}
+
+
+def _config_key_for(name: str, value: str) -> str | None:
+    """The override that sets what --name=value means to set, where a config key (or nanoGPT's
+    name for one) is called `name`: --batch_size=32 -> --config.train.batch_size=32."""
+    if name == "out_dir":
+        return f"--workdir={value}"
+    from jaxgpt.config_files import SECTIONS, base_config
+
+    config = base_config()
+    key = NANOGPT_KEYS.get(name) or next((f"{s}.{name}" for s in SECTIONS if name in config[s]), None)
+    return key and f"--config.{key}={value}"
 
 
 def print_help(usage: str, module: str = "__main__") -> None:
@@ -187,12 +223,19 @@ def _unknown_key_message(argv: list[str], text: str) -> str:
     return f"unknown config key {bad}; did you mean {guess}?"
 
 
-def run(main: Callable[[], None]) -> None:
-    """Run main(), reporting a UserError as one line and exit status 2."""
+def run(main: Callable[[], None], interrupted: str = "interrupted") -> None:
+    """Run main(), reporting a UserError as one line and exit status 2; Ctrl-C at any moment
+    prints `interrupted` and exits 130 (jaxgpt.commands.interrupt says how, and why not as a
+    KeyboardInterrupt). JAX's platforms are chosen first, before main can start a backend (no
+    TPU backend on a machine without a TPU)."""
+    from jaxgpt.commands.interrupt import end_at_once_on_interrupt
+
+    end_at_once_on_interrupt(interrupted)
+    if not {"-h", "--help", "--helpfull"} & set(sys.argv[1:]):  # help answers without importing JAX
+        from jaxgpt.hardware import runtime
+
+        runtime.choose_platforms()
     try:
         main()
     except UserError as error:
         fail(str(error))
-    except KeyboardInterrupt:  # a second Ctrl-C: stop without waiting for the step
-        print("interrupted; the last complete checkpoint is kept", file=sys.stderr)
-        sys.exit(130)

@@ -108,7 +108,7 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
-    columns = "| variant | seeds | val loss | val bits/byte | params | tokens/s | training s |"
+    columns = "| variant | seeds | val loss | val bits/byte | params | tokens/s* | training s* |"
     head = columns + "\n" + "|---" * 7 + "|\n"
     body = "".join(
         f"| {s['variant'] + ' (past-only)' * (s['scored'] == 'past-only')} | {s['seeds']} | "
@@ -117,7 +117,11 @@ def markdown(summary: list[dict]) -> str:
         f"{s['elapsed_sec']:,.0f} |\n"
         for s in summary
     )
-    notes = "\n(± half the spread, largest minus smallest, over seeds)\n"
+    notes = (
+        "\n(± half the spread, largest minus smallest, over seeds)\n"
+        "(* wall-clock, each run timed alone in its turn: they move with whatever else the machine was doing "
+        "then, so they compare variants only on an otherwise idle machine; the losses do not depend on it)\n"
+    )
     if any(s["scored"] == "past-only" for s in summary):
         notes += (
             "(past-only: trained without the causal mask, so its own val loss sees the token it predicts; scored "
@@ -220,7 +224,7 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
 
 
 def main() -> None:
-    cli.run(_compare)
+    cli.run(_compare, interrupted="interrupted; rerun the same command: finished runs are skipped, the others resume")
 
 
 def _compare() -> None:

@@ -44,6 +44,12 @@ def curves(records: list[dict], metric: str) -> dict[str, tuple[list[int], list[
 
 
 def plot_runs(workdirs: list[Path], metric: str, out: Path) -> Path:
+    return save_png(draw_runs(workdirs, metric), out)
+
+
+def draw_runs(workdirs: list[Path], metric: str):
+    """The figure plot_runs writes: per run, its curves against steps and against tokens seen.
+    Evaluations are marked as well as joined, so a run evaluated once still shows its point."""
     figure, (by_step, by_tokens) = plt.subplots(1, 2, figsize=SIZE_INCHES, dpi=DPI)
     drawn = 0
     for i, workdir in enumerate(workdirs):
@@ -51,7 +57,7 @@ def plot_runs(workdirs: list[Path], metric: str, out: Path) -> Path:
         per_step = tokens_per_step(workdir)
         colour = f"C{i % 10}"
         for label, (steps, values) in curves(records, metric).items():
-            style = "--" if label == "val" else "-"
+            style = "o--" if label == "val" else "-"
             name = f"{workdir.name} {label}" if metric == "loss" else workdir.name
             by_step.plot(steps, values, style, color=colour, label=name)
             by_tokens.plot([s * per_step for s in steps], values, style, color=colour, label=name)
@@ -64,7 +70,7 @@ def plot_runs(workdirs: list[Path], metric: str, out: Path) -> Path:
         axes.set_ylabel(metric)
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
-    return save_png(figure, out)
+    return figure
 
 
 def save_png(figure, out: Path) -> Path:

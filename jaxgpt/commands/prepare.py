@@ -25,7 +25,7 @@ VERIFY = flags.DEFINE_bool("verify", False, "Hash every token file of an existin
 
 def main() -> None:
     """The console script's entry point (jaxgpt-prepare)."""
-    cli.run(_prepare)
+    cli.run(_prepare, interrupted="interrupted; rerun the same command to continue from the last whole shard")
 
 
 def _prepare() -> None:

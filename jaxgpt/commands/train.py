@@ -19,6 +19,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxgpt.commands import cli
+from jaxgpt.commands.interrupt import INTERRUPTED
 from jaxgpt.errors import warn
 
 CONFIG = cli.define_config_flag()
@@ -42,8 +43,14 @@ PROCESS_ID = flags.DEFINE_integer("process_id", None, "Multi-process runs: this 
 
 
 def main() -> None:
-    """The console script's entry point (jaxgpt-train): bad input exits 2 with one line."""
-    cli.run(_train)
+    """The console script's entry point (jaxgpt-train): bad input exits 2 with one line; Ctrl-C
+    in the training loop finishes the step, checkpoints and exits 130, and anywhere else (or a
+    second time) ends the run at once."""
+    cli.run(
+        _train,
+        interrupted="interrupted: stopped at once; rerun the same command to resume from the newest complete "
+        "checkpoint (from step 0 if none was written yet)",
+    )
 
 
 def _train() -> None:
@@ -56,7 +63,7 @@ def _train() -> None:
     distributed.initialize(COORDINATOR.value, NUM_PROCESSES.value, PROCESS_ID.value)
 
     workdir = WORKDIR.value or str(Path("runs") / Path(flags.FLAGS["config"].config_filename).stem)
-    train_and_evaluate(
+    last = train_and_evaluate(
         CONFIG.value,
         workdir,
         progress=not QUIET.value,
@@ -65,6 +72,8 @@ def _train() -> None:
         from_step=FROM_STEP.value,
         verify_data=VERIFY_DATA.value,
     )
+    if last.get("stopped") == "SIGINT":  # stopped cleanly, but at the user's Ctrl-C: as a shell expects
+        sys.exit(INTERRUPTED)
 
 
 if __name__ == "__main__":

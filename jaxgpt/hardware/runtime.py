@@ -13,11 +13,16 @@
     $JAXGPT_CPU_CORES sets the core count (1: one device, nothing per core).
     JAX_NUM_CPU_DEVICES or XLA_FLAGS=--xla_force_host_platform_device_count=N still give meshes
     of N devices to whoever asks, with a warning.
+  - No TPU backend where there is no TPU: with libtpu installed (to compile for TPUs ahead of
+    time), JAX tries a TPU backend first at every start, and libtpu prints errors about the TPU
+    it cannot find before JAX falls back to the CPU. A machine with no TPU chip and no NVIDIA GPU
+    gets the CPU backend alone; JAX_PLATFORMS, where set, decides instead.
 Scripts call `configure` first thing; a notebook calls it in its first cell.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import os
 import warnings
 from functools import partial
@@ -71,6 +76,33 @@ def enable_compilation_cache() -> Path | None:
     return path
 
 
+def platforms_without_a_tpu(libtpu_installed: bool, tpu_chips: int, nvidia_gpu: bool) -> str | None:
+    """The JAX platforms for this machine when JAX would otherwise try a TPU that is not there:
+    "cpu" with libtpu installed, no TPU chip on the PCI bus and no NVIDIA GPU (where a GPU is,
+    its backend is JAX's to choose); None where JAX's own choice is right."""
+    return "cpu" if libtpu_installed and tpu_chips == 0 and not nvidia_gpu else None
+
+
+def _platforms_for_this_machine() -> str | None:
+    try:  # JAX's own look at the PCI bus and /dev, the one it makes before starting libtpu
+        from jax._src import hardware_utils
+
+        chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
+        nvidia = hardware_utils.has_visible_nvidia_gpu()
+    except (ImportError, AttributeError, OSError):  # another JAX: leave the choice to it
+        return None
+    return platforms_without_a_tpu(importlib.util.find_spec("libtpu") is not None, chips, nvidia)
+
+
+def choose_platforms() -> None:
+    """Leave out the TPU backend where there is no TPU (the module's doc says why). JAX_PLATFORMS,
+    or a choice already made, decides instead. Every command calls this before JAX starts."""
+    if "JAX_PLATFORMS" not in os.environ and not jax.config.jax_platforms:
+        platforms = _platforms_for_this_machine()
+        if platforms:
+            jax.config.update("jax_platforms", platforms)
+
+
 def requested_cpu_devices() -> int | None:
     """The CPU device count the user asked for through the environment, if any."""
     for flag in os.environ.get("XLA_FLAGS", "").split():
@@ -106,12 +138,13 @@ def core_devices() -> list:
 
 
 def configure(single_process: bool = True, warn=None) -> None:
-    """Enable the compilation cache; give JAX one CPU device per core (single-process runs
-    with no device count in the environment); warn (through `warn`, default `warnings.warn`)
-    when one process was given several CPU devices for meshes. Starts no backend:
-    multi-process runs initialise jax.distributed after this."""
+    """Enable the compilation cache; leave out the TPU backend where there is no TPU; give JAX
+    one CPU device per core (single-process runs with no device count in the environment); warn
+    (through `warn`, default `warnings.warn`) when one process was given several CPU devices for
+    meshes. Starts no backend: multi-process runs initialise jax.distributed after this."""
     global _cpu_devices_are_cores
     enable_compilation_cache()
+    choose_platforms()
     requested = requested_cpu_devices()
     if single_process and requested and requested > 1 and os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
         (warn or partial(warnings.warn, stacklevel=2))(COLLECTIVES_WARNING.format(n=requested))

@@ -199,6 +199,13 @@ def smallest_change_that_fits(run: RunConfig, devices, tpu: TpuTarget) -> str | 
     return None
 
 
+def flops(count: float) -> str:
+    """A FLOP count in the unit that gives it four significant figures: 7.007 T, 1.21 G, 540.1 M
+    (tiny's step read 0.001 T in trillions)."""
+    unit, scale = next(((u, s) for u, s in (("T", 1e12), ("G", 1e9), ("M", 1e6)) if count >= s), ("", 1))
+    return f"{count / scale:.4g} {unit}".rstrip()
+
+
 def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) -> list[str]:
     mib = lambda n: f"{n / 2**20:,.1f} MiB"  # noqa: E731
     others = step.inputs_bytes - step.params_bytes - step.optimizer_bytes
@@ -210,7 +217,7 @@ def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) ->
         f"per device: parameters {mib(step.params_bytes)} + optimizer {mib(step.optimizer_bytes)} + batch and the "
         f"rest {mib(others)} + step temporaries {mib(step.temporaries_bytes)} = {step.total_bytes / GiB:.2f} GiB "
         f"of {tpu.hbm_bytes / GiB:.0f} GiB ({step.total_bytes / tpu.hbm_bytes:.0%})",
-        f"FLOPs per step per device: {step.model_flops / 1e12:,.3f} T by 6N + 12LdT; {step.xla_flops / 1e12:,.3f} T by "
+        f"FLOPs per step per device: {flops(step.model_flops)} by 6N + 12LdT; {flops(step.xla_flops)} by "
         f"XLA's cost analysis (x{ratio:.2f}; "
         + (
             "it counts a scanned loop's body once, not once per layer)"

@@ -9,6 +9,7 @@ to the restored step so the resumed run's lines are written once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -212,6 +213,21 @@ def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig) -> list[str]
     ]
 
 
+def refuse_unless_fits(source: str, ours: ModelConfig, theirs: ModelConfig) -> None:
+    if differ := architecture_mismatches(ours, theirs):
+        raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
+
+
+def check_init_from_run(run: RunConfig) -> None:
+    """Before any slow work (a compile, a workdir): refuse a jaxgpt run's weights that cannot fit
+    this model, read from the configuration saved beside them. Hugging Face weights, and runs
+    without a saved configuration, are checked when they are loaded."""
+    source = run.train.init_from
+    saved = Path(source) / "config.json" if source else None
+    if saved and saved.is_file() and (saved.parent / "checkpoints").is_dir():
+        refuse_unless_fits(source, run.model, run_config_from_dict(json.loads(saved.read_text())).model)
+
+
 def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
     """`state` with its random parameters replaced by the weights `source` names: a workdir
     of a jaxgpt run (its newest checkpoint), or Hugging Face weights. The optimizer's zero
@@ -232,8 +248,7 @@ def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None)
         pretrained, params, _ = load_pretrained(source)
         origin = source
     ours = config.model
-    if differ := architecture_mismatches(ours, pretrained):
-        raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
+    refuse_unless_fits(source, ours, pretrained)
     if pretrained.scan_layers and not ours.scan_layers:
         params = unstack_blocks(params)
     elif ours.scan_layers and not pretrained.scan_layers:

@@ -19,8 +19,10 @@ from jaxgpt.errors import UserError
 
 class StopRequests:
     """A context manager under which SIGTERM/SIGINT set `reason` instead of killing the
-    process; a second SIGINT interrupts at once. Only the main thread may install handlers
-    (not so in a notebook cell run from a thread): elsewhere signals keep their defaults."""
+    process; a second SIGINT is handled as it was before (a command ends at once, exit 130:
+    jaxgpt.commands.interrupt; Python's default raises KeyboardInterrupt). Only the main thread
+    may install handlers (not so in a notebook cell run from a thread): elsewhere signals keep
+    their defaults."""
 
     def __init__(self, say):
         self.say = say
@@ -30,7 +32,7 @@ class StopRequests:
     def _request(self, signum, _frame) -> None:
         self.reason = signal.Signals(signum).name
         self.say(f"{self.reason}: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
-        signal.signal(signal.SIGINT, signal.default_int_handler)
+        signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
 
     def __enter__(self) -> StopRequests:
         if threading.current_thread() is threading.main_thread():

@@ -38,20 +38,24 @@ from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.distributed import is_main_process
-from jaxgpt.hardware.peak_flops import peak_flops, remeasure_cpu_peak
+from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import choose_step
 from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.checkpoint import Checkpoints
-from jaxgpt.job.metrics import MetricsLog, check_sinks_available, describe_mfu, training_record
-from jaxgpt.job.resume import checkpoint_record, restore_or_start
+from jaxgpt.job.metrics import (
+    MetricsLog,
+    check_sinks_available,
+    describe_mfu,
+    model_flops_utilisation,
+    training_record,
+)
+from jaxgpt.job.resume import check_init_from_run, checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import StopRequests, check_finite
 from jaxgpt.kernels import kernel_fallback
 from jaxgpt.model import count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.tokenizers import save_tokenizer
 from jaxgpt.train_step import initial_state, per_layer
-
-PEAK_RECHECK = 0.9  # achieved/peak above which the CPU peak is measured again
 
 
 def train_and_evaluate(
@@ -86,6 +90,7 @@ def train_and_evaluate(
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
+    check_init_from_run(run)
     # before the workdir, a state or a batch exists
     memory.check_fits(run, sharding.make_mesh(run.mesh, runtime.mesh_devices()))
 
@@ -145,7 +150,6 @@ class Trainer:
         self.tokens_per_step = config.train.batch_size * config.model.block_size
         self.flops_per_token = flops_per_token(config.model, config.model.block_size)
         self.peak_flops, self.peak_source = peak_flops(self.mesh.devices.flatten().tolist())
-        self.peak_rechecked = False
         self.train_starts = None  # training windows at any offset, unless aligned to documents
         if config.data.align_to_documents:
             # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
@@ -173,6 +177,7 @@ class Trainer:
         losses = list(start.carried_losses)  # host-side losses of the current logging interval
         last: dict = {"step": start.step}
         clock = interval_start = time.perf_counter()
+        training_seconds = 0.0  # this session's, evaluation and checkpointing left out
         bar = tqdm(total=t.steps, initial=start.step, desc="train", unit="step", disable=not progress)
         with StopRequests(self.say) as stops, self._metrics_log(start.step) as log, contextlib.closing(bar):
             for step in range(start.step, t.steps):
@@ -192,6 +197,7 @@ class Trainer:
                 self.checkpoints.check_for_errors()  # a failed save is reported within one interval
                 losses += [float(m["loss"]) for m in fetched]
                 now = time.perf_counter()
+                training_seconds += now - interval_start
                 elapsed = start.elapsed_before + now - clock
                 if logs or evals or asks:
                     last = self._record(done, losses, fetched, now - interval_start, elapsed)
@@ -216,14 +222,16 @@ class Trainer:
                         f"stopped at step {done} ({stops.reason or f'stop_at={stop_at}'}); checkpoint written. "
                         "Rerun the same command to resume"
                     )
-                    return last | {"step": done, "stopped": True}
+                    return last | {"step": done, "stopped": stops.reason or f"stop_at={stop_at}"}
                 interval_start = time.perf_counter()  # eval/checkpoint time is not training time
         self.checkpoints.wait()
+        tokens_per_sec = (t.steps - start.step) * self.tokens_per_step / training_seconds
+        mfu = model_flops_utilisation(tokens_per_sec * self.flops_per_token, self.peak_flops)
         self.say(
             f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f} "
-            f"({last.get('val_bpb', float('nan')):.4f} bits/byte), "
-            f"{last['elapsed_sec']:.0f} s, {last['tokens_per_sec']:,.0f} tokens/s, {describe_mfu(last['mfu'])}; "
-            f"checkpoints in {self.checkpoints.directory}"
+            f"({last.get('val_bpb', float('nan')):.4f} bits/byte), {last['elapsed_sec']:.0f} s; "
+            f"averaged over the {t.steps - start.step} steps trained here: {tokens_per_sec:,.0f} tokens/s, "
+            f"{describe_mfu(mfu)}; checkpoints in {self.checkpoints.directory}"
         )
         return last
 
@@ -275,13 +283,6 @@ class Trainer:
         return compiled
 
     def _record(self, done: int, losses: list[float], fetched: list[dict], seconds: float, elapsed: float) -> dict:
-        achieved = self.tokens_per_step * len(fetched) / seconds * self.flops_per_token
-        near_peak = achieved > PEAK_RECHECK * self.peak_flops
-        if near_peak and not self.peak_rechecked and self.mesh.devices.flat[0].platform == "cpu":
-            # So near the peak, the peak is more likely too low than the run this good: measure
-            # once more (it counts only if the machine is otherwise idle; it can only rise).
-            self.peak_flops, self.peak_source = remeasure_cpu_peak()
-            self.peak_rechecked = True
         record = training_record(
             step=done,
             losses=losses,
