@@ -1,8 +1,9 @@
 """Ctrl-C at any moment ends a command with exit status 130 and one line: before JAX starts,
 during the first compile, while training, while sampling. Each moment is tried several times,
 since the crash this replaced (SIGSEGV on exit after a KeyboardInterrupt unwound out of JAX)
-came in about one try in two: four tries miss a 1-in-2 crash once in sixteen, and the moments
-overlap, so a crash anywhere in them goes unseen far less often than that."""
+came in every try 1.5-3 s into a fresh run on a 2-vCPU Zen 5 (12 of 12) and in 3 of 4 on a Zen 3:
+three tries miss a 1-in-2 crash at one moment once in eight, and the moments overlap (a compile
+lasts seconds), so a crash anywhere in them goes unseen far less often than that. About 110 s."""
 
 import os
 import signal
@@ -16,7 +17,7 @@ from conftest import ROOT
 from jaxgpt.commands.interrupt import INTERRUPTED
 
 SMALL = ["--config.model.n_layer=2", "--config.model.d_model=64", "--config.train.steps=400", "--quiet"]
-TRIES = 4
+TRIES = 3
 
 
 def interrupted_after(seconds: float, command: list[str], tmp_path) -> subprocess.CompletedProcess:
