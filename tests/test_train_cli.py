@@ -36,8 +36,13 @@ def the_error(result) -> str:
 
 
 def test_a_short_run_from_the_command_line(tmp_path):
-    result = train("--config", "configs/tiny.py", f"--workdir={tmp_path / 'run'}", *FAST)
+    """Its output goes to pipes, as to a log file: no progress bar redrawn with carriage returns
+    into one endless line, but a line for every logged step."""
+    logged_twice = [*FAST[:-1], "--config.train.log_every=2"]  # FAST without --quiet
+    result = train("--config", "configs/tiny.py", f"--workdir={tmp_path / 'run'}", *logged_twice)
     assert result.returncode == 0, result.stderr
+    assert "\r" not in result.stderr + result.stdout
+    assert [line.split(":")[0] for line in result.stdout.splitlines() if "/4: loss" in line] == ["step 2/4", "step 4/4"]
     metrics = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
     assert metrics[-1]["step"] == 4 and "val_loss" in metrics[-1]
 

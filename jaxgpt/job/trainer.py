@@ -178,7 +178,10 @@ class Trainer:
         last: dict = {"step": start.step}
         clock = interval_start = time.perf_counter()
         training_seconds = 0.0  # this session's, evaluation and checkpointing left out
-        bar = tqdm(total=t.steps, initial=start.step, desc="train", unit="step", disable=not progress)
+        # disable=None: no bar where stderr is not a terminal (a log file would get one endless
+        # line of redrawn bars); each logged step is then a line of its own instead
+        bar = tqdm(total=t.steps, initial=start.step, desc="train", unit="step", disable=None if progress else True)
+        lines_for_a_file = progress and bar.disable
         with StopRequests(self.say) as stops, self._metrics_log(start.step) as log, contextlib.closing(bar):
             for step in range(start.step, t.steps):
                 self.state, metrics = train_step(self.state, first_batch if step == start.step else next(batches))
@@ -212,6 +215,11 @@ class Trainer:
                         last |= self.ask_questions(done)
                     log.write(last)
                     bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
+                    if lines_for_a_file:
+                        self.say(
+                            f"step {done}/{t.steps}: loss {last['train_loss']:.4f}, "
+                            f"{last['tokens_per_sec']:,.0f} tokens/s, {last['elapsed_sec']:.0f} s"
+                        )
                     losses = []
                 if saves:
                     record = checkpoint_record(done, elapsed, losses, self.config, self.dataset.tokenizer)
