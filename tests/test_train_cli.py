@@ -137,9 +137,13 @@ QUICK_HELP = {"train", "attention-maps", "plot"}  # absl and argparse flags, a h
 
 @pytest.mark.parametrize("name", [pytest.param(n, marks=() if n in QUICK_HELP else pytest.mark.slow) for n in COMMANDS])
 def test_every_command_answers_help_through_the_one_entry_point(name):
-    """`python -m jaxgpt NAME --help` is that command's own help."""
+    """`python -m jaxgpt NAME --help` is that command's own help, in one style whichever flag
+    library parses it: what it does, its example command lines, and the flags with defaults."""
     source = (ROOT / "jaxgpt" / "commands" / f"{COMMANDS[name][0]}.py").read_text()  # not imported: absl's
     result = run_script("jaxgpt", name, "--help")  # flags are process-wide, and the commands share names
     assert result.returncode == 0, result.stderr[-2000:]
-    what = ast.get_docstring(ast.parse(source)).split(":")[0]  # "Plot training curves", as the module says
-    assert what in " ".join(result.stdout.split()), result.stdout[:500]
+    doc = ast.get_docstring(ast.parse(source))
+    examples = [line.strip() for line in doc.splitlines() if line.strip().startswith("python ")]
+    shown = " ".join(result.stdout.split())
+    assert doc.split(":")[0] in shown and examples and all(" ".join(e.split()) in shown for e in examples), shown[:800]
+    assert "(default: " in result.stdout, result.stdout[-1500:]

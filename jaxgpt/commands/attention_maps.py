@@ -14,7 +14,6 @@ earlier copy of the current one (an induction head; try a prompt that repeats it
 
 from __future__ import annotations
 
-import argparse
 from pathlib import Path
 
 import matplotlib
@@ -69,7 +68,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _draw_maps(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxgpt.attention_maps", description=__doc__.splitlines()[0])
+    parser = cli.argument_parser(__doc__, __name__)
     inspected.add_flags(parser)
     parser.add_argument("--layer", type=int, default=None, help="draw only this layer (0-based)")
     parser.add_argument("--scores", action="store_true", help="draw the pre-softmax scores instead of the weights")

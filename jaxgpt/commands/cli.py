@@ -6,6 +6,7 @@ and the fix, and exits with status 2; anything else is a bug and keeps its trace
 
 from __future__ import annotations
 
+import argparse
 import re
 import sys
 from collections.abc import Callable
@@ -79,6 +80,23 @@ def _config_key_for(name: str, value: str) -> str | None:
     config = base_config()
     key = NANOGPT_KEYS.get(name) or next((f"{s}.{name}" for s in SECTIONS if name in config[s]), None)
     return key and f"--config.{key}={value}"
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """The module's docstring as written (its examples keep their lines), and each flag's default
+    where its help does not already say it (None and False say nothing)."""
+
+    def _get_help_string(self, action):
+        shown = action.default not in (None, False, argparse.SUPPRESS) and "default" not in (action.help or "")
+        return f"{action.help} (default: {action.default})" if shown else action.help
+
+
+def argument_parser(doc: str, module: str) -> argparse.ArgumentParser:
+    """The parser of a command whose flags are argparse's (the inspecting commands): its help is
+    the module's docstring, examples included, then the flags with their defaults, as the absl
+    commands' help is. Named as it was started: `jaxgpt NAME` or `python -m jaxgpt.NAME`."""
+    started_as = sys.argv[0] if sys.argv[0].startswith("jaxgpt ") else f"python -m jaxgpt.{module.rsplit('.', 1)[-1]}"
+    return argparse.ArgumentParser(prog=started_as, description=doc.strip(), formatter_class=_HelpFormatter)
 
 
 def print_help(usage: str, module: str = "__main__") -> None:

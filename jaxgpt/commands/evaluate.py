@@ -223,7 +223,7 @@ def run_names(workdirs: list[Path]) -> list[str]:
 
 
 def _evaluate(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxgpt.evaluate", description=__doc__.splitlines()[0])
+    parser = cli.argument_parser(__doc__, __name__)
     parser.add_argument("--workdir", action="append", type=Path, required=True, help="a run; repeat to compare")
     parser.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
     parser.add_argument("--lengths", type=_lengths, default=[64, 128, 256, 512, 1024], help="window lengths")

@@ -8,8 +8,6 @@ chance: HellaSwag has four endings, so 0.25. GPT-2 124M scores about 0.29 normal
 
 from __future__ import annotations
 
-import argparse
-
 from tqdm import tqdm
 
 from jaxgpt import multiple_choice
@@ -23,7 +21,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _score(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxgpt.hellaswag", description=__doc__.splitlines()[0])
+    parser = cli.argument_parser(__doc__, __name__)
     inspected.add_flags(parser, prompt=False)
     parser.add_argument("--questions", required=True, help="a HellaSwag JSONL file, or hf:NAME[:SPLIT]")
     parser.add_argument("--limit", type=int, default=None, help="score only the first this many questions")

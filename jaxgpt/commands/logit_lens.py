@@ -11,8 +11,6 @@ guesses turn from the current token's bigram into the continuation.
 
 from __future__ import annotations
 
-import argparse
-
 import numpy as np
 
 from jaxgpt.capture import capture
@@ -63,7 +61,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _lens(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxgpt.logit_lens", description=__doc__.splitlines()[0])
+    parser = cli.argument_parser(__doc__, __name__)
     inspected.add_flags(parser)
     parser.add_argument("--positions", type=int, default=12, help="show the last this many positions")
     args = parser.parse_args(argv)

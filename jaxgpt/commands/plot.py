@@ -1,4 +1,6 @@
 """Plot training curves: python -m jaxgpt.plot RUN [RUN ...] [--metric loss] [--out loss.png]
+python -m jaxgpt.plot runs/tiny runs/llama_tiny --out loss.png
+python -m jaxgpt.plot runs/tiny --metric tokens_per_sec
 
 Reads each run's metrics.jsonl and draws, for the loss, train (solid) and val (dashed) loss
 against optimizer steps and against tokens seen, side by side, one colour per run. Another
@@ -8,7 +10,6 @@ are step x batch_size x block_size from the run's config.json.
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _plot(argv: list[str] | None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m jaxgpt.plot", description=__doc__.splitlines()[0])
+    parser = cli.argument_parser(__doc__, __name__)
     parser.add_argument("runs", nargs="+", type=Path, help="workdirs of train.py runs")
     parser.add_argument("--metric", default="loss", help="loss (train and val), or any key of metrics.jsonl")
     parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: <first run>/<metric>.png)")
