@@ -539,7 +539,7 @@ def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus,
         desc=f"tokenizing {config.source}" + (f", from shard {len(shards)}" if shards else ""),
         unit="token" if by_tokens else "doc",
         unit_scale=by_tokens,
-        disable=None if progress else True,  # None: no redrawn bar in a log file, only on a terminal
+        disable=not progress,
     )
     begun, written = time.perf_counter(), 0
 
