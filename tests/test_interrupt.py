@@ -75,6 +75,9 @@ def test_the_training_loop_holds_the_first_ctrl_c_and_hands_the_second_back():
     def before(signum, frame):
         raise AssertionError("the first Ctrl-C must reach the loop's handler")
 
+    # An earlier in-process command in this worker may have left its watcher on the wakeup fd:
+    # unhooked here, so the signal this test sends cannot reach it.
+    wakeup = signal.set_wakeup_fd(-1)
     previous = signal.signal(signal.SIGINT, before)
     said = []
     try:
@@ -85,6 +88,7 @@ def test_the_training_loop_holds_the_first_ctrl_c_and_hands_the_second_back():
         assert said and "Ctrl-C again" in said[0]
     finally:
         signal.signal(signal.SIGINT, previous)
+        signal.set_wakeup_fd(wakeup)
 
 
 @pytest.mark.slow
