@@ -266,8 +266,8 @@ def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
     parallel = sharding.data_parallel_size(mesh)
     per_microbatch = run.train.batch_size // run.train.microbatches
     if per_microbatch % parallel or run.train.batch_size % jax.process_count():
-        step = parallel * run.train.microbatches  # the batch sizes that split: multiples of this
-        sizes = sorted({max(run.train.batch_size // step, 1) * step, -(-run.train.batch_size // step) * step})
+        unit = parallel * run.train.microbatches  # the batch sizes that split are its multiples
+        sizes = sorted({max(run.train.batch_size // unit, 1) * unit, -(-run.train.batch_size // unit) * unit})
         fewer = max(d for d in range(1, parallel + 1) if parallel % d == 0 and per_microbatch % d == 0)
         mesh_fix = f" or --config.mesh.data={fewer}" if mesh.shape.get("fsdp", 1) == 1 and fewer > 1 else ""
         raise UserError(

@@ -8,6 +8,8 @@ import difflib
 import importlib
 import sys
 
+from jaxgpt.commands.cli import USAGE_ERROR
+
 # command -> (module in jaxgpt.commands, what it does)
 COMMANDS = {
     "train": ("train", "train a model, or resume one (also python train.py)"),
@@ -21,7 +23,6 @@ COMMANDS = {
     "logit-lens": ("logit_lens", "what the model would predict after each layer"),
     "hellaswag": ("hellaswag", "score a model on multiple-choice questions"),
 }
-USAGE_ERROR = 2
 
 
 def usage() -> str:
