@@ -1,4 +1,4 @@
-"""Sample from a trained run: python sample.py --workdir runs/tiny (the same as `jaxgpt-sample`
+"""Sample from a trained run: python sample.py --workdir runs/tiny (the same as `jaxgpt sample`
 once the package is installed; the command lives in jaxgpt/commands/sample.py, and --help lists its flags)."""
 
 from jaxgpt.commands.sample import main

@@ -1,4 +1,4 @@
-"""Train a model: python train.py --config configs/tiny.py (the same as `jaxgpt-train` once the
+"""Train a model: python train.py --config configs/tiny.py (the same as `jaxgpt train` once the
 package is installed; the command lives in jaxgpt/commands/train.py, and --help lists its flags)."""
 
 from jaxgpt.commands.train import main

@@ -15,7 +15,7 @@ def get_config():
     config.data.max_tokens = 1_500_000_000
     config.model.update(n_layer=12, n_head=12, d_model=768, block_size=1024, dropout=0.0, scan_layers=True)
     # Keep only matmul outputs for the backward pass: without it a v5e-8 chip would need 15.76 GB
-    # of temporaries for its 8 sequences and has 15.75 (python -m jaxgpt.check --target tpu-v5e-8).
+    # of temporaries for its 8 sequences and has 15.75 (python -m jaxgpt check --target tpu-v5e-8).
     config.model.remat = "dots"
     # 50,257 tokens padded to 50,304 = 64 * 786: matmuls tile evenly on GPUs and TPUs.
     config.model.vocab_size = 50304

@@ -6,6 +6,8 @@ The model names below load on first use, so `import jaxgpt` (and the scripts' fl
 
 import importlib
 
+from jaxgpt.commands.dispatch import serve_earlier_spellings
+
 _EXPORTS = {
     "ConfigError": "jaxgpt.config",
     "ModelConfig": "jaxgpt.config",
@@ -23,3 +25,6 @@ def __getattr__(name: str):
     if name in _EXPORTS:
         return getattr(importlib.import_module(_EXPORTS[name]), name)
     raise AttributeError(f"module 'jaxgpt' has no attribute {name!r}")
+
+
+serve_earlier_spellings()

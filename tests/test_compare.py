@@ -1,9 +1,18 @@
-"""python -m jaxgpt.compare: a 2 x 2 comparison of a tiny model, read back independently."""
+"""python -m jaxgpt compare: a 2 x 2 comparison of a tiny model, read back independently."""
 
 import json
+import os
+import shlex
+import subprocess
+import sys
 
 import pytest
-from conftest import run_script
+from conftest import ROOT, run_script
+
+# The first example of `jaxgpt compare --help`, which test_two_short_runs_as_the_help_shows runs
+HELP_EXAMPLE = (
+    "python -m jaxgpt compare --config tiny --vary model.position=learned,rope --steps 20 --out runs/compare-try"
+)
 
 TINY = [
     "--config",
@@ -116,3 +125,18 @@ def test_a_bad_vary_is_one_line_before_any_run(tmp_path, vary, message):
     result = run_script("jaxgpt.compare", *TINY, "--vary", vary, f"--out={tmp_path / 'out'}")
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
     assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.slow
+def test_two_short_runs_as_the_help_shows(tmp_path):
+    """compare's --help example, as written, in a fresh directory: two 20-step runs of the
+    shipped tiny config (found by name) and a table with a row for each."""
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    env.pop("XLA_FLAGS")  # the user's default device count
+    result = subprocess.run(
+        [sys.executable, *shlex.split(HELP_EXAMPLE)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    runs = json.loads((tmp_path / "runs" / "compare-try" / "results.json").read_text())["runs"]
+    assert [(r["variant"], r["step"]) for r in runs] == [("position=learned", 20), ("position=rope", 20)]
+    assert "| position=rope | 1 |" in result.stdout

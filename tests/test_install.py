@@ -41,20 +41,26 @@ def installed(tmp_path_factory):
 
 
 def run_installed(installed, cwd, command, *args):
+    """The installed console script `jaxgpt COMMAND ARGS`."""
     env = os.environ | {"PYTHONPATH": str(installed)}  # the installed copy only, not the checkout
     env.pop("XLA_FLAGS")  # a user's default device count, not the test session's eight
     return subprocess.run(
-        [sys.executable, str(installed / "bin" / command), *args], cwd=cwd, env=env, capture_output=True, text=True
+        [sys.executable, str(installed / "bin" / "jaxgpt"), command, *args],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
     )
 
 
-def test_console_scripts_answer_help_from_any_directory(installed, tmp_path):
+def test_the_console_script_answers_help_from_any_directory(installed, tmp_path):
     for command, a_flag in (
-        ("jaxgpt-train", "--workdir"),
-        ("jaxgpt-sample", "--prompt"),
-        ("jaxgpt-check", "--config"),
-        ("jaxgpt-compare", "--vary"),
-        ("jaxgpt-prepare", "--verify"),
+        ("train", "--workdir"),
+        ("sample", "--prompt"),
+        ("check", "--config"),
+        ("compare", "--vary"),
+        ("prepare", "--verify"),
+        ("attention-maps", "--layer"),
     ):
         result = run_installed(installed, tmp_path, command, "--help")
         assert result.returncode == 0, result.stderr
@@ -65,23 +71,23 @@ def test_console_scripts_answer_help_from_any_directory(installed, tmp_path):
 def test_installed_train_finds_a_shipped_config_and_sample_reads_its_run(installed, tmp_path):
     """`--config configs/tiny.py` outside the repository: no such file here, so the shipped
     config of that name; then sampling from the run it wrote."""
-    trained = run_installed(installed, tmp_path, "jaxgpt-train", "--config", "configs/tiny.py", "--workdir=run", *TINY)
+    trained = run_installed(installed, tmp_path, "train", "--config", "configs/tiny.py", "--workdir=run", *TINY)
     assert trained.returncode == 0, trained.stderr
     saved = json.loads((tmp_path / "run" / "config.json").read_text())
     assert saved["data"]["source"] == "builtin:python-docs" and saved["model"]["n_layer"] == 1
-    sampled = run_installed(installed, tmp_path, "jaxgpt-sample", "--workdir=run", "--max_new_tokens=5", "--prompt=a")
+    sampled = run_installed(installed, tmp_path, "sample", "--workdir=run", "--max_new_tokens=5", "--prompt=a")
     assert sampled.returncode == 0, sampled.stderr
     assert sampled.stdout.startswith("a") and len(sampled.stdout) > len("a\n")  # the prompt and new text
 
 
 def test_an_unknown_config_name_lists_the_shipped_ones(installed, tmp_path):
-    result = run_installed(installed, tmp_path, "jaxgpt-train", "--config", "tinny")
+    result = run_installed(installed, tmp_path, "train", "--config", "tinny")
     assert result.returncode == 2 and not (tmp_path / "runs").exists()
     assert result.stderr.count("\n") == 1 and "tiny" in result.stderr and "config file tinny not found" in result.stderr
 
 
 def test_a_missing_path_is_not_replaced_by_a_shipped_config_of_the_same_name(installed, tmp_path):
-    result = run_installed(installed, tmp_path, "jaxgpt-train", "--config", "mine/tiny.py")
+    result = run_installed(installed, tmp_path, "train", "--config", "mine/tiny.py")
     assert result.returncode == 2 and "config file mine/tiny.py not found" in result.stderr
 
 

@@ -32,8 +32,8 @@ def package_imports(path) -> set[str]:
 
 
 def shims() -> set[str]:
-    """Top-level modules that only start a command: each keeps a documented `python -m jaxgpt.X`
-    name, and __main__ is `python -m jaxgpt COMMAND` (the dispatcher)."""
+    """Top-level modules that only start a command: __main__ (`python -m jaxgpt COMMAND`, the
+    dispatcher), and nothing else: the commands' earlier names are served without files."""
     entry = {"__main__": "dispatch"}
     return {
         f"jaxgpt.{path.stem}"
@@ -53,10 +53,19 @@ def test_the_layers_are_what_the_listing_says():
     assert {layer_of(m) for m in MODULES} == set(LAYERS)
     assert layer_of("jaxgpt.model") == "core" and layer_of("jaxgpt.commands.cli") == "commands"
     assert layer_of("jaxgpt.hardware") == "hardware"  # `from jaxgpt import hardware` is an import of the folder
-    assert {"jaxgpt.check", "jaxgpt.__main__"} <= SHIMS and "jaxgpt.model" not in SHIMS
+    assert SHIMS == {"jaxgpt.__main__"}
 
 
-# The shims (`python -m jaxgpt.check` and the like) import their command by design.
+def test_the_top_of_the_package_holds_only_the_library():
+    """No module at jaxgpt/'s top is named for a command (`python -m jaxgpt.check` is served by
+    jaxgpt.commands.dispatch); the commands live in jaxgpt/commands/."""
+    from jaxgpt.commands.dispatch import COMMANDS
+
+    top = {path.stem for path in PACKAGE.glob("*.py")}
+    assert top & {module for module, _ in COMMANDS.values()} == set(), top
+
+
+# __main__ (`python -m jaxgpt COMMAND`) imports the dispatcher by design.
 @pytest.mark.parametrize("module", [m for m in MODULES if m not in SHIMS])
 def test_imports_run_one_way(module):
     path = ROOT / (module.replace(".", "/") + ".py")

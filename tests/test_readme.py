@@ -3,6 +3,7 @@ README and of the docs pages it leads to (GUIDE) runs offline on this CPU (short
 in tests/test_readme_runs.py) or is excused below with the reason; the numbers they quote from
 the tiny config's run and its pre-flight check are the numbers those commands print."""
 
+import ast
 import itertools
 import math
 import os
@@ -45,12 +46,24 @@ SHORT_TRAINING = [
 COMMANDS = {  # how each entry point is started without installing the package
     "python train.py": [sys.executable, str(ROOT / "train.py")],
     "python sample.py": [sys.executable, str(ROOT / "sample.py")],
-    "jaxgpt-train": [sys.executable, "-m", "jaxgpt.commands.train"],
-    "jaxgpt-sample": [sys.executable, "-m", "jaxgpt.commands.sample"],
-    "jaxgpt-check": [sys.executable, "-m", "jaxgpt.check"],
+    "jaxgpt ": [sys.executable, "-m", "jaxgpt"],  # the installed console script is the same dispatcher
     "python -m": [sys.executable, "-m"],
     "echo ": ["bash", "-c"],  # writes a file a later command reads
 }
+
+
+def command_name(args: list[str]) -> str:
+    """train, sample, check, ... whichever spelling the guide starts it with: python train.py,
+    jaxgpt train, python -m jaxgpt train, or python -m jaxgpt.check as commands were once started."""
+    if args[:1] == ["python"] and args[1] in ("train.py", "sample.py"):
+        return args[1].removesuffix(".py")
+    if args[0] == "jaxgpt":
+        return args[1].replace("_", "-")
+    if args[:3] == ["python", "-m", "jaxgpt"]:
+        return args[3].replace("_", "-")
+    if args[:2] == ["python", "-m"]:
+        return args[2].removeprefix("jaxgpt.").replace("_", "-")
+    return args[0]
 
 
 def shell_commands(markdown: str) -> list[str]:
@@ -76,7 +89,7 @@ def excuse(command: str) -> str | None:
 # in the README reads what they write.
 RUN_IN_FULL = {
     "speedrun": r"^python train\.py --config configs/tiny_speedrun\.py ",
-    "pre-flight": r"^jaxgpt-check --config tiny$",
+    "pre-flight": r"^jaxgpt check --config tiny$",
 }
 
 RUNNABLE = [c for c in shell_commands(GUIDE) if excuse(c) is None]
@@ -108,6 +121,38 @@ def smaller_model(args: list[str]) -> list[str]:
     return args[:at] + SMALLER_MODEL + args[at:]
 
 
+def spelled(command: str) -> tuple[str, ...]:
+    """A command as (its name, its arguments), whichever way it is started: `jaxgpt check ...`,
+    `python -m jaxgpt check ...` and `python -m jaxgpt.check ...` run the same program."""
+    args = shlex.split(command)
+    name = command_name(args)
+    skip = 2 if args[0] == "jaxgpt" or args[1].endswith(".py") else 4 if args[2] == "jaxgpt" else 3
+    return (name, *args[skip:])
+
+
+def help_examples(module: str) -> list[str]:
+    """The command lines under "Examples:" in a command's docstring (which is its --help)."""
+    doc = ast.get_docstring(ast.parse((ROOT / "jaxgpt" / "commands" / f"{module}.py").read_text()))
+    block = doc.split("Examples:\n", 1)[1].split("\n\n", 1)[0].replace("\\\n", " ")
+    return [line.split("  #", 1)[0].strip() for line in block.splitlines()]
+
+
+def test_every_commands_help_shows_an_example_that_a_test_runs_as_written():
+    """Not shortened: the guide's commands that test_readme_command_runs leaves as they are, the
+    ones tests/test_readme_runs.py runs in full, and compare's first try (tests/test_compare.py)."""
+    from test_compare import HELP_EXAMPLE
+
+    from jaxgpt.commands.dispatch import COMMANDS as NAMES
+
+    unshortened = [c for c in RUNNABLE if argv_for(c, ROOT) == argv_for(c, ROOT, shortened=False)]
+    in_full = [readme_command(name) for name in RUN_IN_FULL] + ["python train.py --config configs/tiny.py"]
+    as_written = {spelled(c) for c in unshortened + in_full + [HELP_EXAMPLE]}
+    for name, (module, _) in NAMES.items():
+        examples = help_examples(module)
+        assert examples and all(spelled(e)[0] == name for e in examples), (name, examples)
+        assert {spelled(e) for e in examples} & as_written, f"no example of {name} --help is run as written"
+
+
 def test_the_readme_is_a_short_guide_whose_links_lead_to_every_docs_page():
     assert len(README.splitlines()) <= 250
     linked = re.findall(r"\]\((docs/[\w/.-]+?)(?:#[\w-]+)?\)", README)
@@ -125,17 +170,16 @@ def argv_for(command: str, home, shortened: bool = True) -> list[str]:
         return COMMANDS[prefix] + [command]
     if not shortened:
         return COMMANDS[prefix] + args
-    if prefix in ("python train.py", "jaxgpt-train"):
+    name = command_name(shlex.split(command))
+    if name == "train":
         args = smaller_model(args) + SHORT_TRAINING
-    elif prefix == "python -m" and args[0] == "jaxgpt.compare":
+    elif name == "compare":
         args = smaller_model(args) + [
             "--steps=3",
             "--config.train.eval_every=3",
             "--config.train.eval_batches=1",
             "--quiet",  # one line per run; the table is still printed
         ]
-    elif prefix in ("python sample.py", "jaxgpt-sample") and "--max_new_tokens" not in command:
-        args.append("--max_new_tokens=8")
     return COMMANDS[prefix] + args
 
 
@@ -172,23 +216,24 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
     a training run its last step (3, shortened), a sample its prompt, a check the slice it fits,
     a table its rows, a drawing the file it wrote."""
     args = shlex.split(command)
+    name = command_name(args)
     value = {a: b for a, b in itertools.pairwise(args) if a.startswith("--")}
-    if args[0] == "echo":
+    if name == "echo":
         assert (home / args[-1]).read_text() == args[1] + "\n"
-    elif args[0] == "jaxgpt-train" or args[:2] == ["python", "train.py"]:
+    elif name == "train":
         assert re.search(r"done: step 3, val loss [\d.]+|already trained to step 3", printed), printed[-2000:]
-    elif args[0] == "jaxgpt-sample" or args[:2] == ["python", "sample.py"]:
+    elif name == "sample":
         prompt = (home / value["--prompt_file"]).read_text() if "--prompt_file" in value else value.get("--prompt", "")
         samples = re.split(r"^--- sample \d+\n", printed, flags=re.M)[1:] or [printed]
         assert len(samples) == int(value.get("--num_samples", 1)), printed
         assert all(sample.startswith(prompt) and len(sample) > len(prompt) for sample in samples), printed
-    elif "jaxgpt.check" in args and "--target" in value:
+    elif name == "check" and "--target" in value:
         assert f"\nfits {value['--target']}\n" in printed and "\nper device: parameters " in printed, printed
-    elif "jaxgpt.prepare" in args:
+    elif name == "prepare":
         assert re.search(r"[\d,]+ tokens \([\d,]+ train, [\d,]+ validation\)", printed), printed
-    elif "jaxgpt.hellaswag" in args:
+    elif name == "hellaswag":
         assert re.search(r"\d+ questions, accuracy [\d.]+", printed), printed
-    elif "jaxgpt.evaluate" in args:
+    elif name == "evaluate":
         # a row per run and length, or the length named as skipped for that run (with the reason)
         runs = [Path(b).name for a, b in itertools.pairwise(args) if a == "--workdir"]
         asked = set(itertools.product(runs, value["--lengths"].split(",")))
@@ -196,13 +241,13 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
         skipped = re.findall(r"^(\S+): lengths ([\d, ]+) skipped: ", printed, flags=re.M)
         skipped = {(Path(run).name, n) for run, lengths in skipped for n in lengths.split(", ")}
         assert scored | skipped == asked and not scored & skipped, printed
-    elif "jaxgpt.compare" in args:
+    elif name == "compare":
         varied = [b.split("=", 1)[1].split(",") for a, b in itertools.pairwise(args) if a == "--vary"]
         rows = [line for line in printed.splitlines() if line.startswith("| ") and "=" in line.split("|")[1]]
         assert len(rows) == math.prod(map(len, varied)), printed
         assert all(line.split("|")[2].strip() == value["--seeds"] for line in rows), printed
     out = value.get("--out")
-    if out and "jaxgpt.compare" in args:
+    if out and name == "compare":
         assert (home / out / "results.md").exists()
     elif out:  # a drawing
         assert f"wrote {out}" in printed and (home / out).read_bytes()[:4] == b"\x89PNG", printed

@@ -1,6 +1,6 @@
 """The README's long runs, apart from its commands (tests/test_readme.py) so that the slow set's
 two workers share them: the full first run ends at the losses the README quotes, the speedrun
-beats it in 400 steps, and the pre-flight table is what `jaxgpt-check --config tiny` prints. The
+beats it in 400 steps, and the pre-flight table is what `jaxgpt check --config tiny` prints. The
 last two run the README's commands as written, so tests/test_readme.py leaves them out."""
 
 import os

@@ -124,6 +124,47 @@ def test_help_answers_without_importing_jax():
         assert "flax" not in imported and not [m for m in imported if m == "jax" or m.startswith("jax.")]
 
 
+@pytest.mark.parametrize("module", ["check", "attention_maps"])
+def test_the_names_commands_had_before_the_entry_point_still_run_them(module):
+    """`python -m jaxgpt.attention_maps` with no file of that name at the package's top: the
+    dispatcher's finder serves jaxgpt/commands/attention_maps.py under it."""
+    earlier = run_script(f"jaxgpt.{module}", "--help")
+    now = run_script("jaxgpt", module.replace("_", "-"), "--help")
+    assert earlier.returncode == now.returncode == 0 and earlier.stdout == now.stdout, earlier.stderr[-2000:]
+
+
+def test_commands_run_one_after_another_in_one_process_without_sharing_flags(capsys):
+    """Each run parses into its own set of flags: train and check both define --config (absl's
+    process-wide set would refuse the second definition), and an override given to one run is
+    not seen by the next."""
+    from jaxgpt.commands import check, train
+
+    for main, argv, message in (
+        (train.main, ["--config", "tiny", "--config.model.n_layr=1"], "unknown config key model.n_layr"),
+        (check.main, ["--config", "tiny", "--config.model.n_layr=1"], "unknown config key model.n_layr"),
+        (train.main, ["--config", "tiny", "--overfit_steps=3"], "unknown flag --overfit_steps"),
+        (check.main, ["--config", "tiny", "--fresh"], "unknown flag --fresh"),
+        (check.main, [], "no config given"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            main(argv)
+        assert exit_.value.code == 2 and capsys.readouterr().err.startswith(f"error: {message}")
+
+
+def test_an_inspecting_command_names_what_is_missing_or_doubled(tmp_path, capsys):
+    from jaxgpt.commands import logit_lens
+
+    for argv, message in (
+        (["--prompt", "x"], "no --workdir or --init_from given; the model to look at"),
+        (["--workdir", str(tmp_path), "--init_from", "gpt2", "--prompt", "x"], "--workdir and --init_from were both"),
+        (["--workdir", str(tmp_path)], "no --prompt given; the text to run the model on"),
+        (["--workdir", str(tmp_path), "--prompt", "x", "--step", "3", "--init"], "--step and --init both choose"),
+    ):
+        with pytest.raises(SystemExit) as exit_:
+            logit_lens.main(argv)
+        assert exit_.value.code == 2 and capsys.readouterr().err.startswith(f"error: {message}"), argv
+
+
 def test_one_entry_point_lists_every_command_and_names_the_nearest_to_a_typo():
     listed = run_script("jaxgpt")
     assert listed.returncode == 2 and all(f"  {name} " in listed.stdout for name in COMMANDS), listed.stdout

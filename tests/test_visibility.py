@@ -126,8 +126,6 @@ def test_attention_maps_match_a_hand_computed_first_layer(trained):
 def test_maps_at_initialisation_are_of_the_parameters_training_starts_from(trained, tmp_path, capsys):
     """--init rebuilds step 0 from config.json's seed: the parameters create_train_state gives
     the run, bit for bit; near-uniform attention at a 0.02 init."""
-    import argparse
-
     from jaxgpt.commands import attention_maps as command
     from jaxgpt.commands import inspected
     from jaxgpt.config import run_config_from_dict
@@ -135,7 +133,7 @@ def test_maps_at_initialisation_are_of_the_parameters_training_starts_from(train
     from jaxgpt.train_step import create_train_state
 
     workdir = trained[0]
-    config, params, _, source = inspected.load_model(argparse.Namespace(init_from=None, init=True, workdir=workdir))
+    config, params, _, source = inspected.load(workdir, init=True)
     run = run_config_from_dict(json.loads((workdir / "config.json").read_text()))
     start = jax.jit(lambda: create_train_state(run.model, make_optimizer(run.train), run.train.seed))()
     jax.tree.map(np.testing.assert_array_equal, params, start.params)

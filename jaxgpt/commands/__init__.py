@@ -1,3 +1,3 @@
-"""What a user runs: train, sample, check (with its pre-flight checks), compare, plot and
-attention_maps, and the flag parsing they share (cli). `python -m jaxgpt.check` and the other
-documented names are two-line modules at the package's top that run these."""
+"""What a user runs: one module per command (train, sample, check with its pre-flight checks,
+compare, prepare, evaluate, plot, attention_maps, logit_lens, hellaswag), the flag parsing they
+share (cli), and the one entry point that finds them by name (dispatch)."""

@@ -1,6 +1,9 @@
-"""Draw what every attention head looks at:
-python -m jaxgpt.attention_maps --workdir DIR --prompt TEXT [--step N | --init] [--layer L] [--scores] [--out maps.png]
-python -m jaxgpt.attention_maps --init_from gpt2 --prompt TEXT ...
+"""Draw what every attention head looks at: python -m jaxgpt attention-maps --workdir DIR --prompt TEXT
+
+Examples:
+  python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --out docs/images/attention.png
+  python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --layer 0 --init
+  python -m jaxgpt attention-maps --init_from gpt2 --prompt "The cat sat on the mat. The cat"
 
 One panel per head (a row per layer, or only layer L): query position down, key position
 across, brightness the attention weight (or, with --scores, the pre-softmax score, the masked
@@ -18,6 +21,7 @@ from pathlib import Path
 
 import matplotlib
 import numpy as np
+from absl import flags
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -68,22 +72,23 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _draw_maps(argv: list[str] | None) -> None:
-    parser = cli.argument_parser(__doc__, __name__)
-    inspected.add_flags(parser)
-    parser.add_argument("--layer", type=int, default=None, help="draw only this layer (0-based)")
-    parser.add_argument("--scores", action="store_true", help="draw the pre-softmax scores instead of the weights")
-    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: <workdir>/attention.png)")
-    args = parser.parse_args(argv)
-    config, params, tokenizer, source = inspected.load_model(args)
-    if args.layer is not None and not 0 <= args.layer < config.n_layer:
-        raise UserError(f"--layer {args.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")
-    ids = inspected.prompt_ids(tokenizer, args.prompt, config)
-    maps = attention_maps(config, params, ids, scores=args.scores)
-    first = args.layer or 0
-    if args.layer is not None:
-        maps = maps[args.layer : args.layer + 1]
+    argv, f = cli.command_flags(argv)
+    inspected.define_flags(f)
+    flags.DEFINE_integer("layer", None, "Draw only this layer (0-based).", flag_values=f)
+    flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
+    flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
+    cli.parse_flags(argv, __doc__, f)
+    config, params, tokenizer, source = inspected.load_model(f)
+    if f.layer is not None and not 0 <= f.layer < config.n_layer:
+        raise UserError(f"--layer {f.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")
+    ids = inspected.prompt_ids(tokenizer, f.prompt, config)
+    maps = attention_maps(config, params, ids, scores=f.scores)
+    first = f.layer or 0
+    if f.layer is not None:
+        maps = maps[f.layer : f.layer + 1]
     labels = [repr(tokenizer.decode([int(i)]))[1:-1] for i in ids] if len(ids) <= LABELLED_TOKENS else None
-    out = draw(maps, labels, first, args.out or (args.workdir or Path(".")) / "attention.png", scores=args.scores)
+    out = Path(f.out) if f.out else Path(f.workdir or ".") / "attention.png"
+    out = draw(maps, labels, first, out, scores=f.scores)
     print(f"wrote {out} ({source}, {len(ids)} tokens, {maps.shape[0]} layer(s) x {maps.shape[1]} heads)")
 
 

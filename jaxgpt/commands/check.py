@@ -1,9 +1,9 @@
-"""Pre-flight checks of a config before a long run: python -m jaxgpt.check --config configs/X.py
+"""Pre-flight checks of a config before a long run: python -m jaxgpt check --config configs/X.py
 
 Examples:
-  python -m jaxgpt.check --config configs/tiny.py
-  python -m jaxgpt.check --config configs/gpt2_124m.py --config.train.batch_size=8
-  python -m jaxgpt.check --config configs/gpt2_124m.py --target tpu-v5e-8
+  python -m jaxgpt check --config configs/tiny.py
+  python -m jaxgpt check --config configs/gpt2_124m.py --config.train.batch_size=8
+  python -m jaxgpt check --config configs/gpt2_124m.py --target tpu-v5e-8
 
 Checks, on the config's own model, data and mesh: the initial loss against ln(vocab_size),
 per-layer gradient norms at initialisation, that one batch can be overfit, the model's size
@@ -26,28 +26,37 @@ from absl import flags
 from jaxgpt.commands import cli
 from jaxgpt.errors import warn
 
-CONFIG = cli.define_config_flag()
-OVERFIT_STEPS = flags.DEFINE_integer("overfit_steps", 100, "Steps of training on one batch for the overfit check.")
-TARGET = flags.DEFINE_string(
-    "target", None, "Compile for this TPU instead (tpu-v5e-8, tpu-v6e-1, ...; requirements-tpu.txt) and report memory."
-)
-MFU = flags.DEFINE_float("mfu", 0.4, "With --target: the model FLOPs utilisation the step time estimate assumes.")
+
+def define_flags(argv: list[str], f: flags.FlagValues) -> None:
+    cli.define_config_flag(f, argv)
+    flags.DEFINE_integer("overfit_steps", 100, "Steps of training on one batch for the overfit check.", flag_values=f)
+    flags.DEFINE_string(
+        "target",
+        None,
+        "Compile for this TPU instead (tpu-v5e-8, tpu-v6e-1, ...; requirements-tpu.txt) and report memory.",
+        flag_values=f,
+    )
+    flags.DEFINE_float(
+        "mfu", 0.4, "With --target: the model FLOPs utilisation the step time estimate assumes.", flag_values=f
+    )
 
 
-def main() -> None:
-    """The console script's entry point (jaxgpt-check)."""
-    cli.run(_check)
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point (jaxgpt check)."""
+    cli.run(lambda: _check(argv))
 
 
-def _check() -> None:
-    cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
-    cli.require_config(CONFIG)
-    if TARGET.value:
+def _check(argv: list[str] | None) -> None:
+    argv, f = cli.command_flags(argv)
+    define_flags(argv, f)
+    cli.parse_flags(argv, __doc__, f)
+    cli.require_config(f["config"])
+    if f.target:
         # Compile-only TPU devices need no TPU backend; without this, libtpu would try to start one.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
         from jaxgpt.hardware import tpu
 
-        failure = tpu.check(CONFIG.value, TARGET.value, MFU.value)
+        failure = tpu.check(f.config, f.target, f.mfu)
         if failure:
             print(failure, file=sys.stderr)
             sys.exit(1)
@@ -56,7 +65,7 @@ def _check() -> None:
     from jaxgpt.hardware import runtime  # after flag parsing: --help and bad flags need no JAX
 
     runtime.configure(warn=warn)
-    rows = run_checks(CONFIG.value, OVERFIT_STEPS.value)
+    rows = run_checks(f.config, f.overfit_steps)
     print_table(rows)
     failed = [r.name for r in rows if r.passed is False]
     if failed:

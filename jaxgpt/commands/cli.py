@@ -6,7 +6,6 @@ and the fix, and exits with status 2; anything else is a bug and keeps its trace
 
 from __future__ import annotations
 
-import argparse
 import re
 import sys
 from collections.abc import Callable
@@ -24,12 +23,24 @@ def fail(message: str) -> None:
     sys.exit(USAGE_ERROR)
 
 
-def parse_flags(argv: list[str], usage: str = "", module: str = "__main__") -> None:
-    """Parse argv into absl's FLAGS, turning every rejection into one clear line. `--help`
-    (or -h) prints `usage` (the script's docstring: what it does, example commands) and the
-    flags that `module` (the script's __name__) defines, and exits 0."""
+def command_flags(argv: list[str]) -> tuple[list[str], flags.FlagValues]:
+    """(argv with its program name first, an empty set of flags) for one run of a command:
+    `argv` as given to its main() (without the program name), or sys.argv's. Each run defines
+    its flags afresh, in its own set rather than absl's process-wide one, so commands run one
+    after another in one process (a notebook, the tests) neither collide on a shared name such
+    as --workdir nor inherit each other's values."""
+    return [sys.argv[0], *(sys.argv[1:] if argv is None else argv)], flags.FlagValues()
+
+
+def parse_flags(
+    argv: list[str], usage: str = "", flag_values: flags.FlagValues = flags.FLAGS, positional: str = ""
+) -> list[str]:
+    """Parse argv into `flag_values`, turning every rejection into one clear line. `--help`
+    (or -h) prints `usage` (the command's docstring: what it does, example commands) and its
+    flags with their defaults, and exits 0. Words that are not flags are refused, unless the
+    command takes them (`positional` names them, as plot's RUN): then they are returned."""
     if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
-        print_help(usage, module)
+        print_help(usage, flag_values)
         sys.exit(0)
     config_file = _flag_value(argv, "--config")
     if config_file:
@@ -37,22 +48,36 @@ def parse_flags(argv: list[str], usage: str = "", module: str = "__main__") -> N
         argv = [argv[0], f"--config={config_file}", *_without_flag(argv[1:], "--config")]
         check_config_file(config_file)
     try:
-        positional = flags.FLAGS(argv)[1:]
+        words = flag_values(argv)[1:]
     except (AttributeError, KeyError) as error:  # ml_collections: an override names no key
         fail(_unknown_key_message(argv, str(error)))
     except flags.UnrecognizedFlagError as error:
         given = error.flagvalue.partition("=")[2] or _flag_value(argv, error.flagvalue) or "VALUE"
-        hint = _config_key_for(error.flagname, given) if "config" in flags.FLAGS else None
+        hint = _config_key_for(error.flagname, given) if "config" in flag_values else None
         fail(f"unknown flag --{error.flagname}" + (f"; did you mean {hint}?" if hint else " (see --help)"))
     except flags.Error as error:
         fail(f"{str(error).strip().splitlines()[-1]} (see --help)")
     except Exception as error:  # the config file itself failed to run
         fail(f"config file {config_file} failed to load: {str(error).strip().splitlines()[-1]}")
-    for word in positional:  # every command takes flags only
+    if positional:
+        return words
+    for word in words:  # the command takes flags only
         looks_like_config = word.endswith(".py") or word in shipped_config_names()
-        if looks_like_config and "config" in flags.FLAGS and config_file is None:
+        if looks_like_config and "config" in flag_values and config_file is None:
             fail(f"{word} is a word, not a flag; did you mean --config {word}?")
         fail(f"unexpected argument {word!r}; every argument is a flag (see --help)")
+    return words
+
+
+def require(flag_values: flags.FlagValues, *names: str, what: str = "") -> None:
+    """Fail with one line unless exactly one of the flags `names` was given (or, for one name,
+    unless it was): the rule argparse's required groups kept, with a line that says the fix."""
+    given = [name for name in names if flag_values[name].present]
+    listed = " or ".join(f"--{name}" for name in names)
+    if not given:
+        fail(f"no {listed} given{'; ' + what if what else ''} (see --help)")
+    if len(given) > 1:
+        fail(f"{' and '.join(f'--{name}' for name in given)} were both given; pass one of {listed}")
 
 
 # nanoGPT's names for what jaxgpt's config keys are (its configurator takes --name=value)
@@ -82,29 +107,17 @@ def _config_key_for(name: str, value: str) -> str | None:
     return key and f"--config.{key}={value}"
 
 
-class _HelpFormatter(argparse.RawDescriptionHelpFormatter):
-    """The module's docstring as written (its examples keep their lines), and each flag's default
-    where its help does not already say it (None and False say nothing)."""
-
-    def _get_help_string(self, action):
-        shown = action.default not in (None, False, argparse.SUPPRESS) and "default" not in (action.help or "")
-        return f"{action.help} (default: {action.default})" if shown else action.help
-
-
-def argument_parser(doc: str, module: str) -> argparse.ArgumentParser:
-    """The parser of a command whose flags are argparse's (the inspecting commands): its help is
-    the module's docstring, examples included, then the flags with their defaults, as the absl
-    commands' help is. Named as it was started: `jaxgpt NAME` or `python -m jaxgpt.NAME`."""
-    started_as = sys.argv[0] if sys.argv[0].startswith("jaxgpt ") else f"python -m jaxgpt.{module.rsplit('.', 1)[-1]}"
-    return argparse.ArgumentParser(prog=started_as, description=doc.strip(), formatter_class=_HelpFormatter)
-
-
-def print_help(usage: str, module: str = "__main__") -> None:
+def print_help(usage: str, flag_values: flags.FlagValues = flags.FLAGS) -> None:
+    """The docstring as written (its examples keep their lines), then each flag with its
+    default. A command's own set of flags is listed whole; absl's process-wide set (bench/'s
+    scripts) only for the flags the running script defined."""
     print(usage.strip() + "\n\nflags:")
-    # absl files a script's flags under its path, and an imported module's under its name
-    main_flags = flags.FLAGS.flags_by_module_dict().get(sys.argv[0] if module == "__main__" else module, [])
-    for flag in sorted(main_flags, key=lambda f: f.name):
-        default = "" if flag.default is None else f" (default: {flag.default})"
+    if flag_values is flags.FLAGS:
+        shown = flag_values.flags_by_module_dict().get(sys.argv[0], [])
+    else:
+        shown = [flag_values[name] for name in flag_values]
+    for flag in sorted(shown, key=lambda f: f.name):
+        default = "" if flag.default in (None, []) else f" (default: {flag.default})"
         print(f"  --{flag.name}: {flag.help}{default}")
 
 
@@ -114,11 +127,14 @@ PACKAGE_DIR = Path(__file__).resolve().parents[1]  # jaxgpt/, this file being ja
 SHIPPED_CONFIG_DIRS = (PACKAGE_DIR / "configs", PACKAGE_DIR.parent / "configs")
 
 
-def define_config_flag():
-    """The --config flag of train.py and jaxgpt.commands.check, with its --config.<section>.<key> overrides."""
+def define_config_flag(flag_values: flags.FlagValues = flags.FLAGS, argv: list[str] | None = None):
+    """The --config flag (train, check, compare, prepare), with its --config.<section>.<key>
+    overrides, which ml_collections finds in `argv` (default: sys.argv)."""
     from ml_collections import config_flags
 
-    return config_flags.DEFINE_config_file("config", None, "Python config file, e.g. configs/tiny.py.")
+    return config_flags.DEFINE_config_file(
+        "config", None, "Python config file, e.g. configs/tiny.py.", flag_values=flag_values, sys_argv=argv
+    )
 
 
 def require_config(flag, alternative: str = "") -> None:

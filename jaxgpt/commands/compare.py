@@ -1,8 +1,9 @@
-"""Compare variants of a config: python -m jaxgpt.compare --config tiny --vary model.position=learned,rope
+"""Compare variants of a config: python -m jaxgpt compare --config tiny --vary model.position=learned,rope
 
 Examples:
-  python -m jaxgpt.compare --config configs/tiny.py --vary model.position=learned,rope,alibi --out runs/compare-pos
-  python -m jaxgpt.compare --config tiny --vary model.position=learned,rope --vary model.activation=gelu,swiglu \\
+  python -m jaxgpt compare --config tiny --vary model.position=learned,rope --steps 20 --out runs/compare-try
+  python -m jaxgpt compare --config configs/tiny.py --vary model.position=learned,rope,alibi --out runs/compare-pos
+  python -m jaxgpt compare --config tiny --vary model.position=learned,rope --vary model.activation=gelu,swiglu \\
       --seeds 2 --steps 500 --out runs/compare-pos-act
 
 One run per combination of the --vary values and seed (seed = train.seed, train.seed + 1, ...),
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import sys
 from pathlib import Path
 
 from absl import flags
@@ -26,12 +26,14 @@ from absl import flags
 from jaxgpt.commands import cli
 from jaxgpt.errors import UserError, warn
 
-CONFIG = cli.define_config_flag()
-VARY = flags.DEFINE_multi_string("vary", [], "section.key=v1,v2,... : one variant per value (repeatable).")
-SEEDS = flags.DEFINE_integer("seeds", 1, "Runs per variant, seeds train.seed, train.seed + 1, ...")
-STEPS = flags.DEFINE_integer("steps", None, "Override train.steps for every run.")
-OUT = flags.DEFINE_string("out", None, "Directory for the runs and the results.")
-QUIET = flags.DEFINE_bool("quiet", False, "No progress bars; one line per run.")
+
+def define_flags(argv: list[str], f: flags.FlagValues) -> None:
+    cli.define_config_flag(f, argv)
+    flags.DEFINE_multi_string("vary", [], "section.key=v1,v2,... : one variant per value (repeatable).", flag_values=f)
+    flags.DEFINE_integer("seeds", 1, "Runs per variant, seeds train.seed, train.seed + 1, ...", flag_values=f)
+    flags.DEFINE_integer("steps", None, "Override train.steps for every run.", flag_values=f)
+    flags.DEFINE_string("out", None, "Directory for the runs and the results.", flag_values=f)
+    flags.DEFINE_bool("quiet", False, "No progress bars; one line per run.", flag_values=f)
 
 
 def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
@@ -223,22 +225,28 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
     return summary, table
 
 
-def main() -> None:
-    cli.run(_compare, interrupted="interrupted; rerun the same command: finished runs are skipped, the others resume")
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point (jaxgpt compare)."""
+    cli.run(
+        lambda: _compare(argv),
+        interrupted="interrupted; rerun the same command: finished runs are skipped, the others resume",
+    )
 
 
-def _compare() -> None:
-    cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
-    cli.require_config(CONFIG)
-    vary = parse_vary(VARY.value)
-    if SEEDS.value < 1:
-        cli.fail(f"--seeds={SEEDS.value} must be at least 1")
-    config = CONFIG.value
-    if STEPS.value is not None:
-        config.train.steps = STEPS.value
+def _compare(argv: list[str] | None) -> None:
+    argv, f = cli.command_flags(argv)
+    define_flags(argv, f)
+    cli.parse_flags(argv, __doc__, f)
+    cli.require_config(f["config"])
+    vary = parse_vary(f.vary)
+    if f.seeds < 1:
+        cli.fail(f"--seeds={f.seeds} must be at least 1")
+    config = f.config
+    if f.steps is not None:
+        config.train.steps = f.steps
     if note := log_often_enough(config):
         print(f"note: {note}")
-    out = Path(OUT.value or Path("runs") / ("compare-" + "-".join(k.split(".")[-1] for k, _ in vary)))
+    out = Path(f.out or Path("runs") / ("compare-" + "-".join(k.split(".")[-1] for k, _ in vary)))
     from jaxgpt.hardware import runtime
 
     runtime.configure(warn=warn)
@@ -246,7 +254,7 @@ def _compare() -> None:
 
     for variant in variants(vary):  # every variant checked as train.py would, before the first run
         check_runnable(with_values(config, variant))
-    _, table = compare(config, vary, SEEDS.value, out, progress=not QUIET.value)
+    _, table = compare(config, vary, f.seeds, out, progress=not f.quiet)
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'loss.png'}")
 

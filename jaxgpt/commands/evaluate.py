@@ -1,6 +1,10 @@
-"""Loss against position and context length:
-python -m jaxgpt.evaluate --workdir DIR [--workdir DIR ...] [--step N] [--lengths 64,128,256,512,1024]
-python -m jaxgpt.evaluate --workdir DIR --mask_heads
+"""Loss against position and context length: python -m jaxgpt evaluate --workdir DIR [--workdir DIR ...]
+
+Examples:
+  python -m jaxgpt evaluate --workdir runs/tiny --workdir runs/llama_tiny --lengths 64,128,256,512 \\
+      --out docs/images/loss_by_position.png
+  python -m jaxgpt evaluate --workdir runs/llama_tiny --workdir runs/llama_tiny_yarn512 --lengths 128,512
+  python -m jaxgpt evaluate --workdir runs/tiny --mask_heads
 
 The same stretch of each run's validation text (its first --tokens tokens) is cut into
 back-to-back windows of each length, and each window is scored in one forward pass: the loss
@@ -20,7 +24,6 @@ with each head removed (its output zeroed), and prints the loss increase per lay
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import functools
 from pathlib import Path
@@ -28,6 +31,7 @@ from pathlib import Path
 import jax
 import matplotlib
 import numpy as np
+from absl import flags
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
@@ -202,13 +206,13 @@ def main(argv: list[str] | None = None) -> None:
     cli.run(lambda: _evaluate(argv))
 
 
-def _lengths(text: str) -> list[int]:
+def _lengths(text: list[str]) -> list[int]:
     try:
-        lengths = sorted({int(part) for part in text.split(",")})
+        lengths = sorted({int(part) for part in text})
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a comma-separated list of whole numbers") from None
-    if lengths[0] < 1:
-        raise argparse.ArgumentTypeError(f"{text!r}: every length must be at least 1")
+        raise UserError(f"--lengths {','.join(text)!r} is not a comma-separated list of whole numbers") from None
+    if not lengths or lengths[0] < 1:
+        raise UserError(f"--lengths {','.join(text)!r}: every length must be at least 1")
     return lengths
 
 
@@ -223,28 +227,30 @@ def run_names(workdirs: list[Path]) -> list[str]:
 
 
 def _evaluate(argv: list[str] | None) -> None:
-    parser = cli.argument_parser(__doc__, __name__)
-    parser.add_argument("--workdir", action="append", type=Path, required=True, help="a run; repeat to compare")
-    parser.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
-    parser.add_argument("--lengths", type=_lengths, default=[64, 128, 256, 512, 1024], help="window lengths")
-    parser.add_argument("--tokens", type=int, default=32768, help="validation tokens scored at each length")
-    parser.add_argument("--out", type=Path, default=None, help="PNG (default: <first workdir>/loss_by_position.png)")
-    parser.add_argument(
-        "--mask_heads", action="store_true", help="instead: the loss at block_size with each attention head removed"
+    argv, f = cli.command_flags(argv)
+    flags.DEFINE_multi_string("workdir", [], "A run; repeat to compare.", flag_values=f)
+    flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
+    flags.DEFINE_list("lengths", ["64", "128", "256", "512", "1024"], "Window lengths.", flag_values=f)
+    flags.DEFINE_integer("tokens", 32768, "Validation tokens scored at each length.", flag_values=f)
+    flags.DEFINE_string("out", None, "PNG to write (default: <first workdir>/loss_by_position.png).", flag_values=f)
+    flags.DEFINE_bool(
+        "mask_heads", False, "Instead: the loss at block_size with each attention head removed.", flag_values=f
     )
-    args = parser.parse_args(argv)
-    names = run_names(args.workdir)
-    if args.mask_heads:
-        for name, workdir in zip(names, args.workdir, strict=True):
-            print("\n".join(head_table(name, *heads_of_run(workdir, args.tokens, args.step))))
+    cli.parse_flags(argv, __doc__, f)
+    cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
+    workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
+    names = run_names(workdirs)
+    if f.mask_heads:
+        for name, workdir in zip(names, workdirs, strict=True):
+            print("\n".join(head_table(name, *heads_of_run(workdir, f.tokens, f.step))))
         return
     rows, drawn = [], []
-    for name, workdir in zip(names, args.workdir, strict=True):
-        run, step, results = evaluate_run(workdir, args.lengths, args.tokens, args.step)
+    for name, workdir in zip(names, workdirs, strict=True):
+        run, step, results = evaluate_run(workdir, lengths, f.tokens, f.step)
         rows += [(name, step, run.model.block_size, r) for r in results]
         drawn.append((name, run.model.block_size, results))
     print("\n".join(table(rows)))
-    print(f"wrote {draw(drawn, args.out or args.workdir[0] / 'loss_by_position.png')}")
+    print(f"wrote {draw(drawn, Path(f.out) if f.out else workdirs[0] / 'loss_by_position.png')}")
 
 
 if __name__ == "__main__":

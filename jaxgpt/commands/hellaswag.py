@@ -1,6 +1,9 @@
 """Score a model on multiple-choice questions (HellaSwag) by the log-likelihood of each ending:
-python -m jaxgpt.hellaswag --workdir DIR --questions hellaswag_val.jsonl [--limit N] [--step N | --init]
-python -m jaxgpt.hellaswag --init_from gpt2 --questions hf:Rowan/hellaswag
+python -m jaxgpt hellaswag --workdir DIR --questions FILE [--limit N] [--step N | --init]
+
+Examples:
+  python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl
+  python -m jaxgpt hellaswag --init_from gpt2 --questions hf:Rowan/hellaswag --limit 1000
 
 Prints the accuracy and the length-normalised accuracy (jaxgpt/multiple_choice.py), beside
 chance: HellaSwag has four endings, so 0.25. GPT-2 124M scores about 0.29 normalised.
@@ -8,6 +11,7 @@ chance: HellaSwag has four endings, so 0.25. GPT-2 124M scores about 0.29 normal
 
 from __future__ import annotations
 
+from absl import flags
 from tqdm import tqdm
 
 from jaxgpt import multiple_choice
@@ -21,20 +25,21 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _score(argv: list[str] | None) -> None:
-    parser = cli.argument_parser(__doc__, __name__)
-    inspected.add_flags(parser, prompt=False)
-    parser.add_argument("--questions", required=True, help="a HellaSwag JSONL file, or hf:NAME[:SPLIT]")
-    parser.add_argument("--limit", type=int, default=None, help="score only the first this many questions")
-    parser.add_argument("--batch", type=int, default=8, help="questions per forward pass")
-    args = parser.parse_args(argv)
+    argv, f = cli.command_flags(argv)
+    inspected.define_flags(f, prompt=False)
+    flags.DEFINE_string("questions", None, "A HellaSwag JSONL file, or hf:NAME[:SPLIT].", flag_values=f)
+    flags.DEFINE_integer("limit", None, "Score only the first this many questions.", flag_values=f)
+    flags.DEFINE_integer("batch", 8, "Questions per forward pass.", flag_values=f)
+    cli.parse_flags(argv, __doc__, f)
+    cli.require(f, "questions", what="the questions to score: a HellaSwag JSONL file, or hf:Rowan/hellaswag")
     for flag in ("limit", "batch"):
-        if getattr(args, flag) is not None and getattr(args, flag) < 1:
-            raise UserError(f"--{flag} {getattr(args, flag)}: give at least 1")
-    questions = multiple_choice.read_questions(args.questions, args.limit)
-    config, params, tokenizer, source = inspected.load_model(args)
+        if f[flag].value is not None and f[flag].value < 1:
+            raise UserError(f"--{flag} {f[flag].value}: give at least 1")
+    questions = multiple_choice.read_questions(f.questions, f.limit)
+    config, params, tokenizer, source = inspected.load_model(f)
     with tqdm(total=len(questions), unit="question", leave=False, disable=None) as bar:
-        result = multiple_choice.score(config, params, tokenizer, questions, args.batch, progress=bar.update)
-    print(result.line(f"{args.questions} ({source})"))
+        result = multiple_choice.score(config, params, tokenizer, questions, f.batch, progress=bar.update)
+    print(result.line(f"{f.questions} ({source})"))
 
 
 if __name__ == "__main__":

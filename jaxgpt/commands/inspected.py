@@ -4,40 +4,53 @@ checkpoint, a kept one (--step), its initialisation (--init), or Hugging Face we
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
 import numpy as np
+from absl import flags
 
+from jaxgpt.commands import cli
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 
 
-def add_flags(parser: argparse.ArgumentParser, prompt: bool = True) -> None:
+def define_flags(f: flags.FlagValues, prompt: bool = True) -> None:
     """--workdir or --init_from, --step or --init, and (unless prompt=False) --prompt."""
-    source = parser.add_mutually_exclusive_group(required=True)
-    source.add_argument("--workdir", type=Path, help="a train.py run")
-    source.add_argument("--init_from", help="Hugging Face weights: a local directory, or a Hub name such as gpt2")
+    flags.DEFINE_string("workdir", None, "A train.py run.", flag_values=f)
+    flags.DEFINE_string(
+        "init_from", None, "Hugging Face weights: a local directory, or a Hub name such as gpt2.", flag_values=f
+    )
     if prompt:
-        parser.add_argument("--prompt", required=True, help="text to run the model on")
-    when = parser.add_mutually_exclusive_group()
-    when.add_argument("--step", type=int, default=None, help="a kept checkpoint's step (default: the newest)")
-    when.add_argument("--init", action="store_true", help="the run's parameters at initialisation (step 0)")
+        flags.DEFINE_string("prompt", None, "Text to run the model on.", flag_values=f)
+    flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
+    flags.DEFINE_bool("init", False, "The run's parameters at initialisation (step 0).", flag_values=f)
 
 
-def load_model(args) -> tuple[ModelConfig, dict, object, str]:
-    """(model config, params, tokenizer, where the weights came from) for the flags above."""
-    if args.init_from:
+def load_model(f: flags.FlagValues) -> tuple[ModelConfig, dict, object, str]:
+    """(model config, params, tokenizer, where the weights came from) for the flags above;
+    one line for a combination that names no model, or two."""
+    cli.require(f, "workdir", "init_from", what="the model to look at: a train.py run, or Hugging Face weights")
+    if "prompt" in f:
+        cli.require(f, "prompt", what="the text to run the model on")
+    if f.init and f.step is not None:
+        raise UserError("--step and --init both choose the checkpoint; pass one")
+    return load(Path(f.workdir) if f.workdir else None, f.init_from, f.step, f.init)
+
+
+def load(workdir: Path | None, init_from: str | None = None, step: int | None = None, init: bool = False):
+    """load_model's answer for the model named: `init_from`'s weights, or `workdir`'s
+    checkpoint of `step` (the newest if None), or its initialisation."""
+    if init_from:
         from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
-        if args.init or args.step is not None:
+        if init or step is not None:
             raise UserError(
                 "--step and --init choose a checkpoint of a --workdir run; --init_from weights have neither"
             )
-        config, params, family = load_pretrained(args.init_from)
-        return config, params, pretrained_tokenizer(args.init_from, family), args.init_from
-    if args.init:
+        config, params, family = load_pretrained(init_from)
+        return config, params, pretrained_tokenizer(init_from, family), init_from
+    if init:
         import jax
 
         from jaxgpt.config import run_config_from_dict
@@ -45,15 +58,15 @@ def load_model(args) -> tuple[ModelConfig, dict, object, str]:
         from jaxgpt.tokenizers import load_tokenizer
         from jaxgpt.train_step import run_keys
 
-        saved = args.workdir / "config.json"
+        saved = workdir / "config.json"
         if not saved.is_file():
-            raise UserError(f"no config.json in {args.workdir}; --init needs a workdir train.py has started")
+            raise UserError(f"no config.json in {workdir}; --init needs a workdir train.py has started")
         run = run_config_from_dict(json.loads(saved.read_text()))
         params = jax.jit(init_params, static_argnums=0)(run.model, run_keys(run.train.seed)[0])
-        return run.model, params, load_tokenizer(args.workdir / "tokenizer.json"), "initialisation (step 0)"
+        return run.model, params, load_tokenizer(workdir / "tokenizer.json"), "initialisation (step 0)"
     from jaxgpt.job.checkpoint import load_latest
 
-    run, params, tokenizer, step = load_latest(args.workdir, step=args.step)
+    run, params, tokenizer, step = load_latest(workdir, step=step)
     return run.model, params, tokenizer, f"step {step}"
 
 

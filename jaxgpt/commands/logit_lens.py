@@ -1,6 +1,10 @@
 """What the model would predict if it stopped after each layer (the logit lens):
-python -m jaxgpt.logit_lens --workdir DIR --prompt TEXT [--step N | --init] [--positions 12]
-python -m jaxgpt.logit_lens --init_from gpt2 --prompt TEXT
+python -m jaxgpt logit-lens --workdir DIR --prompt TEXT [--step N | --init] [--positions 12]
+
+Examples:
+  python -m jaxgpt logit-lens --workdir runs/tiny --prompt "if x is None: x = x + 1"
+  python -m jaxgpt logit-lens --workdir runs/llama_tiny --prompt "    def __init__(self, x):" --positions 8
+  python -m jaxgpt logit-lens --init_from gpt2 --prompt "The Eiffel Tower is in the city of"
 
 The final norm and the LM head are applied to the residual stream before the first block and
 after each (jaxgpt/capture.py): a row per layer with the stream's mean norm, the loss of that
@@ -12,6 +16,7 @@ guesses turn from the current token's bigram into the continuation.
 from __future__ import annotations
 
 import numpy as np
+from absl import flags
 
 from jaxgpt.capture import capture
 from jaxgpt.commands import cli, inspected
@@ -61,18 +66,18 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _lens(argv: list[str] | None) -> None:
-    parser = cli.argument_parser(__doc__, __name__)
-    inspected.add_flags(parser)
-    parser.add_argument("--positions", type=int, default=12, help="show the last this many positions")
-    args = parser.parse_args(argv)
-    if args.positions < 1:
-        raise UserError(f"--positions {args.positions}: show at least 1")
-    config, params, tokenizer, source = inspected.load_model(args)
-    ids = inspected.prompt_ids(tokenizer, args.prompt, config)
+    argv, f = cli.command_flags(argv)
+    inspected.define_flags(f)
+    flags.DEFINE_integer("positions", 12, "Show the last this many positions.", flag_values=f)
+    cli.parse_flags(argv, __doc__, f)
+    if f.positions < 1:
+        raise UserError(f"--positions {f.positions}: show at least 1")
+    config, params, tokenizer, source = inspected.load_model(f)
+    ids = inspected.prompt_ids(tokenizer, f.prompt, config)
     captured = capture(config, params, ids[None])
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
     print(f"logit lens ({source}, {len(ids)} tokens): a row per layer, its top next token at each position")
-    print("\n".join(table(rows, ids, tokenizer.decode, args.positions)))
+    print("\n".join(table(rows, ids, tokenizer.decode, f.positions)))
 
 
 if __name__ == "__main__":

@@ -1,6 +1,8 @@
-"""Plot training curves: python -m jaxgpt.plot RUN [RUN ...] [--metric loss] [--out loss.png]
-python -m jaxgpt.plot runs/tiny runs/llama_tiny --out loss.png
-python -m jaxgpt.plot runs/tiny --metric tokens_per_sec
+"""Plot training curves: python -m jaxgpt plot RUN [RUN ...] [--metric loss] [--out loss.png]
+
+Examples:
+  python -m jaxgpt plot runs/tiny runs/llama_tiny --out docs/images/loss.png
+  python -m jaxgpt plot runs/tiny --metric tokens_per_sec
 
 Reads each run's metrics.jsonl and draws, for the loss, train (solid) and val (dashed) loss
 against optimizer steps and against tokens seen, side by side, one colour per run. Another
@@ -14,6 +16,7 @@ import json
 from pathlib import Path
 
 import matplotlib
+from absl import flags
 
 matplotlib.use("Agg")  # files only: works without a display, on servers and in CI
 import matplotlib.pyplot as plt  # noqa: E402
@@ -89,13 +92,14 @@ def main(argv: list[str] | None = None) -> None:
 
 
 def _plot(argv: list[str] | None) -> None:
-    parser = cli.argument_parser(__doc__, __name__)
-    parser.add_argument("runs", nargs="+", type=Path, help="workdirs of train.py runs")
-    parser.add_argument("--metric", default="loss", help="loss (train and val), or any key of metrics.jsonl")
-    parser.add_argument("--out", type=Path, default=None, help="PNG to write (default: <first run>/<metric>.png)")
-    args = parser.parse_args(argv)
-    out = args.out or args.runs[0] / f"{args.metric}.png"
-    print(f"wrote {plot_runs(args.runs, args.metric, out)}")
+    argv, f = cli.command_flags(argv)
+    flags.DEFINE_string("metric", "loss", "loss (train and val), or any key of metrics.jsonl.", flag_values=f)
+    flags.DEFINE_string("out", None, "PNG to write (default: <first run>/<metric>.png).", flag_values=f)
+    runs = [Path(run) for run in cli.parse_flags(argv, __doc__, f, positional="RUN")]
+    if not runs:
+        raise UserError("no run given; name one or more workdirs of train.py runs: jaxgpt plot runs/tiny")
+    out = Path(f.out) if f.out else runs[0] / f"{f.metric}.png"
+    print(f"wrote {plot_runs(runs, f.metric, out)}")
 
 
 if __name__ == "__main__":

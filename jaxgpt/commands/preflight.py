@@ -1,4 +1,4 @@
-"""Pre-flight checks of a config before a long run (`python -m jaxgpt.check` runs them).
+"""Pre-flight checks of a config before a long run (`python -m jaxgpt check` runs them).
 
 Runs, on the config's own model, data and mesh (a minute or less for small configs on CPU),
 the checks the transformer literature recommends before spending real compute (Karpathy,

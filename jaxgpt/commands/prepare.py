@@ -1,8 +1,8 @@
-"""Prepare a config's corpus before training: python -m jaxgpt.prepare --config configs/X.py
+"""Prepare a config's corpus before training: python -m jaxgpt prepare --config configs/X.py
 
 Examples:
-  python -m jaxgpt.prepare --config configs/tiny.py
-  python -m jaxgpt.prepare --config configs/gpt2_124m.py --config.data.max_tokens=0   # the whole 10B sample
+  python -m jaxgpt prepare --config configs/tiny.py
+  python -m jaxgpt prepare --config configs/gpt2_124m.py --config.data.max_tokens=0   # the whole 10B sample
 
 Tokenizes data.source with data.tokenizer on every core into the cache train.py reads
 (jaxgpt/data.py), showing documents, tokens, tokens/s and the time left where the size is
@@ -13,29 +13,35 @@ train where the accelerator is, with the cache copied or on shared storage (data
 
 from __future__ import annotations
 
-import sys
-
 from absl import flags
 
 from jaxgpt.commands import cli
 
-CONFIG = cli.define_config_flag()
-VERIFY = flags.DEFINE_bool("verify", False, "Hash every token file of an existing cache (small ones always are).")
+
+def define_flags(argv: list[str], f: flags.FlagValues) -> None:
+    cli.define_config_flag(f, argv)
+    flags.DEFINE_bool(
+        "verify", False, "Hash every token file of an existing cache (small ones always are).", flag_values=f
+    )
 
 
-def main() -> None:
-    """The console script's entry point (jaxgpt-prepare)."""
-    cli.run(_prepare, interrupted="interrupted; rerun the same command to continue from the last whole shard")
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point (jaxgpt prepare)."""
+    cli.run(
+        lambda: _prepare(argv), interrupted="interrupted; rerun the same command to continue from the last whole shard"
+    )
 
 
-def _prepare() -> None:
+def _prepare(argv: list[str] | None) -> None:
     from jaxgpt import data
     from jaxgpt.config_files import resolve
 
-    cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
-    cli.require_config(CONFIG)
-    config = resolve(CONFIG.value).data
-    dataset = data.prepare(config, progress=True, verify=VERIFY.value)
+    argv, f = cli.command_flags(argv)
+    define_flags(argv, f)
+    cli.parse_flags(argv, __doc__, f)
+    cli.require_config(f["config"])
+    config = resolve(f.config).data
+    dataset = data.prepare(config, progress=True, verify=f.verify)
     train, val = len(dataset.train), len(dataset.val)
     files = len(dataset.train.shards) if isinstance(dataset.train, data.TokenShards) else 1
     print(

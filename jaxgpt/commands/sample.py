@@ -9,7 +9,6 @@ Loads the newest checkpoint of the workdir with its config and tokenizer; a thin
 jaxgpt.sampling.generate.
 """
 
-import sys
 from pathlib import Path
 
 from absl import flags
@@ -17,41 +16,50 @@ from absl import flags
 from jaxgpt.commands import cli
 from jaxgpt.errors import warn
 
-WORKDIR = flags.DEFINE_string("workdir", None, "Run directory written by train.py.")
-INIT_FROM = flags.DEFINE_string(
-    "init_from", None, "Sample from Hugging Face weights instead: a local directory, or a Hub name such as gpt2."
-)
-PROMPT = flags.DEFINE_string("prompt", "", "Text to continue (empty: start from a newline or end-of-text token).")
-PROMPT_FILE = flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.")
-MAX_NEW_TOKENS = flags.DEFINE_integer(
-    "max_new_tokens", None, "Tokens to generate (default: all the context has room for)."
-)
-TEMPERATURE = flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.")
-TOP_K = flags.DEFINE_integer("top_k", None, "Keep only the k most likely tokens.")
-TOP_P = flags.DEFINE_float("top_p", 1.0, "Keep the smallest set of tokens with probability >= p.")
-NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "Samples, decoded together as one batch.")
-SEED = flags.DEFINE_integer("seed", 0, "Random seed: the same seed gives the same text.")
-STREAM = flags.DEFINE_bool("stream", False, "Print tokens as they are generated (first sample).")
+
+def define_flags(f: flags.FlagValues) -> None:
+    flags.DEFINE_string("workdir", None, "Run directory written by train.py.", flag_values=f)
+    flags.DEFINE_string(
+        "init_from",
+        None,
+        "Sample from Hugging Face weights instead: a local directory, or a Hub name such as gpt2.",
+        flag_values=f,
+    )
+    flags.DEFINE_string(
+        "prompt", "", "Text to continue (empty: start from a newline or end-of-text token).", flag_values=f
+    )
+    flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.", flag_values=f)
+    flags.DEFINE_integer(
+        "max_new_tokens", None, "Tokens to generate (default: all the context has room for).", flag_values=f
+    )
+    flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.", flag_values=f)
+    flags.DEFINE_integer("top_k", None, "Keep only the k most likely tokens.", flag_values=f)
+    flags.DEFINE_float("top_p", 1.0, "Keep the smallest set of tokens with probability >= p.", flag_values=f)
+    flags.DEFINE_integer("num_samples", 1, "Samples, decoded together as one batch.", flag_values=f)
+    flags.DEFINE_integer("seed", 0, "Random seed: the same seed gives the same text.", flag_values=f)
+    flags.DEFINE_bool("stream", False, "Print tokens as they are generated (first sample).", flag_values=f)
 
 
-def main() -> None:
-    """The console script's entry point (jaxgpt-sample): bad input exits 2 with one line."""
-    cli.run(_sample)
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point (jaxgpt sample): bad input exits 2 with one line."""
+    cli.run(lambda: _sample(argv))
 
 
-def _sample() -> None:
-    cli.parse_flags(sys.argv, usage=__doc__, module=__name__)
-    if not WORKDIR.value and not INIT_FROM.value:
+def _sample(argv: list[str] | None) -> None:
+    argv, f = cli.command_flags(argv)
+    define_flags(f)
+    cli.parse_flags(argv, __doc__, f)
+    if not f.workdir and not f.init_from:
         cli.fail("no model given; pass --workdir DIR of a run trained with train.py, or --init_from gpt2 (or a path)")
-    if NUM_SAMPLES.value < 1:
-        cli.fail(f"num_samples={NUM_SAMPLES.value} must be at least 1")
-    if PROMPT_FILE.value:
+    if f.num_samples < 1:
+        cli.fail(f"num_samples={f.num_samples} must be at least 1")
+    if f.prompt_file:
         try:
-            prompt = Path(PROMPT_FILE.value).read_text()
+            prompt = Path(f.prompt_file).read_text()
         except OSError as error:
-            cli.fail(f"cannot read --prompt_file {PROMPT_FILE.value}: {error.strerror}")
+            cli.fail(f"cannot read --prompt_file {f.prompt_file}: {error.strerror}")
     else:
-        prompt = PROMPT.value
+        prompt = f.prompt
 
     import jax
     import jax.numpy as jnp
@@ -68,29 +76,29 @@ def _sample() -> None:
     # rather than a batch of a few prompts. On one device this is just that device.
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
 
-    sampling = SamplingConfig(TEMPERATURE.value, TOP_K.value, TOP_P.value)
-    if INIT_FROM.value:
+    sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
+    if f.init_from:
         from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
-        model_config, params, family = load_pretrained(INIT_FROM.value)
+        model_config, params, family = load_pretrained(f.init_from)
         params = jax.device_put(params, shardings_like(params, mesh))
-        tokenizer = pretrained_tokenizer(INIT_FROM.value, family)
+        tokenizer = pretrained_tokenizer(f.init_from, family)
     else:
-        run, params, tokenizer, _ = load_latest(Path(WORKDIR.value), mesh, warn=warn)
+        run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
         model_config = run.model
     ids = (
         tokenizer.encode(prompt)
         if prompt
         else [tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]]
     )
-    max_new_tokens = MAX_NEW_TOKENS.value or model_config.block_size - len(ids)
+    max_new_tokens = f.max_new_tokens or model_config.block_size - len(ids)
     check_length(model_config, len(ids), max_new_tokens)
-    tokens = jnp.asarray([ids] * NUM_SAMPLES.value, jnp.int32)
+    tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
     model = model_config.replace(dtype="float32")
     model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
-    rng = jax.random.key(SEED.value)
+    rng = jax.random.key(f.seed)
 
     def text(new_ids):
         new_ids = list(new_ids)
@@ -98,7 +106,7 @@ def _sample() -> None:
             new_ids = new_ids[: new_ids.index(tokenizer.eot_id)]
         return tokenizer.decode(new_ids)
 
-    if STREAM.value:
+    if f.stream:
         print(prompt, end="", flush=True)
         made = []
         for token in generate_stream(model, params, tokens, rng, **args):
@@ -109,7 +117,7 @@ def _sample() -> None:
         print()
         return
     for i, row in enumerate(generate(model, params, tokens, rng, **args).tolist()):
-        if NUM_SAMPLES.value > 1:
+        if f.num_samples > 1:
             print(f"--- sample {i + 1}")
         print(prompt + text(row))
 

@@ -6,7 +6,7 @@ optimizer state are exact (from `jax.eval_shape`); on top of them one gradient p
 for one microbatch the float32 logits and what the backward pass needs of each layer (below);
 on the host the batch in use and the one prepared ahead, and the validation windows' offsets.
 Anything the estimate leaves out only adds, so a run it refuses cannot fit; one it passes may
-still not (`python -m jaxgpt.check` prints the compiled program's own figure).
+still not (`python -m jaxgpt check` prints the compiled program's own figure).
 
 Both `train.py` and `jaxgpt.check` call `check_fits` before preparing a batch or a state, so an
 absurd `--config.train.batch_size=1000000000` is one line, not a numpy MemoryError later.

@@ -248,7 +248,7 @@ def vocab_size_for(config) -> int | None:
 
 
 def check(config, target_name: str, mfu: float, say=print) -> str | None:
-    """`python -m jaxgpt.check --target`: compile the config's train step for a TPU slice and
+    """`python -m jaxgpt check --target`: compile the config's train step for a TPU slice and
     report what it needs of each device. None when it fits; otherwise the one line to fail
     with, naming the smallest change that fits (found by compiling the alternatives)."""
     from jaxgpt.config_files import resolve
