@@ -149,8 +149,10 @@ def _first_bad_json_line(files: list[str]) -> str | None:
 def _read_local(pattern: str, text_column: str, progress: bool) -> tuple[Iterable[str], int]:
     import datasets
 
-    # datasets draws its own bars ("Generating train split"); --quiet silences them too.
-    datasets.enable_progress_bars() if progress else datasets.disable_progress_bars()
+    # datasets draws its own bars ("Generating train split"), redrawn with carriage returns even
+    # into a file: only on a terminal, and never under --quiet.
+    shown = progress and sys.stderr.isatty()
+    datasets.enable_progress_bars() if shown else datasets.disable_progress_bars()
     builders: dict[str, list[str]] = {}
     for f in _local_files(pattern):
         builder = STRUCTURED_SUFFIXES.get(f.suffix, "text")
@@ -523,6 +525,7 @@ def _whole_shards(staging: Path, itemsize: int) -> list[dict]:
 
 
 SHARD_FILES = ("tokens", "starts", "record")  # per shard: its tokens, its documents' starts, its record
+LINE_SECONDS = 30  # between progress lines where stderr is not a terminal (a log file, a notebook's output)
 
 
 def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus, tokenizer, separator, dtype, progress):
@@ -533,20 +536,29 @@ def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus,
     skipped = sum(shard["documents"] for shard in shards)
     total = sum(shard["tokens"] for shard in shards)
     by_tokens = bool(config.max_tokens)  # then the size is known in tokens, and the bar counts them
+    desc = f"tokenizing {config.source}" + (f", from shard {len(shards)}" if shards else "")
+    size, unit = config.max_tokens or count, "token" if by_tokens else "doc"
     bar = tqdm(
-        total=config.max_tokens or count,
+        total=size,
         initial=total if by_tokens else skipped,
-        desc=f"tokenizing {config.source}" + (f", from shard {len(shards)}" if shards else ""),
-        unit="token" if by_tokens else "doc",
+        desc=desc,
+        unit=unit,
         unit_scale=by_tokens,
-        disable=not progress,
+        disable=None if progress else True,  # None: no bar where stderr is a file or a pipe...
     )
-    begun, written = time.perf_counter(), 0
+    lines = progress and bar.disable  # ...but a line every LINE_SECONDS there instead, and at the end
+    begun, written, last_line = time.perf_counter(), 0, time.perf_counter()
 
-    def describe() -> None:  # the count the bar does not keep, and the rate in tokens
+    def describe(final: bool = False) -> None:  # the count the bar does not keep, and the rate in tokens
+        nonlocal last_line
         done = f"{skipped + writer.documents:,} docs" if by_tokens else f"{total:,} tokens"
         rate = written / max(time.perf_counter() - begun, 1e-9)
         bar.set_postfix_str(f"{done}, {rate:,.0f} tokens/s", refresh=False)
+        if lines and (final or time.perf_counter() - last_line >= LINE_SECONDS):
+            counted = f"{total:,}" if by_tokens else f"{skipped + writer.documents:,}"
+            of = f"/{size:,}" if size else ""
+            print(f"{desc}: {counted}{of} {unit}s, {done}, {rate:,.0f} tokens/s", file=sys.stderr, flush=True)
+            last_line = time.perf_counter()
 
     writer = _ShardWriter(staging, len(shards), total)
     for ids in _encoded(_texts(docs, skipped), tokenizer, separator, dtype):
@@ -562,7 +574,7 @@ def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus,
             shards.append(writer.close())
             skipped += shards[-1]["documents"]
             writer = _ShardWriter(staging, len(shards), total)
-    describe()
+    describe(final=True)
     bar.close()
     if writer.tokens:
         shards.append(writer.close())

@@ -310,6 +310,10 @@ def test_a_preparation_killed_part_way_continues_to_the_same_files(tmp_path):
 
 
 def test_preparation_progress_counts_documents_tokens_and_their_rate(tmp_path, capsys):
+    """Where stderr is not a terminal (here pytest's capture; a log file): whole lines, no bar
+    redrawn with carriage returns, the last one counting everything prepared."""
     data.prepare(DataConfig(source=_many_documents(tmp_path), tokenizer="byte", cache_dir=str(tmp_path)))
-    last = capsys.readouterr().err.replace("\r", "\n").strip().splitlines()[-1]
-    assert "300/300" in last and "doc" in last and " tokens, " in last and "tokens/s" in last, last
+    err = capsys.readouterr().err
+    assert "\r" not in err and err.endswith("\n"), err[-500:]
+    last = err.splitlines()[-1]
+    assert "300/300 docs" in last and " tokens, " in last and "tokens/s" in last, last

@@ -30,7 +30,7 @@ GENERATIONS = {
     "tiny": (V6E,),
     "tiny_speedrun": (V6E,),
 }
-README_CHECK = "python -m jaxgpt.check --config configs/gpt2_124m.py --target tpu-v5e-8"
+README_CHECK = "python -m jaxgpt check --config configs/gpt2_124m.py --target tpu-v5e-8"
 
 
 def test_every_shipped_config_is_compiled_and_both_generations_are_compiled_for():
