@@ -24,6 +24,7 @@ from __future__ import annotations
 import codecs
 import collections
 import dataclasses
+import errno
 import fcntl
 import glob
 import hashlib
@@ -468,16 +469,41 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
             shutil.rmtree(staging, ignore_errors=True)
             return False
         docs, count = read_documents(config, progress)
-        tokenizer = _staged_tokenizer(config, staging, docs)
-        dtype = np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
-        separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
-        shards = _whole_shards(staging, np.dtype(dtype).itemsize)
-        if not config.max_tokens or sum(shard["tokens"] for shard in shards) < config.max_tokens:
-            _write_shards(config, staging, shards, (docs, count), tokenizer, separator, dtype, progress)
-        _finish(config, staging, shards, dtype, len(separator))
+        try:
+            tokenizer = _staged_tokenizer(config, staging, docs)
+            dtype = _token_dtype(tokenizer)
+            separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+            shards = _whole_shards(staging, np.dtype(dtype).itemsize)
+            if not config.max_tokens or sum(shard["tokens"] for shard in shards) < config.max_tokens:
+                _write_shards(config, staging, shards, (docs, count), tokenizer, separator, dtype, progress)
+            _finish(config, staging, shards, dtype, len(separator))
+        except OSError as error:
+            if error.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise
+            raise _out_of_space(config, staging) from None
         (staging / "lock").unlink()
         staging.rename(folder)
     return True
+
+
+def _token_dtype(tokenizer):
+    return np.uint16 if tokenizer.vocab_size <= 2**16 else np.uint32
+
+
+def _out_of_space(config: DataConfig, staging: Path) -> UserError:
+    """The line for a disk that filled while preparing: the whole shards stay (the same command
+    continues from them once there is room), the one cut short goes, and the user learns how
+    much the folder holds and how to give it back."""
+    tokenizer = staging / "tokenizer.json"
+    whole = (
+        _whole_shards(staging, np.dtype(_token_dtype(load_tokenizer(tokenizer))).itemsize) if tokenizer.exists() else []
+    )
+    kept = sum(p.stat().st_size for p in staging.iterdir() if p.is_file())
+    return UserError(
+        f"the disk filled while preparing {config.source}: {len(whole)} whole shard(s), {kept / 2**20:,.0f} MiB, "
+        f"are kept in {staging}. Free space (or set data.cache_dir to a larger disk) and rerun the same command to "
+        "continue from them, or delete that folder to give its space back"
+    )
 
 
 def _staged_tokenizer(config: DataConfig, staging: Path, docs):

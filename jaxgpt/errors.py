@@ -15,3 +15,14 @@ class UserError(Exception):
 def warn(message: str) -> None:
     """Something the user must know even with progress output off: one line on stderr."""
     print(f"warning: {message}", file=sys.stderr, flush=True)
+
+
+_WARNED: set[str] = set()
+
+
+def warn_once(message: str) -> None:
+    """warn(), but once per process for a given message: for code that runs twice, as a config
+    file does (checked, then loaded by ml_collections)."""
+    if message not in _WARNED:
+        _WARNED.add(message)
+        warn(message)

@@ -4,6 +4,7 @@ every probe; each row is a command a user ran."""
 
 import json
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -93,6 +94,20 @@ CASES = [
         "corpus.jsonl line 2: Expecting value",
     ),
     ("sample.py without a run", "sample.py", ["--workdir={workdir}"], {}, "no checkpoints in"),
+    (
+        "compare naming a value twice",  # the second variant would resume the first's run
+        "jaxgpt",
+        ["compare", "--config=tiny", "--vary=model.n_head=2,2", "--out={tmp}/compared"],
+        {},
+        "--vary 'model.n_head=2,2' names 2 twice; give each value once",
+    ),
+    (
+        "compare naming a key twice",
+        "jaxgpt",
+        ["compare", "--config=tiny", "--vary=model.n_head=2", "--vary=model.n_head=4", "--out={tmp}/compared"],
+        {},
+        "--vary names model.n_head twice; give all its values in one --vary model.n_head=v1,v2",
+    ),
     # Sizes no machine holds: refused from shapes alone, before a workdir, a state or a batch
     # exists (tests/test_memory.py tests the arithmetic)
     (
@@ -317,8 +332,6 @@ def test_two_processes_preparing_the_same_cache_at_once_both_finish_alike(tmp_pa
 
 
 def _copy_of(run: Path, tmp_path: Path) -> Path:
-    import shutil
-
     workdir = tmp_path / "run"
     shutil.copytree(run, workdir)
     return workdir
@@ -335,32 +348,83 @@ def _replace_line(path: Path, index: int, line: str) -> None:
     path.write_text("\n".join(lines) + "\n")
 
 
-# (name, what is done to a finished run's workdir, what the one error line says)
+def _zero(path: Path) -> None:
+    """As a crash of the file system leaves a file: its size, all NUL bytes."""
+    path.write_bytes(bytes(path.stat().st_size))
+
+
+def _log_twice(path: Path) -> None:
+    """The lines of the log appended again (a copy gone wrong): 10, 20, 10, 20."""
+    path.write_text(path.read_text() * 2)
+
+
+def _replace_with(path: Path, kind: str) -> None:
+    shutil.rmtree(path) if path.is_dir() else path.unlink()
+    path.mkdir() if kind == "folder" else path.write_text("not a folder")
+
+
+def _as_is(workdir: Path) -> None:
+    pass
+
+
+# (name, what is done to a finished run's workdir (20 steps), its resume's arguments beside
+# --config.train.steps=30, what the one error line says)
 WORKDIR_FAULTS = [
     (
         "config.json garbage",
         lambda w: (w / "config.json").write_text("{not json"),
+        [],
         "config.json cannot be read (JSONDecodeError",
     ),
     (
         "metrics.jsonl line garbled",
         lambda w: _replace_line(w / "metrics.jsonl", 1, '{"step": 10, "train_loss": 3.1'),
+        [],
         "metrics.jsonl line 2 is not a metrics record",
     ),
     (
         "metrics.jsonl binary",
         lambda w: (w / "metrics.jsonl").write_bytes(b"\0\xff\0garbage\n{}\n"),
+        [],
         "metrics.jsonl line 1 is not a metrics record",
     ),
+    (
+        "metrics.jsonl zeroed",
+        lambda w: _zero(w / "metrics.jsonl"),
+        [],
+        "metrics.jsonl line 1 is not a metrics record (ValueError: NUL bytes",
+    ),
+    (
+        "metrics.jsonl lines appended twice",
+        lambda w: _log_twice(w / "metrics.jsonl"),
+        [],
+        "goes back to step 5 after step 20 (lines appended twice?)",
+    ),
+    (
+        "train.lock a folder",
+        lambda w: _replace_with(w / "train.lock", "folder"),
+        [],
+        "train.lock is a folder, where a run keeps its train.lock file; nothing was changed",
+    ),
+    (
+        "tensorboard a file",
+        lambda w: _replace_with(w / "tensorboard", "file"),
+        [],
+        "tensorboard is a file, where a run keeps its tensorboard folder; nothing was changed",
+    ),
+    ("stop before the resumed step", _as_is, ["--stop_at=5"], "--stop_at 5 is at or before step 20"),
+    ("stop before the step gone back to", _as_is, ["--stop_at=5", "--from_step=10"], "is not after --from_step 10"),
 ]
 
 
-@pytest.mark.parametrize("name, damage, message", WORKDIR_FAULTS, ids=[c[0] for c in WORKDIR_FAULTS])
-def test_a_damaged_workdir_file_is_one_line_and_nothing_changes(tmp_path, trained_small_run, name, damage, message):
+@pytest.mark.parametrize("name, damage, args, message", WORKDIR_FAULTS, ids=[c[0] for c in WORKDIR_FAULTS])
+def test_a_damaged_workdir_file_is_one_line_and_nothing_changes(
+    tmp_path, trained_small_run, name, damage, args, message
+):
     workdir = _copy_of(trained_small_run, tmp_path)
     damage(workdir)
     before = _run_files(workdir)
-    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=30", "--quiet")
+    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=30", *args, "--quiet")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-3000:]
     assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr[-3000:]
@@ -380,3 +444,136 @@ def test_a_metrics_line_torn_by_a_crash_is_dropped_on_resume(tmp_path, trained_s
     result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=25", "--quiet")
     assert result.returncode == 0, result.stderr[-3000:]
     assert [r["step"] for r in read_metrics(workdir)] == [r["step"] for r in logged] + [25]
+
+
+def test_a_run_whose_config_json_was_deleted_resumes_with_its_checkpoints_record(tmp_path, trained_small_run):
+    """The newest checkpoint records the run's configuration: a resume (with an override, as
+    `--workdir` alone) takes it from there, says so once, and writes config.json anew."""
+    workdir = _copy_of(trained_small_run, tmp_path)
+    saved = json.loads((workdir / "config.json").read_text())
+    (workdir / "config.json").unlink()
+    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=25", "--quiet")
+    assert result.returncode == 0, result.stderr[-3000:]
+    warnings = [line for line in result.stderr.splitlines() if line.startswith("warning: ") and "config.json" in line]
+    assert warnings == [
+        f"warning: {workdir} has no config.json; using the configuration its checkpoint of step 20 records"
+    ]
+    saved["train"]["steps"] = 25
+    assert json.loads((workdir / "config.json").read_text()) == saved
+
+
+def test_plot_of_a_zeroed_metrics_file_names_the_damage(tmp_path, trained_small_run, capsys):
+    from jaxgpt.commands import plot
+
+    workdir = _copy_of(trained_small_run, tmp_path)
+    _zero(workdir / "metrics.jsonl")
+    before = snapshot(workdir)
+    with pytest.raises(SystemExit) as exit_:
+        plot.main([str(workdir)])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith("error: ") and "\n" not in err
+    assert "metrics.jsonl line 1 is not a metrics record (ValueError: NUL bytes" in err
+    assert snapshot(workdir) == before
+
+
+def test_a_drawing_that_cannot_be_written_is_one_line_offering_out(trained_small_run, capsys):
+    """A read-only place (sysfs refuses even root, as a read-only workdir refuses a user)."""
+    from jaxgpt.commands import plot
+
+    with pytest.raises(SystemExit) as exit_:
+        plot.main([str(trained_small_run), "--out", "/sys/jaxgpt-loss.png"])
+    err = capsys.readouterr().err.strip()
+    assert exit_.value.code == 2 and err.startswith("error: cannot write /sys/jaxgpt-loss.png (")
+    assert err.endswith("); pass --out a path you can write to") and "\n" not in err
+
+
+def test_a_damaged_newest_checkpoint_is_one_warning_line_and_sampling_goes_on(tmp_path, trained_small_run):
+    """orbax's reads still in flight when the damage is found finish after its event loop has
+    closed: each used to print a traceback (14 for one checkpoint); now the warning is all."""
+    workdir = _copy_of(trained_small_run, tmp_path)
+    shutil.rmtree(workdir / "checkpoints" / "20" / "state" / "d")
+    before = snapshot(workdir)
+    result = run_script("sample.py", f"--workdir={workdir}", "--max_new_tokens=4", "--prompt=a")
+    assert result.returncode == 0, result.stderr[-3000:]
+    (line,) = result.stderr.strip().splitlines()
+    assert line.startswith("warning: checkpoint 20 cannot be read (ValueError: ") and line.endswith(
+        "using step 10 instead"
+    )
+    assert snapshot(workdir) == before  # a reader moves nothing aside
+
+
+def test_a_reader_beside_a_trainer_that_prunes_reads_the_newer_checkpoint(tmp_path):
+    """A reader lists steps 1 and 2; a trainer keeping two checkpoints saves steps 3 and 4 and
+    prunes both. The vanished checkpoints are not damage: the reader lists again and reads
+    step 4, without a warning (and never advising --fresh)."""
+    import jax.numpy as jnp
+
+    from jaxgpt.job.checkpoint import Checkpoints
+
+    state = {"w": jnp.arange(4.0)}
+    trainer = Checkpoints(tmp_path / "checkpoints", keep=2)
+    for step in (1, 2):
+        trainer.save(step, {"w": state["w"] * step}, {"step": step})
+        trainer.wait()
+    reader = Checkpoints(tmp_path / "checkpoints", read_only=True)
+    assert reader.steps() == [1, 2]
+    for step in (3, 4):
+        trainer.save(step, {"w": state["w"] * step}, {"step": step})
+        trainer.wait()
+    trainer.close()
+    assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit()) == ["3", "4"]
+    warnings = []
+    step, restored, record = reader.restore_latest_readable(state, warn=warnings.append)
+    reader.close()
+    assert (step, record, warnings) == (4, {"step": 4}, [])
+    np.testing.assert_array_equal(restored["w"], np.arange(4.0) * 4)
+
+
+def test_an_error_without_text_is_named_by_its_type():
+    from jaxgpt.job.checkpoint import _brief
+
+    class TensorStoreError(Exception):
+        def __str__(self):
+            return "<bound method pybind11_detail_function_record_v1_system_libstdcpp_gxx_abi_1xxx.what of ...>"
+
+    assert _brief(TensorStoreError()) == "TensorStoreError"
+    assert _brief(ValueError("NOT_FOUND: no such file\nmore")) == "ValueError: NOT_FOUND: no such file"
+
+
+def test_a_disk_that_fills_while_preparing_is_one_line_and_the_whole_shards_stay(tmp_path, monkeypatch):
+    """ENOSPC in the fourth shard: a UserError naming the folder, its size and both ways on;
+    the shard cut short is gone, the three whole ones stay, and the same call continues from
+    them to the files an uninterrupted preparation writes."""
+    import errno
+
+    from jaxgpt import data
+    from jaxgpt.config import DataConfig
+    from jaxgpt.errors import UserError
+
+    documents = [json.dumps({"text": CORPUS[i * 600 : (i + 1) * 600]}) for i in range(400)]
+    (tmp_path / "corpus.jsonl").write_text("\n".join(documents) + "\n")  # 240,000 characters in 400 documents
+    config = DataConfig(
+        source=f"text:{tmp_path / 'corpus.jsonl'}", cache_dir=str(tmp_path / "cache"), shard_tokens=50_000
+    )
+    add = data._ShardWriter.add
+
+    def add_until_full(writer, ids, separator_length):
+        if writer.index == 3 and writer.tokens > 20_000:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        add(writer, ids, separator_length)
+
+    monkeypatch.setattr(data._ShardWriter, "add", add_until_full)
+    with pytest.raises(UserError) as full:
+        data.prepare(config, progress=False)
+    staging = data.cache_folder(config).parent / f".preparing-{data.cache_folder(config).name}"
+    assert str(full.value).startswith(f"the disk filled while preparing {config.source}: 3 whole shard(s), ")
+    assert f"are kept in {staging}. Free space" in str(full.value) and "delete that folder" in str(full.value)
+    assert not data.cache_folder(config).exists()
+    assert sorted(p.name for p in staging.iterdir() if p.name.startswith("tokens")) == [
+        f"tokens-0000{i}.bin" for i in range(3)
+    ]
+    monkeypatch.setattr(data._ShardWriter, "add", add)
+    resumed = data.prepare(config, progress=False)
+    whole = data.prepare(DataConfig(source=config.source, cache_dir=str(tmp_path / "whole"), shard_tokens=50_000))
+    np.testing.assert_array_equal(np.asarray(resumed.train), np.asarray(whole.train))
+    np.testing.assert_array_equal(resumed.documents, whole.documents)

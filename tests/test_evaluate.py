@@ -110,6 +110,21 @@ def test_removing_each_head_in_turn_moves_the_loss_only_for_the_head_that_writes
     assert lines[1].split() == ["layer", "head", "0", "head", "1"] and len(lines) == 2 + model.n_layer
 
 
+def test_asking_for_more_tokens_than_the_split_holds_says_so(trained_small_run, capsys):
+    import json
+
+    from jaxgpt import data
+    from jaxgpt.config import run_config_from_dict
+
+    run = run_config_from_dict(json.loads((trained_small_run / "config.json").read_text()))
+    held = len(data.prepare(run.data, progress=False).val)
+    evaluate.main(["--workdir", str(trained_small_run), "--lengths", "16", "--tokens", "100000000"])
+    printed = capsys.readouterr().out.splitlines()
+    said = f"the validation split has {held:,} tokens, fewer than --tokens 100,000,000; all are scored"
+    assert printed[0] == f"{trained_small_run}: {said}"
+    assert printed[2].split()[3] == str((held - 1) // 16)  # the windows column: every whole window of the split
+
+
 def test_the_command_prints_the_loss_with_each_head_removed(trained_small_run, capsys):
     evaluate.main(["--workdir", str(trained_small_run), "--mask_heads", "--tokens", "256"])
     printed = capsys.readouterr().out.splitlines()

@@ -215,9 +215,18 @@ def config_from_run(argv: list[str]) -> list[str]:
         if not workdir:
             rest.append(f"--workdir={Path(config).parent}")
         return [program, f"--config={SAVED_CONFIG}:{config}", *rest]
-    if config is None and workdir and (Path(workdir) / "config.json").is_file():
+    if config is None and workdir and _a_run(Path(workdir)):
         return [argv[0], f"--config={SAVED_CONFIG}:{workdir}", *argv[1:]]
     return argv
+
+
+def _a_run(workdir: Path) -> bool:
+    """Whether `workdir` holds a run to resume: its config.json, or checkpoints whose records
+    say the configuration where config.json was lost."""
+    checkpoints = workdir / "checkpoints"
+    return (workdir / "config.json").is_file() or (
+        checkpoints.is_dir() and any(p.name.isdigit() for p in checkpoints.iterdir())
+    )
 
 
 def _without_flag(argv: list[str], name: str) -> list[str]:

@@ -43,7 +43,16 @@ def parse_vary(specs: list[str]) -> list[tuple[str, list[str]]]:
         key, eq, values = spec.partition("=")
         if not eq or key.count(".") < 1 or not values:
             raise UserError(f"--vary {spec!r} is not section.key=v1,v2 (e.g. model.position=learned,rope)")
-        out.append((key, values.split(",")))
+        values = values.split(",")
+        # a variant's workdir is named by its values: a repeated one would resume the first's run
+        repeated = sorted({v for v in values if values.count(v) > 1})
+        if repeated:
+            raise UserError(
+                f"--vary {spec!r} names {', '.join(repeated)} twice; give each value once (--seeds repeats runs)"
+            )
+        if key in (k for k, _ in out):
+            raise UserError(f"--vary names {key} twice; give all its values in one --vary {key}=v1,v2")
+        out.append((key, values))
     return out
 
 

@@ -125,18 +125,22 @@ def head_table(name: str, full: float, losses: np.ndarray) -> list[str]:
     return lines
 
 
-def load_run(workdir: Path, step: int | None, say=print):
-    """(run config, parameters, step, validation tokens) of a workdir's checkpoint."""
+def load_run(workdir: Path, step: int | None, say=print, budget: int | None = None):
+    """(run config, parameters, step, validation tokens) of a workdir's checkpoint; says so
+    where the split holds fewer than the `budget` tokens asked to be scored."""
     from jaxgpt import data
     from jaxgpt.job.checkpoint import load_latest
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
-    return run, params, step, np.asarray(data.prepare(run.data, progress=False).val)
+    val = np.asarray(data.prepare(run.data, progress=False).val)
+    if budget is not None and len(val) - 1 < budget:
+        say(f"{workdir}: the validation split has {len(val):,} tokens, fewer than --tokens {budget:,}; all are scored")
+    return run, params, step, val
 
 
 def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | None, say=print):
     """(run config, step, results by length) of one workdir; refused lengths are said, skipped."""
-    run, params, step, val = load_run(workdir, step, say)
+    run, params, step, val = load_run(workdir, step, say, budget)
     results, skipped = [], {}
     for length in lengths:
         if reason := refusal(run.model, length, len(val)):
@@ -151,7 +155,7 @@ def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | Non
 
 
 def heads_of_run(workdir: Path, budget: int, step: int | None) -> tuple[float, np.ndarray]:
-    run, params, _, val = load_run(workdir, step)
+    run, params, _, val = load_run(workdir, step, budget=budget)
     if reason := refusal(run.model, run.model.block_size, len(val)):
         raise UserError(f"{workdir}: {reason}")
     return without_each_head(run.model, params, val, budget)

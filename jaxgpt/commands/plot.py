@@ -78,11 +78,17 @@ def draw_runs(workdirs: list[Path], metric: str):
 
 
 def save_png(figure, out: Path) -> Path:
-    """Lay out, write and free a figure; its size in pixels is its size in inches x its dpi."""
+    """Lay out, write and free a figure; its size in pixels is its size in inches x its dpi.
+    A path that cannot be written (a read-only workdir) is one line offering --out: what the
+    command printed before it (a table) stands."""
     figure.tight_layout()
-    out.parent.mkdir(parents=True, exist_ok=True)
-    figure.savefig(out, dpi=figure.dpi)
-    plt.close(figure)
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        figure.savefig(out, dpi=figure.dpi)
+    except OSError as error:
+        raise UserError(f"cannot write {out} ({error.strerror}); pass --out a path you can write to") from None
+    finally:
+        plt.close(figure)
     return out
 
 

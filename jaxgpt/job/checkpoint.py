@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import shutil
+import sys
 from functools import partial
 from pathlib import Path
 
@@ -27,6 +28,8 @@ from jaxgpt.job.workdir import unused_sibling
 from jaxgpt.model import init_params
 from jaxgpt.sharding import laid_out, make_mesh
 from jaxgpt.tokenizers import tokenizer_from_dict
+
+PRUNED_RETRIES = 3  # listings read again when a reader finds its checkpoints pruned under it
 
 
 class Checkpoints:
@@ -120,35 +123,50 @@ class Checkpoints:
     ) -> tuple[int, object, dict] | None:
         """(step, state, record) of the newest checkpoint that reads back whole, or None if
         there are none. `like` is the state's layout, or a function of the record giving it
-        (a reader learns the model from the record); `part` as in `restore`. `check_record(record)` runs before the
-        arrays are read and may raise to
-        refuse a checkpoint of another run (a mismatch is not damage). Unreadable newer
-        checkpoints are reported through `warn` and, unless read-only, moved aside; if none
-        can be read, a UserError says so and nothing is moved."""
-        failures = []
-        for step in reversed(self.steps()):
-            try:
-                record = self.read_record(step)
-            except Exception as error:  # orbax/TensorStore raise many types for damaged files
-                failures.append((step, error))
-                continue
-            if check_record is not None:
-                check_record(record)
-            try:
-                state = self.restore(step, like(record) if callable(like) else like, part=part)
-            except Exception as error:
-                failures.append((step, error))
-                continue
-            if failures:
-                self._move_aside(failures, step, warn)
-            return step, state, record
+        (a reader learns the model from the record); `part` as in `restore`.
+        `check_record(record)` runs before the arrays are read and may raise to refuse a
+        checkpoint of another run (a mismatch is not damage). Unreadable newer checkpoints are
+        reported through `warn` and, unless read-only, moved aside; if none can be read, a
+        UserError says so and nothing is moved. A checkpoint that vanished while it was read
+        was pruned by a trainer still writing the run (a reader beside it): not damage, so the
+        listing is read again and the newer checkpoints tried."""
+        for _ in range(PRUNED_RETRIES):
+            failures, pruned = [], False
+            for step in reversed(self.steps()):
+                try:
+                    record = self.read_record(step)
+                    if check_record is not None:
+                        check_record(record)
+                    state = self.restore(step, like(record) if callable(like) else like, part=part)
+                except UserError:
+                    raise
+                except Exception as error:  # orbax/TensorStore raise many types for damaged files
+                    if not (self.directory / str(step)).exists():
+                        pruned = True
+                        break
+                    failures.append((step, error))
+                    continue
+                if failures:
+                    self._move_aside(failures, step, warn)
+                return step, state, record
+            if not pruned:
+                break
+            self._reopen()  # the manager caches the step list
         if failures:
+            fix = (
+                "train the run again or restore its checkpoints from a backup"
+                if self.read_only
+                else "restore them from a backup, or start afresh with --fresh (the old run is kept aside)"
+            )
             raise UserError(
                 f"none of the {len(failures)} checkpoints in {self.directory} can be read (newest: step "
-                f"{failures[0][0]}, {_brief(failures[0][1])}); nothing was changed. Restore them from a backup, or "
-                "start afresh with --fresh (the old run is kept aside)"
+                f"{failures[0][0]}, {_brief(failures[0][1])}); nothing was changed. {fix[0].upper()}{fix[1:]}"
             )
         return None
+
+    def _reopen(self) -> None:
+        self._manager.close()
+        self._manager = self._open()
 
     def abandon_after(self, step: int) -> None:
         """Make `step` the newest checkpoint: later ones are moved to `<step>.abandoned` (-2, ...)."""
@@ -164,8 +182,7 @@ class Checkpoints:
                 )
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("jaxgpt: later checkpoints moved aside")
-        self._manager.close()  # the manager caches the step list
-        self._manager = self._open()
+        self._reopen()  # the manager caches the step list
 
     def _move_aside(self, failures: list, good: int, warn) -> None:
         if self.read_only:
@@ -179,8 +196,7 @@ class Checkpoints:
                 (self.directory / str(bad)).rename(aside)
         if jax.process_count() > 1:
             multihost_utils.sync_global_devices("jaxgpt: unreadable checkpoints moved aside")
-        self._manager.close()  # the manager caches the step list
-        self._manager = self._open()
+        self._reopen()  # the manager caches the step list
 
     def wait(self) -> None:
         """Block until every started save is on disk."""
@@ -195,7 +211,29 @@ class Checkpoints:
 
 
 def _brief(error: Exception) -> str:
-    return f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+    """The error's type and the first line of its message, cut to fit a warning. Some of
+    TensorStore's errors carry no text of their own (their str is the repr of a bound
+    method): the type alone then, rather than that."""
+    text = (str(error).splitlines() or [""])[0]
+    return type(error).__name__ + ("" if not text or text.startswith("<bound method") else f": {text[:200]}")
+
+
+def _ignore_closed_event_loop(hook):
+    """sys.unraisablehook, less the one error orbax's reads leave behind when a checkpoint is
+    damaged: the reads still in flight finish after its event loop closed, and each would print
+    a traceback of `RuntimeError: Event loop is closed` (14 of them for one bad checkpoint)."""
+
+    def quieter(unraisable):
+        value = unraisable.exc_value
+        if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"):
+            hook(unraisable)
+
+    quieter.jaxgpt = True
+    return quieter
+
+
+if not getattr(sys.unraisablehook, "jaxgpt", False):
+    sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
 
 
 def load_latest(workdir: Path, mesh=None, warn=print, step: int | None = None):

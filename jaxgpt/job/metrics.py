@@ -86,25 +86,34 @@ def read_metrics(workdir: str | Path) -> list[dict]:
 
 def metrics_lines(path: Path) -> list[tuple[str, dict]]:
     """(line, record) for each record of a metrics.jsonl. A last line cut short (the process
-    died while writing it) is left out; any other line that is not a record is refused with
-    its number, since the log is the run's own and cannot be made again."""
+    died while writing it) is left out; any other line that is not a record, or whose step is
+    below the line's before it, is refused with its number: the log is the run's own record,
+    cannot be made again, and is never rewritten from a damaged copy. NUL bytes are damage (a
+    file zeroed by a crash of the file system), never a torn write."""
     text = path.read_text(errors="replace")
     lines = text.splitlines()
     out = []
+    fix = "nothing was changed. Delete or repair that line (or move the file aside for a fresh log) and rerun"
     for number, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
+            if "\0" in line:
+                raise ValueError("NUL bytes, as in a file zeroed by a crash")
             record = json.loads(line)
             if not isinstance(record.get("step"), int):
                 raise ValueError("no integer step")
         except (ValueError, AttributeError) as error:
-            if number == len(lines) and not text.endswith("\n"):
+            if number == len(lines) and not text.endswith("\n") and "\0" not in line:
                 break  # torn by a crash mid-write
             raise UserError(
-                f"{path} line {number} is not a metrics record ({type(error).__name__}: {str(error)[:80]}); "
-                "nothing was changed. Delete or repair that line (or move the file aside for a fresh log) and rerun"
+                f"{path} line {number} is not a metrics record ({type(error).__name__}: {str(error)[:80]}); {fix}"
             ) from None
+        if out and record["step"] < out[-1][1]["step"]:
+            raise UserError(
+                f"{path} line {number} goes back to step {record['step']} after step {out[-1][1]['step']} (lines "
+                f"appended twice?); {fix}"
+            )
         out.append((line, record))
     return out
 

@@ -81,6 +81,8 @@ def train_and_evaluate(
         (`data.prepare` always checks its size, and the checksum of small files).
     """
     runtime.enable_compilation_cache()  # as train.py does: a notebook's second run skips compilation
+    if stop_at is not None and from_step is not None and stop_at <= from_step:
+        raise UserError(f"--stop_at {stop_at} is not after --from_step {from_step}; give a later step to stop at")
     workdir = Path(workdir)
     if workdir.exists() and not workdir.is_dir():
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
@@ -112,6 +114,11 @@ def train_and_evaluate(
                 trainer.checkpoints, trainer.state, trainer.config, dataset.tokenizer, workdir,
                 main=main, say=say, warn=warn,
             )  # fmt: skip
+            if stop_at is not None and stop_at <= start.step:
+                raise UserError(
+                    f"--stop_at {stop_at} is at or before step {start.step}, where this run resumes; give a later "
+                    f"step (or --from_step {stop_at} to go back to a kept checkpoint)"
+                )
             if main:
                 (workdir / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2))
                 save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")

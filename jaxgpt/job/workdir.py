@@ -15,6 +15,15 @@ from pathlib import Path
 from jaxgpt.errors import UserError
 
 LOCK_NAME = "train.lock"
+# What a run keeps in its workdir, and whether each is a file or a folder (jaxgpt/job/trainer.py)
+RUN_FILES = {
+    LOCK_NAME: "file",
+    "config.json": "file",
+    "tokenizer.json": "file",
+    "metrics.jsonl": "file",
+    "checkpoints": "folder",
+    "tensorboard": "folder",
+}
 
 
 def unused_sibling(path: Path, suffix: str, bare_first: bool = False) -> Path:
@@ -39,6 +48,20 @@ def make(workdir: Path) -> None:
         raise UserError(
             f"cannot write to workdir {workdir} ({error.strerror}); pass --workdir a folder you can write to"
         ) from None
+    check_run_files(workdir)
+
+
+def check_run_files(workdir: Path) -> None:
+    """One line, before any work, where a name the run uses is taken by the other kind of thing
+    (a folder called train.lock, a file called tensorboard): the run would fail on it later."""
+    for name, kind in RUN_FILES.items():
+        path = workdir / name
+        found = "folder" if path.is_dir() else "file" if path.exists() else None
+        if found and found != kind:
+            raise UserError(
+                f"{path} is a {found}, where a run keeps its {name} {kind}; nothing was changed. Move it out of the "
+                "workdir (or pass another --workdir) and rerun"
+            )
 
 
 def move_aside(workdir: Path) -> Path:
