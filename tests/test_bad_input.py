@@ -208,6 +208,13 @@ def _zero_middle(folder: Path) -> None:
     path.write_bytes(bytes(raw))
 
 
+def _move_a_start(path: Path) -> None:
+    """A start nudged by one token, still between its neighbours: only the checksum can tell."""
+    starts = np.fromfile(path, np.int64)
+    starts[len(starts) // 2] += 1
+    starts.tofile(path)
+
+
 def _edit_meta(folder: Path, **changes) -> None:
     meta = json.loads((folder / "meta.json").read_text())
     (folder / "meta.json").write_text(json.dumps(meta | changes))
@@ -222,17 +229,28 @@ CACHE_FAULTS = [
     ("metadata not JSON", lambda f: (f / "meta.json").write_text("{garbage"), "meta.json cannot be read"),
     ("metadata missing", lambda f: (f / "meta.json").unlink(), "meta.json cannot be read"),
     ("document starts missing", lambda f: (f / "documents.bin").unlink(), "documents.bin is missing"),
+    (
+        "document starts garbage of the same size",
+        lambda f: (f / "documents.bin").write_bytes(os.urandom((f / "documents.bin").stat().st_size)),
+        "documents.bin does not hold document starts",
+    ),
+    ("one document start moved", lambda f: _move_a_start(f / "documents.bin"), "documents.bin's SHA-256 differs"),
     ("tokenizer garbage", lambda f: (f / "tokenizer.json").write_text("\0\0"), "tokenizer.json cannot be read"),
 ]
 
 
 def _prepared(tmp_path):
-    """A fresh cache of CORPUS: (config, its folder, the token file's bytes, data module)."""
+    """A fresh cache of CORPUS, as four documents: (config, its folder, the token file's bytes,
+    data module)."""
     from jaxgpt import data
     from jaxgpt.config import DataConfig
 
-    (tmp_path / "corpus.txt").write_text(CORPUS)
-    config = DataConfig(source=f"text:{tmp_path / 'corpus.txt'}", cache_dir=str(tmp_path / "cache"))
+    (tmp_path / "corpus").mkdir()
+    for part in range(4):
+        (tmp_path / "corpus" / f"part-{part}.txt").write_text(
+            CORPUS[part * len(CORPUS) // 4 : (part + 1) * len(CORPUS) // 4]
+        )
+    config = DataConfig(source=f"text:{tmp_path / 'corpus'}", cache_dir=str(tmp_path / "cache"))
     data.prepare(config, progress=False)
     (folder,) = (tmp_path / "cache" / "data").iterdir()
     return config, folder, (folder / "tokens-00000.bin").read_bytes(), data
@@ -296,6 +314,44 @@ def test_a_large_cache_is_hashed_only_when_asked(tmp_path, monkeypatch, capsys):
     assert capsys.readouterr().err == ""  # the size is right: not hashed, not noticed
     data.prepare(config, progress=False, verify=True)
     assert "tokens-00000.bin's SHA-256 differs" in capsys.readouterr().err
+    assert (folder / "tokens-00000.bin").read_bytes() == original
+
+
+def test_a_large_cache_is_hashed_in_the_background_when_training_asks(tmp_path, monkeypatch):
+    """check_in_background (what training asks for): the start checks sizes alone, a thread
+    takes the checksums; a cache just written, or hashed at the start, needs no thread."""
+    config, folder, original, data = _prepared(tmp_path)
+    monkeypatch.setattr(data, "CHECKSUM_ON_START_BYTES", len(original) - 1)
+    assert data.prepare(config, progress=False, check_in_background=True).damage(wait=True) is None  # sound
+    _zero_middle(folder)
+    damaged = data.prepare(config, progress=False, check_in_background=True)
+    assert damaged.damage(wait=True) == "tokens-00000.bin's SHA-256 differs from the one recorded when it was written"
+    assert data.prepare(config, progress=False, verify=True, check_in_background=True).checksums is None
+    monkeypatch.setattr(data, "CHECKSUM_ON_START_BYTES", len(original))
+    assert data.prepare(config, progress=False, check_in_background=True).checksums is None
+
+
+def test_damage_found_while_training_stops_the_run_and_the_rerun_prepares_again(tmp_path, monkeypatch):
+    """A large cache zeroed in its middle: the run stops at its first logged step (5) with one
+    line, the folder set aside; the same call then prepares the data again and trains to the end."""
+    from conftest import small_run_config
+
+    from jaxgpt.errors import UserError
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    config, folder, original, data = _prepared(tmp_path)
+    monkeypatch.setattr(data, "CHECKSUM_ON_START_BYTES", 0)  # every cache is large
+    run = small_run_config(steps=10)
+    run.data.update(source=config.source, cache_dir=config.cache_dir)
+    _zero_middle(folder)
+    with pytest.raises(UserError) as stopped:
+        train_and_evaluate(run, tmp_path / "run", progress=False)
+    message = str(stopped.value)
+    assert message.startswith(f"the prepared data in {folder} is damaged (tokens-00000.bin's SHA-256 differs")
+    assert "Stopped at step 5: rerun the same command to prepare it again" in message
+    (aside,) = (p for p in folder.parent.iterdir() if ".damaged-" in p.name)
+    assert (aside / folder.name / "tokens-00000.bin").read_bytes() != original
+    assert train_and_evaluate(run, tmp_path / "run", progress=False)["step"] == 10
     assert (folder / "tokens-00000.bin").read_bytes() == original
 
 

@@ -88,7 +88,7 @@ def train_and_evaluate(
         raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
     notes: list[str] = []
     run = check_runnable(config, notes)  # validate before slow work
-    dataset = data.prepare(run.data, progress=progress, verify=verify_data)
+    dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
     if not isinstance(config, RunConfig):
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
@@ -205,6 +205,10 @@ class Trainer:
                 fetched, pending = jax.device_get(pending), []  # the only host sync in the loop
                 check_finite(fetched, done - len(fetched) + 1, self.state.params, self.checkpoints, t.lr)
                 self.checkpoints.check_for_errors()  # a failed save is reported within one interval
+                # a large corpus is hashed while training: damage stops the run, and the last
+                # checkpoint waits for the whole check
+                if problem := self.dataset.damage(wait=saves and done == t.steps):
+                    raise data.stop_for_damage(self.dataset, problem, done)
                 losses += [float(m["loss"]) for m in fetched]
                 now = time.perf_counter()
                 training_seconds += now - interval_start
