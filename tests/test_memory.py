@@ -121,6 +121,43 @@ def test_a_model_too_large_for_any_batch_says_so(monkeypatch):
     assert "does not fit even as one token per row: the model's parameters, gradients and optimizer state" in message
 
 
+def test_an_address_space_limit_is_memory_the_run_cannot_use(monkeypatch):
+    """`ulimit -v` bounds what the process maps, and JAX and XLA map RUNTIME_ADDRESS_SPACE of
+    it for themselves: a limit below that is refused whatever the run, and one above it leaves
+    the rest for the run, the message naming the limit."""
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
+    monkeypatch.setattr(memory, "address_space_limit", lambda: GiB)
+    with pytest.raises(UserError) as refused:
+        memory.check_fits(run_for(), one_device())
+    assert str(refused.value) == (
+        "this process may map at most 1.0 GiB (ulimit -v), and JAX and XLA alone map about 2.5 GiB; raise the "
+        "limit (ulimit -v unlimited) and rerun"
+    )
+    limit = memory.RUNTIME_ADDRESS_SPACE + GiB // 4
+    monkeypatch.setattr(memory, "address_space_limit", lambda: limit)
+    monkeypatch.setattr(memory, "host_memory_bytes", lambda: GiB // 4)  # what the limit leaves
+    message = refusal(monkeypatch, run_for(batch_size=10**6), GiB // 4)
+    assert "more than its 0.2 GiB (the 2.8 GiB `ulimit -v` allows this process, less about 2.5 GiB" in message
+
+
+def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
+    """`ulimit -v 1500000` (1.4 GiB) in the shell that starts training: one line and exit 2
+    before any work (it used to abort in XLA: std::bad_alloc), nothing written."""
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    command = [sys.executable, str(ROOT / "train.py"), "--config=tiny", f"--workdir={tmp_path / 'run'}", "--quiet"]
+    result = subprocess.run(
+        ["bash", "-c", f"ulimit -v 1500000 && exec {shlex.join(command)}"], capture_output=True, text=True
+    )
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: this process may map at most 1.4 GiB (ulimit -v)")
+    assert not (tmp_path / "run").exists()
+
+
 def test_a_run_that_fits_passes(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
     memory.check_fits(run_for(), one_device())

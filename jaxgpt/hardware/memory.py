@@ -18,6 +18,7 @@ import contextlib
 import dataclasses
 import math
 import os
+import resource
 from pathlib import Path
 
 import jax
@@ -84,14 +85,29 @@ def footprint(run: RunConfig, mesh, state: tuple[int, int] | None = None) -> Foo
 
 
 def host_memory_bytes() -> int:
-    """The machine's memory, or the container's limit where that is lower. The total, not
-    what is free at this moment: a verdict must not change with the machine's load."""
+    """The machine's memory, or the container's limit where that is lower, or what the
+    process's address-space limit leaves beside the runtime's own share. The total, not what
+    is free at this moment: a verdict must not change with the machine's load."""
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
     try:
         limit = CGROUP_LIMIT.read_text().strip()
     except OSError:
-        return total
-    return min(total, int(limit)) if limit.isdigit() else total
+        limit = ""
+    total = min(total, int(limit)) if limit.isdigit() else total
+    mappable = address_space_limit()
+    return total if mappable is None else min(total, max(mappable - RUNTIME_ADDRESS_SPACE, 0))
+
+
+# What JAX and XLA map for themselves, beyond the run's own arrays: configs/tiny.py peaked at
+# 2.39 GiB of address space (VmPeak; 27 threads on 2 cores) holding 0.9 GiB resident, and with
+# `ulimit -v` below about 2.8 GiB it died in XLA (std::bad_alloc, or no room for a thread).
+RUNTIME_ADDRESS_SPACE = 5 * GiB // 2
+
+
+def address_space_limit() -> int | None:
+    """The process's address-space limit (`ulimit -v`, RLIMIT_AS) in bytes, or None if unset."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_AS)
+    return None if soft == resource.RLIM_INFINITY else soft
 
 
 def device_memory_limit(device) -> int | None:
@@ -131,6 +147,12 @@ def device_memory_bytes(device) -> int | None:
 def check_fits(run: RunConfig, mesh) -> None:
     """Refuse, with one UserError line, a run whose footprint exceeds a memory it uses; the
     line gives the estimate and the largest batch_size (or else block_size) that fits."""
+    mappable = address_space_limit()
+    if mappable is not None and mappable <= RUNTIME_ADDRESS_SPACE:
+        raise UserError(
+            f"this process may map at most {mappable / GiB:.1f} GiB (ulimit -v), and JAX and XLA alone map about "
+            f"{RUNTIME_ADDRESS_SPACE / GiB:.1f} GiB; raise the limit (ulimit -v unlimited) and rerun"
+        )
     device = mesh.devices.flat[0]
     on_cpu = device.platform == "cpu"  # the devices are the host's cores: one memory
     capacity = {"host": host_memory_bytes(), "device": None if on_cpu else device_memory_limit(device)}
@@ -152,6 +174,11 @@ def check_fits(run: RunConfig, mesh) -> None:
     t = run.train
     what = f"train.batch_size={t.batch_size} with model.block_size={run.model.block_size}"
     estimate = f"needs at least {need / GiB:,.1f} GiB of {memory} memory, more than its {have / GiB:,.1f} GiB"
+    if memory == "host" and mappable is not None and have < mappable:
+        estimate += (
+            f" (the {mappable / GiB:,.1f} GiB `ulimit -v` allows this process, less about "
+            f"{RUNTIME_ADDRESS_SPACE / GiB:.1f} GiB JAX and XLA map for themselves: raise it with ulimit -v)"
+        )
     unit = max(t.microbatches, 1) * mesh.shape["data"] * mesh.shape["fsdp"]  # batches must be multiples
     small = with_train(run, batch_size=unit)
     if excess(small) is None:
