@@ -147,7 +147,7 @@ def attention_variants(model) -> dict[str, int]:
 
 def key_value_heads_by_context(model, contexts: list[int], say) -> list[dict]:
 
-    from jaxgpt.model import kv_cache_bytes
+    from jaxgpt.kv_cache import cache_bytes
 
     rows = []
     say(f"{'attention':>9} {'kv heads':>8} {'context':>7} {'cache MiB':>9} {'tok/s b=1':>10} {'tok/s b=8':>10}")
@@ -156,7 +156,7 @@ def key_value_heads_by_context(model, contexts: list[int], say) -> list[dict]:
             variant = model.replace(n_kv_head=kv_heads, block_size=context)
             params = weights(variant)
             row = dict(attention=name, n_kv_head=kv_heads, context=context)
-            row["cache_bytes_per_sequence"] = kv_cache_bytes(variant, context)
+            row["cache_bytes_per_sequence"] = cache_bytes(variant, context)
             for batch in (1, 8):
                 row[f"decode_tokens_per_sec_batch_{batch}"] = batch * NEW / decode_seconds(variant, params, batch)
             rows.append(row)

@@ -1,5 +1,7 @@
 """Causal self-attention: the mask, the scores and their softmax, the readable kernel, and the
-layer around them. The faster kernels (cuDNN through jax.nn, Pallas on TPU) live in kernels.py.
+layer around them. The faster kernels (cuDNN through jax.nn, Pallas on TPU) live in kernels.py,
+the KV cache decoding keeps in kv_cache.py, and what the inspecting tools reach for inside the
+layer in probes.py.
 
 Shapes use these letters: b batch, t query positions, s key positions, k key/value heads,
 g query heads per key/value head (the group), d head_dim. Query heads are numbered k * g + g',
@@ -11,25 +13,17 @@ lets one einsum serve a whole group without copying the key/value heads.
 from __future__ import annotations
 
 import math
+from functools import partial
 from typing import NamedTuple
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from jaxgpt import kv_cache, probes
 from jaxgpt.config import ModelConfig
 from jaxgpt.layers import dtypes, residual_output_init
 from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
-
-
-def cache_slot_positions(slots: int, last: jnp.ndarray) -> jnp.ndarray:
-    """The position each slot of a rolling KV cache holds once position `last` is written.
-
-    Position p is written to slot p % slots, so slot j holds the latest p <= last with
-    p = j (mod slots): last - ((last - j) mod slots). A slot not yet written comes out
-    negative. Until the cache wraps (last < slots) this is just j for the written slots.
-    """
-    return last - jnp.mod(last - jnp.arange(slots), slots)
 
 
 def causal_score_bias(
@@ -44,7 +38,7 @@ def causal_score_bias(
 
     Query i sits at position cache_index + i (cache_index None means 0: queries and keys are
     the same tokens). Key j is position j, or, in a KV cache, the position its slot holds
-    (`cache_slot_positions`). A key is visible to a query when it was written and its position
+    (`kv_cache.slot_positions`). A key is visible to a query when it was written and its position
     is not after the query's, and, with a sliding window, when it is one of the `window`
     positions ending there. causal=False (an ablation) shows every written key to every
     query: in training, the future.
@@ -55,7 +49,7 @@ def causal_score_bias(
     if cache_index is None:
         kv_pos = jnp.arange(kv_len)[None, :]  # (1, s)
     else:
-        kv_pos = cache_slot_positions(kv_len, offset + q_len - 1)[None, :]
+        kv_pos = kv_cache.slot_positions(kv_len, offset + q_len - 1)[None, :]
     visible = jnp.broadcast_to(kv_pos >= 0, (q_len, kv_len))
     if causal:
         visible &= kv_pos <= q_pos
@@ -129,12 +123,13 @@ def xla_attention(q, k, v, mask: Mask, scale: float | None):
 
 def kernel(name: str):
     """The kernel model.attention names. The default needs nothing beyond this file; the others
-    are imported only when a config asks for them."""
+    are imported only when a config asks for them, and are handed this one for what they
+    cannot run (kernels.py imports nothing from here)."""
     if name == "xla":
         return xla_attention
     from jaxgpt.kernels import KERNELS
 
-    return KERNELS[name]
+    return partial(KERNELS[name], fallback=xla_attention)
 
 
 def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, jnp.ndarray]:
@@ -158,12 +153,10 @@ class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-/multi-query) causal self-attention with an optional KV cache.
 
     `cache_index` is the one sign of decoding. None: the t tokens attend to each other
-    (training, scoring). An int32 scalar: the layer keeps the keys and values of every position
-    seen so far in a static (batch, block_size, n_kv_head, head_dim) cache in the "cache"
-    collection, writes this call's t tokens at positions [cache_index, cache_index + t) (slot
-    position % block_size: the cache rolls), and attends over the whole cache, the mask hiding
-    unwritten slots. Prefill is one call with the
-    prompt; each decode step a call with one token. Static shapes: one compilation for every step.
+    (training, scoring). An int32 scalar: the layer writes this call's t tokens' keys and
+    values into its cache at positions [cache_index, cache_index + t) (kv_cache.py) and attends
+    over the whole cache, the mask hiding unwritten slots. Prefill is one call with the prompt;
+    each decode step a call with one token. Static shapes: one compilation for every step.
     """
 
     config: ModelConfig
@@ -191,7 +184,7 @@ class CausalSelfAttention(nn.Module):
             q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
             k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)
         if cache_index is not None:
-            k, v = self._extend_cache(k, v, cache_index)
+            k, v = kv_cache.extend(self, k, v, cache_index)
         slopes = None
         if c.position == "alibi":
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
@@ -200,12 +193,8 @@ class CausalSelfAttention(nn.Module):
         if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
             scale = 0.0
         y = kernel(c.attention)(q, k, v, mask, scale)  # (b, t, k, g, d)
-        if self.has_variable("head_mask", "keep"):  # only when evaluating with heads removed
-            y = y * self.get_variable("head_mask", "keep")[:, :, None].astype(y.dtype)
-        if self.is_mutable_collection("intermediates"):  # only when asked: jaxgpt.capture
-            scores = attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
-            self.sow("intermediates", "attention_scores", scores)
-            self.sow("intermediates", "attention_weights", jax.nn.softmax(scores, axis=-1))
+        y = probes.without_removed_heads(self, y)  # evaluate's head removal; else y itself
+        probes.record_attention(self, lambda: attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale))
 
         return nn.DenseGeneral(
             features=c.d_model,
@@ -215,23 +204,3 @@ class CausalSelfAttention(nn.Module):
             name="out",
             **dtypes(c),
         )(y)
-
-    def _extend_cache(self, k, v, cache_index):
-        """Write this call's keys/values into the cache; return the whole cache.
-
-        The cache is rolling: position p goes to slot p % block_size, so generation can go on
-        past block_size, each query seeing the last block_size positions (the mask reads which
-        position each slot holds). That is sliding-window attention with a window of
-        block_size, which only models with relative positions (rope, alibi, none) can use;
-        `jaxgpt.sampling.check_length` keeps the others inside block_size, where nothing wraps.
-        """
-        slots = self.config.block_size
-        if k.shape[1] > slots:
-            raise ValueError(f"{k.shape[1]} tokens in one call do not fit a KV cache of block_size={slots} slots")
-        shape = (k.shape[0], slots, *k.shape[2:])
-        cached_k = self.variable("cache", "key", jnp.zeros, shape, k.dtype)
-        cached_v = self.variable("cache", "value", jnp.zeros, shape, v.dtype)
-        written = jnp.mod(cache_index + jnp.arange(k.shape[1]), slots)
-        cached_k.value = cached_k.value.at[:, written].set(k)
-        cached_v.value = cached_v.value.at[:, written].set(v)
-        return cached_k.value, cached_v.value

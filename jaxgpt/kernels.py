@@ -1,9 +1,11 @@
 """The attention kernels beyond the readable one (attention.xla_attention), and where each runs.
 
-Each computes exactly what xla_attention computes, with the same arguments (see attention.py):
+Each computes exactly what xla_attention computes, with the same arguments (see attention.py;
+`mask` is an attention.Mask) and `fallback`, the readable kernel, for what it cannot run:
 `dot_product` is jax.nn's (cuDNN flash attention on a GPU), `flash_tpu` is Pallas's TPU kernel,
 run once per device under shard_map on a mesh. `kernel_fallback` is the one policy for a kernel
-asked for where it cannot run.
+asked for where it cannot run at all. Nothing here imports attention.py, which picks a kernel
+from KERNELS by name: the two modules do not import each other.
 """
 
 from __future__ import annotations
@@ -15,11 +17,10 @@ import jax
 import jax.numpy as jnp
 from jax.sharding import PartitionSpec
 
-from jaxgpt.attention import Mask, xla_attention
 from jaxgpt.errors import UserError
 
 
-def dot_product_attention(q, k, v, mask: Mask, scale: float | None):
+def dot_product_attention(q, k, v, mask, scale: float | None, fallback=None):
     """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
 
     It takes grouped-query attention natively (query heads as a multiple of key/value heads,
@@ -40,7 +41,7 @@ def dot_product_attention(q, k, v, mask: Mask, scale: float | None):
 FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence
 
 
-def flash_tpu_attention(q, k, v, mask: Mask, scale: float | None):
+def flash_tpu_attention(q, k, v, mask, scale: float | None, fallback=None):
     """Pallas's flash attention kernel for TPU (jax.experimental.pallas.ops.tpu): the scores
     are computed block by block in on-chip memory and never written out whole.
 
@@ -56,7 +57,7 @@ def flash_tpu_attention(q, k, v, mask: Mask, scale: float | None):
     """
     b, t, n_kv, group, d = q.shape
     if not mask.plain_causal or t % FLASH_TPU_BLOCK:
-        return xla_attention(q, k, v, mask, scale)
+        return fallback(q, k, v, mask, scale)
     from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
 
     heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
@@ -82,7 +83,8 @@ def per_device_heads_spec(mesh, batch: int, n_kv: int) -> PartitionSpec:
     return PartitionSpec(rows if rows_split else None, "tensor" if tensor > 1 and n_kv % tensor == 0 else None)
 
 
-KERNELS = {"xla": xla_attention, "dot_product": dot_product_attention, "flash_tpu": flash_tpu_attention}
+# by model.attention's name; "xla", the readable one, is attention.xla_attention
+KERNELS = {"dot_product": dot_product_attention, "flash_tpu": flash_tpu_attention}
 
 
 def kernel_fallback(kernel: str, backend: str, *, training: bool) -> str:

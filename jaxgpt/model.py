@@ -176,24 +176,6 @@ def init_cache(config: ModelConfig, batch_size: int) -> dict:
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 
-def head_mask(config: ModelConfig, keep: jax.Array) -> dict:
-    """The "head_mask" collection that multiplies each attention head's output by keep
-    (n_layer, n_head): 1 keeps a head, 0 removes it (Michel et al. 2019's head ablation).
-    Query head h of a layer is key/value group h // group_size, member h % group_size."""
-    keep = jnp.asarray(keep, jnp.float32).reshape(config.n_layer, config.n_kv_head, config.group_size)
-    if config.scan_layers:
-        return {"blocks": {"attn": {"keep": keep}}}
-    return {f"block_{i}": {"attn": {"keep": keep[i]}} for i in range(config.n_layer)}
-
-
-def kv_cache_bytes(config: ModelConfig, tokens: int, batch_size: int = 1) -> int:
-    """Bytes of the KV cache that holds `tokens` positions of `batch_size` sequences: a key and
-    a value vector of head_dim per key/value head, per layer, per position. This is what
-    grouped-query (n_kv_head < n_head) and multi-query (n_kv_head = 1) attention shrink."""
-    per_position = 2 * config.n_layer * config.n_kv_head * config.head_dim * jnp.dtype(config.dtype).itemsize
-    return per_position * tokens * batch_size
-
-
 def stack_blocks(params: dict, n_layer: int) -> dict:
     """Unscanned layout (block_0 ... block_{L-1}) -> scanned layout (blocks, leading L axis)."""
     out = {k: v for k, v in params.items() if not k.startswith("block_")}

@@ -1,8 +1,10 @@
 """The package's folders are its architecture: imports run one way, commands -> job -> hardware
--> core, and nothing in the core imports a folder. Read from the source (ast), so an import
-inside a function counts as much as one at the top."""
+-> core, nothing in the core imports a folder, and no modules import each other in a circle.
+Read from the source (ast), so an import inside a function counts as much as one at the top,
+a folder's __init__.py as much as its modules, and a module named to importlib as an import."""
 
 import ast
+import re
 
 import pytest
 from conftest import ROOT
@@ -19,16 +21,40 @@ def layer_of(module: str) -> str:
 
 
 def package_imports(path) -> set[str]:
-    """Every jaxgpt module the file imports (absolute imports: the package uses no relative ones)."""
+    """Every jaxgpt module the file imports (absolute imports: the package uses no relative
+    ones), and every string that is exactly a module's dotted name (what importlib is handed:
+    jaxgpt/__init__.py's lazy exports)."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.ImportFrom):
             assert node.level == 0, f"{path}: relative import"
-            names = [f"{node.module}.{alias.name}" for alias in node.names]
-            found.update(name for name in [node.module, *names] if name and name.startswith("jaxgpt"))
+            for alias in (
+                node.names if node.module.startswith("jaxgpt") else ()
+            ):  # `from jaxgpt import probes` imports jaxgpt.probes, not jaxgpt's __init__
+                submodule = f"{node.module}.{alias.name}"
+                found.add(submodule if submodule in ALL_MODULES else node.module)
         elif isinstance(node, ast.Import):
             found.update(alias.name for alias in node.names if alias.name.startswith("jaxgpt"))
+        elif (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and re.fullmatch(r"jaxgpt(\.\w+)+", node.value)
+        ):
+            found.add(node.value)
     return found
+
+
+def module_name(path) -> str:
+    """jaxgpt/job/trainer.py -> jaxgpt.job.trainer; a folder's jaxgpt/job/__init__.py -> jaxgpt.job."""
+    parts = path.relative_to(ROOT).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def module_of(name: str) -> str | None:
+    """The module an imported name lives in ('jaxgpt.attention.Mask' -> 'jaxgpt.attention')."""
+    while name and name not in ALL_MODULES:
+        name = name.rpartition(".")[0]
+    return name or None
 
 
 def shims() -> set[str]:
@@ -38,14 +64,14 @@ def shims() -> set[str]:
     return {
         f"jaxgpt.{path.stem}"
         for path in PACKAGE.glob("*.py")
-        if path.stem != "__init__"
-        and package_imports(path) == {f"jaxgpt.commands.{entry.get(path.stem, path.stem)}" + s for s in ("", ".main")}
+        if path.stem != "__init__" and package_imports(path) == {f"jaxgpt.commands.{entry.get(path.stem, path.stem)}"}
     }
 
 
 MODULES = sorted(
     ".".join(path.relative_to(ROOT).with_suffix("").parts) for path in PACKAGE.rglob("*.py") if path.stem != "__init__"
 )
+ALL_MODULES = {module_name(path): path for path in PACKAGE.rglob("*.py")}  # folders' __init__ too
 SHIMS = shims()
 
 
@@ -59,17 +85,58 @@ def test_the_layers_are_what_the_listing_says():
 def test_the_top_of_the_package_holds_only_the_library():
     """No module at jaxgpt/'s top is named for a command (`python -m jaxgpt.check` is served by
     jaxgpt.commands.dispatch); the commands live in jaxgpt/commands/."""
+    import jaxgpt
     from jaxgpt.commands.dispatch import COMMANDS
 
     top = {path.stem for path in PACKAGE.glob("*.py")}
     assert top & {module for module, _ in COMMANDS.values()} == set(), top
+    earlier = {module for module, _ in COMMANDS.values()} - {"train", "sample"}  # never under jaxgpt.
+    assert set(jaxgpt._EarlierCommandNames.NAMES) == earlier
 
 
 # __main__ (`python -m jaxgpt COMMAND`) imports the dispatcher by design.
-@pytest.mark.parametrize("module", [m for m in MODULES if m not in SHIMS])
+@pytest.mark.parametrize("module", [m for m in ALL_MODULES if m not in SHIMS])
 def test_imports_run_one_way(module):
-    path = ROOT / (module.replace(".", "/") + ".py")
+    path = ALL_MODULES[module]
     upward = sorted(
         imported for imported in package_imports(path) if LAYERS[layer_of(imported)] > LAYERS[layer_of(module)]
     )
     assert not upward, f"{module} ({layer_of(module)}) imports from a layer above it: {upward}"
+
+
+def cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The graph's strongly connected components of more than one node (Tarjan's algorithm):
+    each a set of modules that import one another, however indirectly."""
+    index, low, stack, on_stack, found = {}, {}, [], set(), []
+
+    def visit(node):
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for other in graph[node]:
+            if other not in index:
+                visit(other)
+                low[node] = min(low[node], low[other])
+            elif other in on_stack:
+                low[node] = min(low[node], index[other])
+        if low[node] == index[node]:
+            component = []
+            while not component or component[-1] != node:
+                component.append(stack.pop())
+                on_stack.discard(component[-1])
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in graph:
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_modules_import_each_other_in_a_circle():
+    graph = {
+        module: {module_of(name) for name in package_imports(path)} - {module, None}
+        for module, path in ALL_MODULES.items()
+    }
+    assert cycles(graph) == []
+    assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds one

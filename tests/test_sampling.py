@@ -12,7 +12,8 @@ from conftest import matrix, run_script
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.model import GPT, init_cache, init_params, kv_cache_bytes
+from jaxgpt.kv_cache import cache_bytes
+from jaxgpt.model import GPT, init_cache, init_params
 from jaxgpt.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,12 +248,12 @@ def test_sampling_restores_onto_a_tensor_parallel_mesh(workdir):
     [dict(n_kv_head=4), dict(n_kv_head=2), dict(n_kv_head=1), dict(n_kv_head=2, dtype="bfloat16", scan_layers=True)],
     ids=["MHA", "GQA", "MQA", "GQA-bf16-scanned"],
 )
-def test_kv_cache_bytes_are_the_cache_sampling_allocates(changes):
+def test_cache_bytes_are_the_cache_sampling_allocates(changes):
     """The key and value arrays init_cache makes (everything but its position counter)."""
     config = ModelConfig(vocab_size=50, block_size=64, n_layer=3, n_head=4, d_model=32, **changes)
     cache = init_cache(config, batch_size=3)
     arrays = [leaf for path, leaf in jax.tree_util.tree_flatten_with_path(cache)[0] if path[-1].key in ("key", "value")]
     assert len(arrays) == 2 * (1 if config.scan_layers else config.n_layer)
-    assert sum(a.nbytes for a in arrays) == kv_cache_bytes(config, tokens=64, batch_size=3)
+    assert sum(a.nbytes for a in arrays) == cache_bytes(config, tokens=64, batch_size=3)
     # and by hand for MHA: 2 x 3 layers x 4 heads x 8 dims x 4 bytes per token
-    assert kv_cache_bytes(config.replace(n_kv_head=4, dtype="float32"), tokens=1) == 768
+    assert cache_bytes(config.replace(n_kv_head=4, dtype="float32"), tokens=1) == 768

@@ -335,7 +335,8 @@ def test_removing_a_head_is_zeroing_its_rows_of_the_output_projection(scan_layer
     projection, so masking query head h of layer l must give the logits of the model whose
     out kernel has those rows zeroed. Grouped-query (4 heads over 2 key/value heads) checks
     the numbering: head h is group h // 2, member h % 2."""
-    from jaxgpt.model import head_mask, stack_blocks
+    from jaxgpt.model import stack_blocks
+    from jaxgpt.probes import head_mask
 
     config = tiny(n_kv_head=2)
     params = init_params(config, jax.random.key(0))

@@ -6,9 +6,8 @@ from __future__ import annotations
 
 import importlib
 import sys
-from pathlib import Path
 
-USAGE_ERROR = 2  # jaxgpt.commands.cli's, not imported: `import jaxgpt` installs this module's finder
+from jaxgpt.commands.cli import USAGE_ERROR
 
 # command -> (module in jaxgpt.commands, what it does)
 COMMANDS = {
@@ -52,24 +51,3 @@ def main() -> None:
     module = importlib.import_module(command_module(sys.argv[1]))
     sys.argv = [f"jaxgpt {sys.argv[1]}", *sys.argv[2:]]  # what the command's --help and errors show
     module.main()
-
-
-class EarlierSpellings:  # a sys.meta_path finder: find_spec is all it needs (importlib.abc costs 14 ms)
-    """`python -m jaxgpt evaluate` (and .check, .plot, ...), as the commands were started before
-    `jaxgpt COMMAND`, still runs the command: the name finds jaxgpt/commands/NAME.py, so the
-    package's top level holds only the library, without a file per old name."""
-
-    NAMES = {f"jaxgpt.{module}" for module, _ in COMMANDS.values()} - {"jaxgpt.train", "jaxgpt.sample"}
-
-    def find_spec(self, fullname, path, target=None):
-        if fullname not in self.NAMES:
-            return None
-        import importlib.util
-
-        command = Path(__file__).with_name(f"{fullname.rpartition('.')[2]}.py")
-        return importlib.util.spec_from_file_location(fullname, command)
-
-
-def serve_earlier_spellings() -> None:
-    if not any(isinstance(finder, EarlierSpellings) for finder in sys.meta_path):
-        sys.meta_path.append(EarlierSpellings())

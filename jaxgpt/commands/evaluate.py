@@ -71,7 +71,8 @@ def refusal(model: ModelConfig, length: int, split_tokens: int) -> str | None:
 def scorer(model: ModelConfig):
     """The loss at each position of a batch of windows, under a head mask (n_layer, n_head),
     jitted once per model."""
-    from jaxgpt.model import GPT, head_mask
+    from jaxgpt.model import GPT
+    from jaxgpt.probes import head_mask
     from jaxgpt.train_step import token_losses
 
     def score(params, batch, keep):

@@ -147,17 +147,17 @@ def size_row(params, model_config) -> Row:
 
 def kv_cache_row(model_config) -> Row:
     """What sampling keeps per token: the number GQA and MQA exist to shrink."""
-    from jaxgpt.model import kv_cache_bytes
+    from jaxgpt.kv_cache import cache_bytes
 
     decoding = model_config.replace(dtype="float32")  # as sample.py decodes
-    per_token = kv_cache_bytes(decoding, 1)
+    per_token = cache_bytes(decoding, 1)
     c = model_config
     return Row(
         "kv cache",
         None,
         f"{per_token:,} bytes per token (2 x {c.n_layer} layers x {c.n_kv_head} of {c.n_head} heads as key/value "
         f"heads x {c.head_dim} x 4 bytes, float32 as sample.py decodes); "
-        f"{kv_cache_bytes(decoding, c.block_size) / 2**20:,.2f} MiB per sequence of block_size={c.block_size}",
+        f"{cache_bytes(decoding, c.block_size) / 2**20:,.2f} MiB per sequence of block_size={c.block_size}",
     )
 
 
