@@ -58,9 +58,8 @@ def prepare(config, vocab_size: int) -> PreparedStep:
 
     from jaxgpt import sharding
     from jaxgpt.config_files import resolve
-    from jaxgpt.hardware.core_parallel import CoreParallelStep
+    from jaxgpt.hardware.mesh_step import initial_state
     from jaxgpt.hardware.step_choice import choose_step
-    from jaxgpt.train_step import initial_state
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
@@ -76,7 +75,7 @@ def prepare(config, vocab_size: int) -> PreparedStep:
     start = time.perf_counter()
     compiled = step.compile(state, batches[0])
     compile_sec = time.perf_counter() - start
-    cores = len(step.devices) if isinstance(step, CoreParallelStep) else 1
+    cores = len(step.devices)
     return PreparedStep(run, mesh, state, compiled, batches, cores, trace_sec, compile_sec)
 
 

@@ -47,7 +47,7 @@ def test_the_extended_run_starts_from_the_weights_and_records_where_they_came_fr
 def test_start_from_pretrained_copies_every_parameter(rope_run):
     from jaxgpt import sharding
     from jaxgpt.config import MeshConfig
-    from jaxgpt.train_step import initial_state
+    from jaxgpt.hardware.mesh_step import initial_state
 
     _, source_params, tokenizer, _ = load_latest(rope_run)
     for scan in (False, True):  # the source is unscanned; a scanned new run stacks its blocks

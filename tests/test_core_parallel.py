@@ -147,8 +147,8 @@ def test_the_step_is_chosen_once_per_core_or_over_the_mesh(monkeypatch):
     """choose_step (what the trainer, jaxgpt.commands.check and the benchmarks call): a batch that splits
     over the cores gets one program per core; one that does not (7 rows, 2 cores) the mesh's
     own step, its microbatches filled in all the same (0 is not a count a step can take)."""
+    from jaxgpt.hardware.mesh_step import MeshStep
     from jaxgpt.hardware.step_choice import choose_step
-    from jaxgpt.train_step import MeshStep
 
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
     monkeypatch.setattr(core_parallel, "cores_for", lambda m: jax.devices()[:2])

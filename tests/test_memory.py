@@ -12,7 +12,7 @@ from jaxgpt.config import MeshConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
-from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
 
 GiB = 2**30
 ONE_DEVICE = MeshConfig(data=1, fsdp=1, tensor=1)

@@ -108,8 +108,8 @@ def test_one_compiled_initialisation_serves_every_seed():
     seeds lower to the same program, which gives the parameters and dropout key that
     create_train_state gives for the seed, bit for bit (the key's bits are the same bits)."""
     from jaxgpt.config import DataConfig, MeshConfig, RunConfig
+    from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.sharding import make_mesh
-    from jaxgpt.train_step import state_layout
 
     mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
     runs = {seed: RunConfig(MODEL, DataConfig(), TrainConfig(seed=seed, batch_size=8)) for seed in (0, 7)}

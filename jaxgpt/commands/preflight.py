@@ -52,8 +52,8 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
     from jaxgpt.hardware import runtime
+    from jaxgpt.hardware.mesh_step import initial_state
     from jaxgpt.hardware.step_choice import choose_step
-    from jaxgpt.train_step import initial_state
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     memory.check_fits(run, mesh)  # as training does, before any state or batch exists

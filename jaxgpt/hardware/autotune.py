@@ -30,7 +30,7 @@ from typing import NamedTuple
 from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.hardware import memory, peak_flops
-from jaxgpt.train_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
 
 FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
 ACCELERATOR_HEADROOM = 0.9  # leave XLA's allocator a tenth of the device's memory

@@ -76,6 +76,8 @@ class CoreParallelStep:
     """`train_step`'s update of a one-device state on the first of `devices`, computed from a
     batch sharded over `devices` (`batch_mesh`), one single-device program per device."""
 
+    what = "the gradient program of each CPU core, and the update"  # for the line that says it compiled
+
     def __init__(self, run: RunConfig, devices: list):
         self.devices = list(devices)
         self.batch_mesh = sharding.make_mesh(MeshConfig(data=len(devices)), self.devices)
@@ -139,6 +141,12 @@ class CoreParallelStep:
     def memory_analysis(self):
         """XLA's memory analysis of one core's compiled program (after `compile`)."""
         return next(iter(self._compiled_gradients.values())).memory_analysis()
+
+    def cost_analysis(self) -> dict:
+        """XLA's cost analysis of one core's compiled gradient program (after `compile`): its
+        FLOPs and bytes, per device as the mesh step's are."""
+        cost = next(iter(self._compiled_gradients.values())).cost_analysis()
+        return cost[0] if isinstance(cost, list) else cost
 
     def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
         """The compiled programs' HLO (each core's, then the update's): for checking that none

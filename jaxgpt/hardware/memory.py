@@ -48,7 +48,7 @@ class Footprint:
 
 def state_bytes(run: RunConfig, mesh) -> tuple[int, int]:
     """(parameters with optimizer state, parameters alone), per device, from shapes only."""
-    from jaxgpt.train_step import state_layout
+    from jaxgpt.hardware.mesh_step import state_layout
 
     layout, _ = state_layout(run, mesh)
     params = sharding.shard_bytes(layout.params)

@@ -4,8 +4,8 @@ The trainer, `jaxgpt.check`'s pre-flight checks and the benchmarks all call `cho
 what they compile, measure and time is the program training runs. Both steps apply
 `train_step.gradients` then `train_step.apply_gradients`, and have one interface (`Step`):
 
-  - MeshStep (jaxgpt/train_step.py): `train_step` jitted over the run's device mesh, one SPMD
-    program; on accelerators, several processes, or CPU devices asked for as a mesh.
+  - MeshStep (jaxgpt/hardware/mesh_step.py): `train_step` jitted over the run's device mesh,
+    one SPMD program; on accelerators, several processes, or CPU devices asked for as a mesh.
   - CoreParallelStep (jaxgpt/hardware/core_parallel.py): one single-device program per CPU core on its
     share of the batch, joined on the first core; the CPU default when the batch splits.
 
@@ -23,17 +23,25 @@ from jaxgpt.config import RunConfig
 from jaxgpt.hardware import core_parallel
 from jaxgpt.hardware.autotune import fill_microbatches
 from jaxgpt.hardware.core_parallel import CoreParallelStep
-from jaxgpt.train_step import MeshStep, TrainState, check_batch_fits_mesh
+from jaxgpt.hardware.mesh_step import MeshStep, check_batch_fits_mesh
+from jaxgpt.train_step import TrainState
 
 
 class Step(Protocol):
+    """What every caller (the trainer, check, the benchmarks, the TPU compile) uses of a step,
+    whichever runs. The analyses are per device: one core's program, or the SPMD program's
+    share on each device of the mesh."""
+
     batch_mesh: jax.sharding.Mesh  # what training and evaluation batches are sharded over
+    devices: list  # the devices it computes on
+    what: str  # what runs, in words: for the line that says it compiled
 
     def __call__(self, state: TrainState, windows: jax.Array) -> tuple[TrainState, dict]: ...
     def trace(self, state: TrainState, windows: jax.Array) -> Step: ...
     def compile(self, state: TrainState, windows: jax.Array) -> Step: ...
     def eval_losses(self, params, make_batch, count: int) -> list[dict[str, jax.Array]]: ...
     def memory_analysis(self): ...
+    def cost_analysis(self) -> dict: ...
     def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]: ...
 
 

@@ -120,9 +120,9 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     the run's own mesh, shardings and batch: the step training would choose there (microbatches
     = 0 filled against `tpu`'s memory, jaxgpt/hardware/step_choice.py), and read its memory and
     FLOPs. Raises OutOfMemory when the compiler finds it cannot fit."""
+    from jaxgpt.hardware.mesh_step import batch_layout, state_layout
     from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.model import flops_per_token
-    from jaxgpt.train_step import batch_layout, state_layout
 
     mesh = sharding.make_mesh(run.mesh, devices)
     with memory.refusals_as_out_of_memory():

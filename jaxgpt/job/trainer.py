@@ -38,6 +38,7 @@ from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.distributed import is_main_process
+from jaxgpt.hardware.mesh_step import initial_state
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import choose_step
 from jaxgpt.job import workdir as run_dir
@@ -55,7 +56,7 @@ from jaxgpt.kernels import kernel_fallback
 from jaxgpt.model import count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.tokenizers import save_tokenizer
-from jaxgpt.train_step import initial_state, per_layer
+from jaxgpt.train_step import per_layer
 
 
 def train_and_evaluate(
@@ -298,7 +299,7 @@ class Trainer:
         """The train step compiled for this state and batch (autotuning may have compiled it)."""
         started = time.perf_counter()
         compiled = self.step.compile(self.state, batch)
-        self.say(f"compiled train_step in {time.perf_counter() - started:.1f} s")
+        self.say(f"compiled {self.step.what} in {time.perf_counter() - started:.1f} s")
         return compiled
 
     def _record(self, done: int, losses: list[float], fetched: list[dict], seconds: float, elapsed: float) -> dict:
