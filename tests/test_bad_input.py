@@ -242,8 +242,8 @@ CACHE_FAULTS = [
 def _prepared(tmp_path):
     """A fresh cache of CORPUS, as four documents: (config, its folder, the token file's bytes,
     data module)."""
-    from jaxgpt import data
     from jaxgpt.config import DataConfig
+    from jaxgpt.data import prepared as data  # its constants and writers, as well as prepare
 
     (tmp_path / "corpus").mkdir()
     for part in range(4):
@@ -602,8 +602,8 @@ def test_a_disk_that_fills_while_preparing_is_one_line_and_the_whole_shards_stay
     them to the files an uninterrupted preparation writes."""
     import errno
 
-    from jaxgpt import data
     from jaxgpt.config import DataConfig
+    from jaxgpt.data import prepared as data  # its constants and writers, as well as prepare
     from jaxgpt.errors import UserError
 
     documents = [json.dumps({"text": CORPUS[i * 600 : (i + 1) * 600]}) for i in range(400)]

@@ -8,6 +8,8 @@ import pytest
 
 from jaxgpt import data
 from jaxgpt.config import DataConfig
+from jaxgpt.data import prepared as preparation
+from jaxgpt.data import sources
 from jaxgpt.errors import UserError
 
 
@@ -135,7 +137,7 @@ def test_corpus_shorter_than_a_window_is_a_clear_error(tmp_path):
 
 
 def test_hub_source_offline_fails_at_once_with_advice(monkeypatch):
-    monkeypatch.setattr(data, "_hub_reachable", lambda timeout=3.0: False)  # as offline, whatever the machine
+    monkeypatch.setattr(sources, "_hub_reachable", lambda timeout=3.0: False)  # as offline, whatever the machine
     start = time.perf_counter()
     with pytest.raises(UserError, match="cannot load hf:someone/corpus.*data.source=text:"):
         data.prepare(DataConfig(source="hf:someone/corpus"), progress=False)
@@ -147,7 +149,7 @@ def test_parallel_tokenization_writes_the_same_tokens_as_serial(tmp_path, monkey
     (tmp_path / "docs.jsonl").write_text("\n".join(lines) + "\n")
 
     def prepared(min_docs, cache):
-        monkeypatch.setattr(data, "PARALLEL_MIN_DOCS", min_docs)
+        monkeypatch.setattr(preparation, "PARALLEL_MIN_DOCS", min_docs)
         config = DataConfig(source=f"text:{tmp_path / 'docs.jsonl'}", tokenizer="byte", cache_dir=str(tmp_path / cache))
         dataset = data.prepare(config, progress=False)
         return np.concatenate([dataset.train, dataset.val])
@@ -159,7 +161,7 @@ def test_parallel_tokenization_writes_the_same_tokens_as_serial(tmp_path, monkey
 def test_tokenizing_workers_leave_the_preparing_process_a_core(monkeypatch):
     monkeypatch.delenv(data.WORKERS_ENV, raising=False)
     for cores, workers in ((1, 0), (2, 0), (3, 2), (16, 15)):  # one worker beside it is never worth it
-        monkeypatch.setattr(data, "usable_cores", lambda cores=cores: cores)
+        monkeypatch.setattr(preparation, "usable_cores", lambda cores=cores: cores)
         assert data.tokenizing_workers() == workers
     monkeypatch.setenv(data.WORKERS_ENV, "1")
     assert data.tokenizing_workers() == 1
@@ -233,7 +235,7 @@ def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkey
     source = _many_documents(tmp_path)
     whole = data.prepare(DataConfig(source=source, tokenizer="char", cache_dir=str(tmp_path / "whole")), progress=False)
     config = DataConfig(source=source, tokenizer="char", cache_dir=str(tmp_path / "crashed"), shard_tokens=500)
-    encoded = data._encoded
+    encoded = preparation._encoded
 
     def crashing(*args):
         for number, ids in enumerate(encoded(*args), 1):
@@ -245,9 +247,9 @@ def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkey
         raise Crash
 
     with monkeypatch.context() as patched:
-        patched.setattr(data, "_encoded", crashing)
+        patched.setattr(preparation, "_encoded", crashing)
         if crash_after == "finish":
-            patched.setattr(data, "_finish", unfinished)
+            patched.setattr(preparation, "_finish", unfinished)
         with pytest.raises(Crash):
             data.prepare(config, progress=False)
     assert not data.cache_folder(config).exists()
@@ -258,7 +260,7 @@ def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkey
             tokenized.append(ids)
             yield ids
 
-    monkeypatch.setattr(data, "_encoded", counting)
+    monkeypatch.setattr(preparation, "_encoded", counting)
     resumed = data.prepare(config, progress=False)
     for a, b in zip(_stream(whole), _stream(resumed), strict=True):
         np.testing.assert_array_equal(a, b)

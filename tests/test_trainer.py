@@ -211,10 +211,11 @@ def test_aligned_to_documents_every_training_window_begins_at_a_document_or_a_wi
     training batch the run reads, its evaluation's training batches too, is drawn from the
     offsets data.aligned_starts gives (tests/test_data.py checks those offsets by hand)."""
     from jaxgpt import data
+    from jaxgpt.data import batches
 
     read = []
     batch_at = data.batch_at
-    monkeypatch.setattr(data, "batch_at", lambda *a, **k: read.append(k.get("starts", a[-1])) or batch_at(*a, **k))
+    monkeypatch.setattr(batches, "batch_at", lambda *a, **k: read.append(k.get("starts", a[-1])) or batch_at(*a, **k))
     config = small_config(steps=2, warmup_steps=1, eval_every=2, eval_batches=1)
     config.data.align_to_documents = True
     train_and_evaluate(config, tmp_path, progress=False)

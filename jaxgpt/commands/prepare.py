@@ -5,7 +5,7 @@ Examples:
   python -m jaxgpt prepare --config configs/gpt2_124m.py --config.data.max_tokens=0   # the whole 10B sample
 
 Tokenizes data.source with data.tokenizer on every core into the cache train.py reads
-(jaxgpt/data.py), showing documents, tokens, tokens/s and the time left where the size is
+(jaxgpt/data/prepared.py), showing documents, tokens, tokens/s and the time left where the size is
 known, and prints what was prepared. Interrupted (Ctrl-C, a kill, a preempted machine), the
 same command continues from the last whole shard. Needs no JAX: run it on a CPU machine, then
 train where the accelerator is, with the cache copied or on shared storage (data.cache_dir).

@@ -1,0 +1,58 @@
+"""Data: read a corpus, tokenize it once into cached token files, and cut batches from them.
+Three steps, a module each:
+
+  sources.py   where the text comes from (`data.source`: the built-in Python reference, local
+               files, a Hugging Face Hub dataset)
+  prepared.py  how it becomes cached tokens: tokenized on every core into shards, checked at
+               every start, memory-mapped (`prepare` returns the `Dataset`)
+  batches.py   how batches are cut from them: a pure function of (seed, step), and a fixed
+               validation set
+
+The names below are what the rest of jaxgpt uses; `from jaxgpt import data; data.prepare(...)`.
+"""
+
+from jaxgpt.data.batches import (
+    EVAL_TRAIN_STREAM,
+    TRAIN_STREAM,
+    ValidationSet,
+    aligned_starts,
+    batch_at,
+    check_long_enough,
+    prefetch,
+    sharded_batch,
+    validation_batch,
+    validation_set,
+)
+from jaxgpt.data.prepared import (
+    WORKERS_ENV,
+    Dataset,
+    TokenShards,
+    cache_folder,
+    cache_root,
+    prepare,
+    stop_for_damage,
+    tokenizing_workers,
+)
+from jaxgpt.data.sources import read_documents
+
+__all__ = [
+    "EVAL_TRAIN_STREAM",
+    "TRAIN_STREAM",
+    "WORKERS_ENV",
+    "Dataset",
+    "TokenShards",
+    "ValidationSet",
+    "aligned_starts",
+    "batch_at",
+    "cache_folder",
+    "cache_root",
+    "check_long_enough",
+    "prefetch",
+    "prepare",
+    "read_documents",
+    "sharded_batch",
+    "stop_for_damage",
+    "tokenizing_workers",
+    "validation_batch",
+    "validation_set",
+]

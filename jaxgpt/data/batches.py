@@ -1,0 +1,167 @@
+"""How batches are cut from the cached tokens: windows of block_size + 1 tokens.
+
+Batches are a pure function of (seed, step): a resumed run sees exactly the batches it would
+have seen, with no iterator state to save. Validation is a fixed set of windows, the same at
+every evaluation.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import queue
+import threading
+from collections.abc import Callable, Iterable, Iterator
+
+import numpy as np
+
+from jaxgpt.data.prepared import Dataset
+from jaxgpt.errors import UserError
+
+TRAIN_STREAM, EVAL_TRAIN_STREAM = 0, 2  # stream 1 was random validation windows, now fixed ones
+
+
+def batch_at(
+    tokens: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    stream: int,
+    index: int,
+    rows: slice = slice(None),
+    starts: np.ndarray | None = None,
+) -> np.ndarray:
+    """Batch number `index` of a stream: (batch_size, seq_len + 1) int32 windows at random
+    offsets drawn from (seed, stream, index) alone: anywhere, or among `starts` when given
+    (aligned_starts). Inputs are [:, :-1], targets [:, 1:]. `rows` reads only part of the batch
+    (one process's share): the offsets of the whole batch are drawn, so every process agrees on
+    them, but only those rows are read."""
+    rng = np.random.default_rng([seed, stream, index])
+    if starts is None:
+        offsets = rng.integers(0, len(tokens) - seq_len, size=batch_size)[rows]
+    else:
+        offsets = starts[rng.integers(0, len(starts), size=batch_size)[rows]]
+    return np.stack([tokens[s : s + seq_len + 1] for s in offsets]).astype(np.int32)
+
+
+def aligned_starts(documents: np.ndarray, split_tokens: int, seq_len: int) -> np.ndarray:
+    """Where a document-aligned window (data.align_to_documents) may begin in the first
+    `split_tokens` tokens: at a document's start and, in a document longer than a window,
+    every seq_len tokens after it, so its later parts are read too (in whole windows, never
+    from the middle of one); only where seq_len + 1 tokens follow inside the split. A document
+    shorter than a window is followed in it by the next ones, packed as without alignment."""
+    documents = documents[documents < split_tokens]
+    ends = np.append(documents[1:], split_tokens)
+    chunks = np.maximum(1, -(-(ends - documents) // seq_len))  # windows to cover each document
+    first_of_document = np.repeat(np.cumsum(chunks) - chunks, chunks)
+    starts = np.repeat(documents, chunks) + seq_len * (np.arange(chunks.sum()) - first_of_document)
+    return starts[starts + seq_len + 1 <= split_tokens]
+
+
+@dataclasses.dataclass(frozen=True)
+class ValidationSet:
+    """The windows every evaluation scores: the same tokens each time, so two evaluations of
+    one checkpoint agree bit for bit and runs compare. `starts` are window offsets into the
+    validation split, `batch_size` windows per evaluation batch."""
+
+    starts: np.ndarray
+    seq_len: int
+    batch_size: int
+    split_tokens: int
+    target_bytes: int  # UTF-8 bytes of text the scored (target) tokens stand for
+
+    @property
+    def batches(self) -> int:
+        return len(self.starts) // self.batch_size
+
+    @property
+    def target_tokens(self) -> int:
+        return len(self.starts) * self.seq_len
+
+    def describe(self) -> str:
+        where = "from the start" if self.contiguous else "spread over all"
+        return (
+            f"validation: {self.target_tokens:,} tokens in {len(self.starts)} fixed windows of {self.seq_len} "
+            f"{where} of the {self.split_tokens:,}-token split, {self.target_bytes:,} bytes of text"
+        )
+
+    @property
+    def contiguous(self) -> bool:
+        return bool(np.all(np.diff(self.starts) == self.seq_len))
+
+
+def validation_set(tokens: np.ndarray, token_bytes: np.ndarray, seq_len: int, batch_size: int, batches: int):
+    """`batches` x `batch_size` windows of the validation split: back to back from its start
+    when it is long enough (a fixed prefix), else spread evenly over all of it (overlapping)."""
+    count = batches * batch_size
+    if count * seq_len + 1 <= len(tokens):
+        starts = np.arange(count) * seq_len
+    else:
+        starts = np.linspace(0, len(tokens) - seq_len - 1, count).round().astype(np.int64)
+    # bytes of each window's targets from running totals: memory in the split's length, not
+    # in windows x seq_len (overlapping windows would repeat tokens)
+    running = np.concatenate([[0], np.cumsum(token_bytes[tokens], dtype=np.int64)])
+    target_bytes = int((running[starts + seq_len + 1] - running[starts + 1]).sum())
+    return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes)
+
+
+def validation_batch(tokens: np.ndarray, validation: ValidationSet, mesh, index: int):
+    """Evaluation batch `index` of the fixed validation set, sharded over `mesh`."""
+    from jaxgpt.sharding import global_batch
+
+    b, t = validation.batch_size, validation.seq_len
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        starts = validation.starts[index * b + start : index * b + stop]
+        return np.stack([tokens[s : s + t + 1] for s in starts]).astype(np.int32)
+
+    return global_batch(mesh, rows, b)
+
+
+def sharded_batch(tokens: np.ndarray, run, mesh, index: int, stream: int = TRAIN_STREAM, starts=None):
+    """Batch `index` of a stream for `run` (a RunConfig) as one array sharded over `mesh`'s
+    data axes, windows at `starts` when given; each process reads only its own rows."""
+    from jaxgpt.sharding import global_batch  # numpy-only callers of this module need no JAX
+
+    t = run.train
+
+    def rows(start: int, stop: int) -> np.ndarray:
+        part = slice(start, stop)
+        return batch_at(tokens, run.model.block_size, t.batch_size, t.seed, stream, index, part, starts)
+
+    return global_batch(mesh, rows, t.batch_size)
+
+
+def check_long_enough(dataset: Dataset, seq_len: int) -> None:
+    for split, tokens in (("train", dataset.train), ("val", dataset.val)):
+        if len(tokens) < seq_len + 1:
+            raise UserError(
+                f"the {split} split has {len(tokens)} tokens, fewer than model.block_size + 1 = {seq_len + 1}; "
+                "use a longer corpus, a smaller model.block_size, or another data.val_fraction"
+            )
+
+
+def prefetch(make: Callable[[int], object], indices: Iterable[int], depth: int = 2) -> Iterator[object]:
+    """make(i) for each index, computed `depth` ahead on a host thread so the device never
+    waits for numpy slicing or host-to-device copies."""
+    q: queue.Queue = queue.Queue(maxsize=depth)
+    stop = threading.Event()
+    done = object()
+
+    def work():
+        try:
+            for i in indices:
+                if stop.is_set():
+                    return
+                q.put(make(i))
+        except BaseException as error:  # re-raised in the consumer
+            q.put(error)
+        q.put(done)
+
+    threading.Thread(target=work, daemon=True).start()
+    try:
+        while (item := q.get()) is not done:
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
