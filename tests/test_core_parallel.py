@@ -12,7 +12,7 @@ from jaxgpt import sharding
 from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import core_parallel, runtime
-from jaxgpt.hardware.core_parallel import CoreParallelStep, usable_cores
+from jaxgpt.hardware.core_parallel import CoreParallelStep, cores_sharing_the_batch
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import create_train_state, eval_step, train_step
@@ -131,7 +131,7 @@ def test_evaluation_on_cores_gives_the_one_device_losses():
 )
 def test_usable_cores_share_the_batch_evenly(batch_size, microbatches, cores, expected):
     run = RunConfig(MODEL, DataConfig(), TrainConfig(batch_size=batch_size, microbatches=microbatches))
-    assert usable_cores(run, cores) == expected
+    assert cores_sharing_the_batch(run, cores) == expected
 
 
 def test_plan_picks_microbatches_per_core_and_says_so():

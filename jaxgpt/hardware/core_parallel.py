@@ -48,7 +48,7 @@ def cores_for(mesh) -> list:
     return [mesh.devices.flat[0]]
 
 
-def usable_cores(run: RunConfig, cores: int) -> int:
+def cores_sharing_the_batch(run: RunConfig, cores: int) -> int:
     """How many of `cores` can take an equal share of the batch: the largest count, at most
     `cores`, dividing batch_size (and batch_size / microbatches when those are set)."""
     rows = run.train.batch_size // (run.train.microbatches or 1)
@@ -166,7 +166,7 @@ def plan(run: RunConfig, devices: list) -> CorePlan:
     """How a one-device CPU run uses `devices` (one per core): as many cores as share the batch
     evenly, each with the fewest microbatches whose program fits the CPU's cache
     (jaxgpt/hardware/autotune.py, applied to one core's rows on one device)."""
-    n = usable_cores(run, len(devices))
+    n = cores_sharing_the_batch(run, len(devices))
     if n == 1:
         return CorePlan(run, devices[:1], None)
     per_core = with_train(run, batch_size=run.train.batch_size // n)

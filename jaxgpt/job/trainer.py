@@ -26,6 +26,7 @@ import math
 import time
 from functools import partial
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
 import numpy as np
@@ -140,6 +141,38 @@ def mean_losses(batches: list[dict]) -> dict[str, float]:
     return {key: float(np.mean([b[key] for b in batches])) for key in batches[0]}
 
 
+class Due(NamedTuple):
+    """What is due after a step: a metrics record, an evaluation, a checkpoint, the questions."""
+
+    logs: bool
+    evals: bool
+    saves: bool
+    asks: bool
+
+
+class Interval:
+    """The loop's bookkeeping between two host syncs: the steps' metrics still on the device,
+    the training losses of the logging interval (carried over a resume in the checkpoint's
+    record), and the clocks that keep evaluation and checkpointing out of training time."""
+
+    def __init__(self, start):
+        self.pending: list[dict] = []  # device-side metrics since the last fetch
+        self.losses = list(start.carried_losses)  # host-side losses of the current logging interval
+        self.last: dict = {"step": start.step}  # the latest metrics record
+        self.elapsed_before = start.elapsed_before
+        self.clock = self.started = time.perf_counter()
+        self.training_seconds = 0.0  # this session's, evaluation and checkpointing left out
+
+    def close(self) -> tuple[float, float]:
+        """(seconds of training since the interval started, the run's elapsed seconds)."""
+        now = time.perf_counter()
+        self.training_seconds += now - self.started
+        return now - self.started, self.elapsed_before + now - self.clock
+
+    def restart(self) -> None:
+        self.started = time.perf_counter()
+
+
 class Trainer:
     """A run's compiled steps, data, mesh and checkpoints, and the loop that uses them."""
 
@@ -178,82 +211,93 @@ class Trainer:
             self.say(f"already trained to step {start.step}; raise train.steps to continue")
             return {"step": start.step}
         first_batch = self.batch(start.step)
-        train_step = self._compile(first_batch)
+        step_fn = self._compile(first_batch)
         batches = data.prefetch(self.batch, range(start.step + 1, t.steps))
-
-        pending: list[dict] = []  # device-side metrics since the last fetch
-        losses = list(start.carried_losses)  # host-side losses of the current logging interval
-        last: dict = {"step": start.step}
-        clock = interval_start = time.perf_counter()
-        training_seconds = 0.0  # this session's, evaluation and checkpointing left out
+        interval = Interval(start)
         # disable=None: no bar where stderr is not a terminal (a log file would get one endless
         # line of redrawn bars); each logged step is then a line of its own instead
         bar = tqdm(total=t.steps, initial=start.step, desc="train", unit="step", disable=None if progress else True)
-        lines_for_a_file = progress and bar.disable
         with StopRequests(self.say) as stops, self._metrics_log(start.step) as log, contextlib.closing(bar):
             for step in range(start.step, t.steps):
-                self.state, metrics = train_step(self.state, first_batch if step == start.step else next(batches))
-                pending.append(metrics)
+                self.state, metrics = step_fn(self.state, first_batch if step == start.step else next(batches))
+                interval.pending.append(metrics)
                 bar.update(1)
                 done = step + 1
                 stopping = stops.reason is not None or done == stop_at
-                logs = done % t.log_every == 0 or done == t.steps
-                evals = done % t.eval_every == 0 or done == t.steps
-                saves = done % t.checkpoint_every == 0 or done == t.steps or stopping
-                asks = bool(self.questions) and (done == t.steps or done % (t.multiple_choice_every or t.steps) == 0)
-                if not (logs or evals or saves or asks):
-                    continue
-                fetched, pending = jax.device_get(pending), []  # the only host sync in the loop
-                check_finite(fetched, done - len(fetched) + 1, self.state.params, self.checkpoints, t.lr)
-                self.checkpoints.check_for_errors()  # a failed save is reported within one interval
-                # a large corpus is hashed while training: damage stops the run, and the last
-                # checkpoint waits for the whole check
-                if problem := self.dataset.damage(wait=saves and done == t.steps):
-                    raise data.stop_for_damage(self.dataset, problem, done)
-                losses += [float(m["loss"]) for m in fetched]
-                now = time.perf_counter()
-                training_seconds += now - interval_start
-                elapsed = start.elapsed_before + now - clock
-                if logs or evals or asks:
-                    last = self._record(done, losses, fetched, now - interval_start, elapsed)
-                    if evals:
-                        last |= self.evaluate()
-                        self.say(
-                            f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f} "
-                            f"({last['val_bpb']:.4f} bits/byte)"
-                            + (f", past-only {last['val_loss_past_only']:.4f}" if "val_loss_past_only" in last else "")
-                        )
-                    if asks:
-                        last |= self.ask_questions(done)
-                    log.write(last)
-                    bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
-                    if lines_for_a_file:
-                        self.say(
-                            f"step {done}/{t.steps}: loss {last['train_loss']:.4f}, "
-                            f"{last['tokens_per_sec']:,.0f} tokens/s, {last['elapsed_sec']:.0f} s"
-                        )
-                    losses = []
-                if saves:
-                    record = checkpoint_record(done, elapsed, losses, self.config, self.dataset.tokenizer)
-                    self.checkpoints.save(done, self.state, record)
+                if due := self._due(done, stopping):
+                    interval.last = self._boundary(done, due, interval, log, bar, lines=progress and bar.disable)
                 if stopping and done < t.steps:
                     self.checkpoints.wait()
-                    self.say(
-                        f"stopped at step {done} ({stops.reason or f'stop_at={stop_at}'}); checkpoint written. "
-                        "Rerun the same command to resume"
-                    )
-                    return last | {"step": done, "stopped": stops.reason or f"stop_at={stop_at}"}
-                interval_start = time.perf_counter()  # eval/checkpoint time is not training time
+                    why = stops.reason or f"stop_at={stop_at}"
+                    self.say(f"stopped at step {done} ({why}); checkpoint written. Rerun the same command to resume")
+                    return interval.last | {"step": done, "stopped": why}
         self.checkpoints.wait()
-        tokens_per_sec = (t.steps - start.step) * self.tokens_per_step / training_seconds
+        self.say(self._summary(interval, t.steps - start.step))
+        return interval.last
+
+    def _due(self, done: int, stopping: bool) -> Due | None:
+        """What the host must do after step `done`, or None when nothing is due."""
+        t = self.config.train
+        due = Due(
+            logs=done % t.log_every == 0 or done == t.steps,
+            evals=done % t.eval_every == 0 or done == t.steps,
+            saves=done % t.checkpoint_every == 0 or done == t.steps or stopping,
+            asks=bool(self.questions) and (done == t.steps or done % (t.multiple_choice_every or t.steps) == 0),
+        )
+        return due if any(due) else None
+
+    def _boundary(self, done: int, due: Due, interval: Interval, log: MetricsLog, bar, lines: bool) -> dict:
+        """Everything the host does after step `done`: fetch the interval's metrics (the loop's
+        only host sync) and check them, then log, evaluate, ask the questions and checkpoint,
+        as each is due. Returns the latest metrics record."""
+        t = self.config.train
+        logs, evals, saves, asks = due
+        fetched, interval.pending = jax.device_get(interval.pending), []
+        check_finite(fetched, done - len(fetched) + 1, self.state.params, self.checkpoints, t.lr)
+        self.checkpoints.check_for_errors()  # a failed save is reported within one interval
+        # a large corpus is hashed while training: damage stops the run, and the last
+        # checkpoint waits for the whole check
+        if problem := self.dataset.damage(wait=saves and done == t.steps):
+            raise data.stop_for_damage(self.dataset, problem, done)
+        interval.losses += [float(m["loss"]) for m in fetched]
+        seconds, elapsed = interval.close()
+        last = interval.last
+        if logs or evals or asks:
+            last = self._record(done, interval.losses, fetched, seconds, elapsed)
+            if evals:
+                last |= self.evaluate()
+                self.say(
+                    f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f} "
+                    f"({last['val_bpb']:.4f} bits/byte)"
+                    + (f", past-only {last['val_loss_past_only']:.4f}" if "val_loss_past_only" in last else "")
+                )
+            if asks:
+                last |= self.ask_questions(done)
+            log.write(last)
+            bar.set_postfix(loss=f"{last['train_loss']:.3f}", tok_s=f"{last['tokens_per_sec']:,.0f}")
+            if lines:
+                self.say(
+                    f"step {done}/{t.steps}: loss {last['train_loss']:.4f}, "
+                    f"{last['tokens_per_sec']:,.0f} tokens/s, {last['elapsed_sec']:.0f} s"
+                )
+            interval.losses = []
+        if saves:
+            record = checkpoint_record(done, elapsed, interval.losses, self.config, self.dataset.tokenizer)
+            self.checkpoints.save(done, self.state, record)
+        interval.restart()  # eval/checkpoint time is not training time
+        return last
+
+    def _summary(self, interval: Interval, steps: int) -> str:
+        """The closing line: where the run ended, and its average speed over the steps trained here."""
+        last = interval.last
+        tokens_per_sec = steps * self.tokens_per_step / interval.training_seconds
         mfu = model_flops_utilisation(tokens_per_sec * self.flops_per_token, self.peak_flops)
-        self.say(
+        return (
             f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f} "
             f"({last.get('val_bpb', float('nan')):.4f} bits/byte), {last['elapsed_sec']:.0f} s; "
-            f"averaged over the {t.steps - start.step} steps trained here: {tokens_per_sec:,.0f} tokens/s, "
+            f"averaged over the {steps} steps trained here: {tokens_per_sec:,.0f} tokens/s, "
             f"{describe_mfu(mfu)}; checkpoints in {self.checkpoints.directory}"
         )
-        return last
 
     def batch(self, step: int) -> jax.Array:
         """Training batch `step` as one array sharded over the devices the train step splits it
