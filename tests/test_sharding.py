@@ -10,9 +10,8 @@ import numpy as np
 import pytest
 from conftest import run_script, small_run_config
 
-from jaxgpt import data, sharding
+from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MeshConfig
-from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.job.trainer import Trainer, train_and_evaluate
 
@@ -61,10 +60,11 @@ def test_the_cpu_speed_settings_train_like_the_plain_step(one_device, tmp_path):
 
 
 def trainer_for(mesh: dict) -> Trainer:
-    c = config(mesh)
-    dataset = data.prepare(resolve(c).data, progress=False)
-    run = resolve(c, vocab_size=dataset.tokenizer.vocab_size)
-    return Trainer(run, dataset, Path(tempfile.mkdtemp()), lambda message: None)
+    from jaxgpt.job import setup
+
+    workdir, say = Path(tempfile.mkdtemp()), lambda message: None
+    resolved = setup.resolve_run(config(mesh), workdir, progress=False, verify_data=False)
+    return Trainer(resolved, setup.place_run(resolved.run, say), workdir, say)
 
 
 def test_parameters_are_placed_by_the_rules():

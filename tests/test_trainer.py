@@ -136,17 +136,16 @@ def test_a_short_validation_split_is_covered_by_spread_windows():
 
 def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logged(trained):
     workdir = trained[0]
-    from jaxgpt import data
+    from jaxgpt.job import setup
     from jaxgpt.job.resume import restore_or_start
     from jaxgpt.job.trainer import Trainer
 
-    run = resolve(small_config(), vocab_size=1)
-    dataset = data.prepare(run.data, progress=False)
-    run = resolve(small_config(), vocab_size=dataset.tokenizer.vocab_size)
-    trainer = Trainer(run, dataset, workdir, lambda message: None)
+    resolved = setup.resolve_run(small_config(), workdir, progress=False, verify_data=False)
+    trainer = Trainer(resolved, setup.place_run(resolved.run, print), workdir, lambda message: None)
+    run, tokenizer = trainer.config, resolved.dataset.tokenizer
     try:
         start = restore_or_start(
-            trainer.checkpoints, trainer.state, run, dataset.tokenizer, workdir, main=False, say=print, warn=print
+            trainer.checkpoints, trainer.state, run, tokenizer, workdir, main=False, say=print, warn=print
         )
         trainer.state = start.state
         first, second = trainer.evaluate(), trainer.evaluate()

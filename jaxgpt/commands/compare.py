@@ -259,7 +259,7 @@ def _compare(argv: list[str] | None) -> None:
     from jaxgpt.hardware import runtime
 
     runtime.configure(warn=warn)
-    from jaxgpt.job.trainer import check_runnable
+    from jaxgpt.job.setup import check_runnable
 
     for variant in variants(vary):  # every variant checked as train.py would, before the first run
         check_runnable(with_values(config, variant))

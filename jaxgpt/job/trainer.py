@@ -21,7 +21,6 @@ second Ctrl-C stops at once.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import time
 from functools import partial
@@ -30,33 +29,23 @@ from typing import NamedTuple
 
 import jax
 import numpy as np
-from jax.experimental import multihost_utils
 from tqdm import tqdm
 
-from jaxgpt import data, multiple_choice, sharding
-from jaxgpt.config import RunConfig
-from jaxgpt.config_files import resolve
-from jaxgpt.errors import UserError, warn
-from jaxgpt.hardware import memory, runtime
+from jaxgpt import data, multiple_choice
+from jaxgpt.errors import warn
+from jaxgpt.hardware import runtime
 from jaxgpt.hardware.distributed import is_main_process
-from jaxgpt.hardware.mesh_step import initial_state
-from jaxgpt.hardware.peak_flops import peak_flops
-from jaxgpt.hardware.step_choice import choose_step
-from jaxgpt.job import workdir as run_dir
+from jaxgpt.job import setup
 from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import (
     MetricsLog,
-    check_sinks_available,
     describe_mfu,
     model_flops_utilisation,
     training_record,
 )
-from jaxgpt.job.resume import check_init_from_run, checkpoint_record, restore_or_start
+from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import StopRequests, check_finite
-from jaxgpt.kernels import kernel_fallback
-from jaxgpt.model import count_params, flops_per_token
 from jaxgpt.optimizer import learning_rate_schedule
-from jaxgpt.tokenizers import save_tokenizer
 from jaxgpt.train_step import per_layer
 
 
@@ -83,57 +72,26 @@ def train_and_evaluate(
         (`data.prepare` always checks its size, and the checksum of small files).
     """
     runtime.enable_compilation_cache()  # as train.py does: a notebook's second run skips compilation
-    if stop_at is not None and from_step is not None and stop_at <= from_step:
-        raise UserError(f"--stop_at {stop_at} is not after --from_step {from_step}; give a later step to stop at")
+    setup.check_stops(stop_at, from_step)
     workdir = Path(workdir)
-    if workdir.exists() and not workdir.is_dir():
-        raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
-    notes: list[str] = []
-    run = check_runnable(config, notes)  # validate before slow work
-    dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
-    if not isinstance(config, RunConfig):
-        run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
-    data.check_long_enough(dataset, run.model.block_size)
-    check_init_from_run(run)
-    # before the workdir, a state or a batch exists
-    memory.check_fits(run, sharding.make_mesh(run.mesh, runtime.mesh_devices()))
-
+    resolved = setup.resolve_run(config, workdir, progress=progress, verify_data=verify_data)
     main = is_main_process()  # in a multi-process run, process 0 prints and writes the run's files
     say = tqdm.write if progress and main else (lambda message: None)
-    for note in notes:
+    for note in resolved.notes:
         say(f"note: {note}")
-    if fresh and main and workdir.exists() and any(workdir.iterdir()):
-        say(f"--fresh: moved the earlier run to {run_dir.move_aside(workdir)}")
-    if fresh and jax.process_count() > 1:
-        multihost_utils.sync_global_devices("jaxgpt: workdir moved aside")
-    run_dir.make(workdir)
-    with run_dir.locked(workdir) if main else contextlib.nullcontext():
-        trainer = Trainer(run, dataset, workdir, say)
+    with setup.opened(workdir, fresh=fresh, main=main, say=say):
+        trainer = Trainer(resolved, setup.place_run(resolved.run, say), workdir, say)
         with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
             start = restore_or_start(  # refuses an incompatible run before anything is written
-                trainer.checkpoints, trainer.state, trainer.config, dataset.tokenizer, workdir,
+                trainer.checkpoints, trainer.state, trainer.config, resolved.dataset.tokenizer, workdir,
                 main=main, say=say, warn=warn,
             )  # fmt: skip
-            if stop_at is not None and stop_at <= start.step:
-                raise UserError(
-                    f"--stop_at {stop_at} is at or before step {start.step}, where this run resumes; give a later "
-                    f"step (or --from_step {stop_at} to go back to a kept checkpoint)"
-                )
+            setup.check_stops(stop_at, from_step, resumed_at=start.step)
             if main:
-                (workdir / "config.json").write_text(json.dumps(trainer.config.to_dict(), indent=2))
-                save_tokenizer(dataset.tokenizer, workdir / "tokenizer.json")
+                setup.write_run(workdir, trainer.config, resolved.dataset.tokenizer)
             return trainer.train(start, progress=progress and main, stop_at=stop_at)
-
-
-def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
-    """The run `config` describes, if it can train here: a valid config, its logging sinks
-    installed, its attention kernel available on this backend; else one UserError line."""
-    run = config if isinstance(config, RunConfig) else resolve(config, notes=notes)
-    check_sinks_available(run.train.wandb_project)
-    kernel_fallback(run.model.attention, jax.default_backend(), training=True)
-    return run
 
 
 def mean_losses(batches: list[dict]) -> dict[str, float]:
@@ -176,21 +134,15 @@ class Interval:
 class Trainer:
     """A run's compiled steps, data, mesh and checkpoints, and the loop that uses them."""
 
-    def __init__(self, config: RunConfig, dataset: data.Dataset, workdir: Path, say):
+    def __init__(self, resolved: setup.ResolvedRun, placed: setup.PlacedRun, workdir: Path, say):
+        config, dataset = placed.run, resolved.dataset
         t = config.train
+        self.config, self.dataset, self.workdir, self.say, self.placed = config, dataset, workdir, say, placed
+        self.mesh, self.step, self.state = placed.mesh, placed.step, placed.state
         limit = t.multiple_choice_limit or None
         self.questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
-        self.mesh = sharding.make_mesh(config.mesh, runtime.mesh_devices())
-        config, self.step, note = choose_step(config, self.mesh)  # jaxgpt/hardware/step_choice.py
-        if note:
-            say(note)
-        self.config, self.dataset, self.workdir, self.say = config, dataset, workdir, say
-        self.schedule = learning_rate_schedule(config.train)
-        self.state = initial_state(config, self.mesh)
-        self.checkpoints = Checkpoints(workdir / "checkpoints", config.train.keep_checkpoints)
-        self.tokens_per_step = config.train.batch_size * config.model.block_size
-        self.flops_per_token = flops_per_token(config.model, config.model.block_size)
-        self.peak_flops, self.peak_source = peak_flops(self.mesh.devices.flatten().tolist())
+        self.schedule = learning_rate_schedule(t)
+        self.checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints)
         self.train_starts = None  # training windows at any offset, unless aligned to documents
         if config.data.align_to_documents:
             # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
@@ -205,7 +157,7 @@ class Trainer:
         so the host never stalls the accelerator in between."""
         t = self.config.train
         self.state = start.state
-        self.say(self._describe())
+        self.say(self.placed.describe(self.state))
         self.say(self.validation.describe())
         if start.step >= t.steps:
             self.say(f"already trained to step {start.step}; raise train.steps to continue")
@@ -290,8 +242,8 @@ class Trainer:
     def _summary(self, interval: Interval, steps: int) -> str:
         """The closing line: where the run ended, and its average speed over the steps trained here."""
         last = interval.last
-        tokens_per_sec = steps * self.tokens_per_step / interval.training_seconds
-        mfu = model_flops_utilisation(tokens_per_sec * self.flops_per_token, self.peak_flops)
+        tokens_per_sec = steps * self.placed.tokens_per_step / interval.training_seconds
+        mfu = model_flops_utilisation(tokens_per_sec * self.placed.flops_per_token, self.placed.peak_flops)
         return (
             f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f} "
             f"({last.get('val_bpb', float('nan')):.4f} bits/byte), {last['elapsed_sec']:.0f} s; "
@@ -352,11 +304,11 @@ class Trainer:
             losses=losses,
             lr=float(self.schedule(done - 1)),
             grad_norm=float(fetched[-1]["grad_norm"]),
-            tokens=self.tokens_per_step * len(fetched),
+            tokens=self.placed.tokens_per_step * len(fetched),
             seconds=seconds,
             devices=self.mesh.size,
-            flops_per_token=self.flops_per_token,
-            peak_flops=self.peak_flops,
+            flops_per_token=self.placed.flops_per_token,
+            peak_flops=self.placed.peak_flops,
             elapsed=elapsed,
         )
         if "layer_grad_norms" in fetched[-1]:  # train.log_layer_grad_norms
@@ -372,14 +324,4 @@ class Trainer:
             wandb_project=t.wandb_project,
             run_config=self.config.to_dict(),
             resume_step=start_step,
-        )
-
-    def _describe(self) -> str:
-        mesh = ", ".join(f"{axis}={size}" for axis, size in self.mesh.shape.items())
-        return (
-            f"model: {count_params(self.state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
-            f"mesh {mesh} over {self.mesh.size} x {jax.devices()[0].device_kind}; per device: params "
-            f"{sharding.bytes_per_device(self.state.params) / 2**20:,.1f} MiB, optimizer state "
-            f"{sharding.bytes_per_device(self.state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
-            f"GFLOP/s ({self.peak_source})"
         )

@@ -1,0 +1,144 @@
+"""Everything a run does before its first step, as stages read top to bottom (the trainer calls
+them in this order, and nothing before the loop happens anywhere else):
+
+  resolve_run   the config checked and resolved once: its data prepared, vocab_size filled in,
+                and the run checked against the data and this machine's memory from shapes
+                alone, before a workdir, a state or a batch exists
+  opened        the workdir made (an earlier run moved aside for --fresh) and locked
+  place_run     the devices' mesh, the step chosen for it (one program per CPU core, or one
+                over the mesh: jaxgpt/hardware/step_choice.py) and the state born sharded, with
+                the figures the loop reports against (tokens per step, FLOPs per token, peak)
+  write_run     config.json and tokenizer.json, once the workdir's checkpoints are known to
+                belong to this run
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import json
+from pathlib import Path
+
+import jax
+from jax.experimental import multihost_utils
+
+from jaxgpt import data, sharding
+from jaxgpt.config import RunConfig
+from jaxgpt.config_files import resolve
+from jaxgpt.errors import UserError
+from jaxgpt.hardware import memory, runtime
+from jaxgpt.hardware.mesh_step import initial_state
+from jaxgpt.hardware.peak_flops import peak_flops
+from jaxgpt.hardware.step_choice import Step, choose_step
+from jaxgpt.job import workdir as run_dir
+from jaxgpt.job.metrics import check_sinks_available
+from jaxgpt.job.resume import check_init_from_run
+from jaxgpt.kernels import kernel_fallback
+from jaxgpt.model import count_params, flops_per_token
+from jaxgpt.tokenizers import save_tokenizer
+from jaxgpt.train_step import TrainState
+
+
+def check_stops(stop_at: int | None, from_step: int | None, resumed_at: int | None = None) -> None:
+    """One line for a --stop_at that could never be reached: not after --from_step, or (once
+    the run is restored) at or before the step it resumes from."""
+    if stop_at is not None and from_step is not None and stop_at <= from_step:
+        raise UserError(f"--stop_at {stop_at} is not after --from_step {from_step}; give a later step to stop at")
+    if stop_at is not None and resumed_at is not None and stop_at <= resumed_at:
+        raise UserError(
+            f"--stop_at {stop_at} is at or before step {resumed_at}, where this run resumes; give a later "
+            f"step (or --from_step {stop_at} to go back to a kept checkpoint)"
+        )
+
+
+@dataclasses.dataclass
+class ResolvedRun:
+    run: RunConfig  # every field filled in, vocab_size from the data
+    dataset: data.Dataset
+    notes: list[str]  # what resolving changed, for the start-up lines
+
+
+def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
+    """The run `config` describes, if it can train here: a valid config, its logging sinks
+    installed, its attention kernel available on this backend; else one UserError line."""
+    run = config if isinstance(config, RunConfig) else resolve(config, notes=notes)
+    check_sinks_available(run.train.wandb_project)
+    kernel_fallback(run.model.attention, jax.default_backend(), training=True)
+    return run
+
+
+def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> ResolvedRun:
+    """Stage 1: the run, checked and resolved, and its prepared data."""
+    if workdir.exists() and not workdir.is_dir():
+        raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
+    notes: list[str] = []
+    run = check_runnable(config, notes)  # every check that needs no data, before the slow work
+    dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
+    if not isinstance(config, RunConfig):  # the vocabulary is the data's (a character corpus)
+        run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
+    data.check_long_enough(dataset, run.model.block_size)
+    check_init_from_run(run)
+    memory.check_fits(run, sharding.make_mesh(run.mesh, runtime.mesh_devices()))
+    return ResolvedRun(run, dataset, notes)
+
+
+@contextlib.contextmanager
+def opened(workdir: Path, *, fresh: bool, main: bool, say):
+    """Stage 2: the workdir, made and (by the main process) locked for the run's whole length."""
+    if fresh and main and workdir.exists() and any(workdir.iterdir()):
+        say(f"--fresh: moved the earlier run to {run_dir.move_aside(workdir)}")
+    if fresh and jax.process_count() > 1:
+        multihost_utils.sync_global_devices("jaxgpt: workdir moved aside")
+    run_dir.make(workdir)
+    with run_dir.locked(workdir) if main else contextlib.nullcontext():
+        yield
+
+
+@dataclasses.dataclass
+class PlacedRun:
+    run: RunConfig  # train.microbatches filled in by the step's choice
+    mesh: jax.sharding.Mesh
+    step: Step
+    state: TrainState  # step 0's, born sharded
+    tokens_per_step: int
+    flops_per_token: float
+    peak_flops: float  # of all the mesh's devices, what MFU is measured against
+    peak_source: str  # where that figure comes from, said once at the start
+
+    def describe(self, state: TrainState) -> str:
+        """The start-up line for `state` (step 0's, or as restored: the same shapes and layout):
+        the model's size, the mesh, the memory per device, the peak."""
+        mesh = self.mesh
+        axes = ", ".join(f"{axis}={size}" for axis, size in mesh.shape.items())
+        return (
+            f"model: {count_params(state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
+            f"mesh {axes} over {mesh.size} x {jax.devices()[0].device_kind}; per device: params "
+            f"{sharding.bytes_per_device(state.params) / 2**20:,.1f} MiB, optimizer state "
+            f"{sharding.bytes_per_device(state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
+            f"GFLOP/s ({self.peak_source})"
+        )
+
+
+def place_run(run: RunConfig, say) -> PlacedRun:
+    """Stage 3: the run on this machine's devices."""
+    mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
+    run, step, note = choose_step(run, mesh)
+    if note:
+        say(note)
+    peak, source = peak_flops(mesh.devices.flatten().tolist())
+    return PlacedRun(
+        run=run,
+        mesh=mesh,
+        step=step,
+        state=initial_state(run, mesh),
+        tokens_per_step=run.train.batch_size * run.model.block_size,
+        flops_per_token=flops_per_token(run.model, run.model.block_size),
+        peak_flops=peak,
+        peak_source=source,
+    )
+
+
+def write_run(workdir: Path, run: RunConfig, tokenizer) -> None:
+    """Stage 4: what a reader of the workdir needs beside the checkpoints."""
+    (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
+    save_tokenizer(tokenizer, workdir / "tokenizer.json")
