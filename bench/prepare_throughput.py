@@ -37,7 +37,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from jaxgpt import data  # noqa: E402
-from jaxgpt.config import DataConfig, usable_cores  # noqa: E402
+from jaxgpt.config import DataConfig  # noqa: E402
+from jaxgpt.hardware.machine import usable_cores  # noqa: E402
 from jaxgpt.hardware.peak_flops import describe_cpu  # noqa: E402
 
 

@@ -24,6 +24,7 @@ os.environ.setdefault("JAX_PLATFORMS", "cpu")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from jaxgpt import data  # noqa: E402
 from jaxgpt.config_files import resolve  # noqa: E402
 from jaxgpt.hardware import tpu  # noqa: E402
 from jaxgpt.hardware.peak_flops import describe_cpu  # noqa: E402
@@ -40,7 +41,7 @@ def measure(config_name: str, target_name: str) -> dict:
     config.mesh.data = max(
         d for d in range(1, len(devices) + 1) if config.train.batch_size % d == 0 and len(devices) % d == 0
     )
-    run = resolve(config, vocab_size=tpu.vocab_size_for(config))
+    run = resolve(config, vocab_size=data.vocab_size_for(config))
     row = dict(config=config_name, target=target_name, mesh=config.mesh.data)
     started = time.perf_counter()
     try:

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
-from pathlib import Path
 
 from jaxgpt.errors import UserError
 
@@ -27,18 +25,6 @@ ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
-
-
-def cache_root() -> Path:
-    """Where jaxgpt keeps what it derives and can rebuild (prepared tokens, compiled programs,
-    the CPU's measured peak): $JAXGPT_CACHE, else ~/.cache/jaxgpt."""
-    return Path(os.environ.get("JAXGPT_CACHE") or Path.home() / ".cache" / "jaxgpt")
-
-
-def usable_cores() -> int:
-    """The CPU cores this process may run on: its affinity mask (what taskset, cgroups and
-    container limits leave it), which os.cpu_count() ignores."""
-    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
 
 
 class ConfigError(UserError, ValueError):

@@ -129,7 +129,7 @@ def test_evaluation_on_cores_gives_the_one_device_losses():
     "batch_size, microbatches, cores, expected",
     [(12, 0, 2, 2), (12, 0, 8, 6), (12, 0, 5, 4), (7, 0, 4, 1), (12, 4, 2, 1), (12, 4, 8, 3), (16, 2, 16, 8)],
 )
-def test_usable_cores_share_the_batch_evenly(batch_size, microbatches, cores, expected):
+def test_the_cores_sharing_the_batch_share_it_evenly(batch_size, microbatches, cores, expected):
     run = RunConfig(MODEL, DataConfig(), TrainConfig(batch_size=batch_size, microbatches=microbatches))
     assert cores_sharing_the_batch(run, cores) == expected
 

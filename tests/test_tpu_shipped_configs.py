@@ -15,6 +15,7 @@ import pytest
 from conftest import ROOT, needs_libtpu
 from test_readme import SHORTENED
 
+from jaxgpt import data
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import tpu
 from jaxgpt.model import count_params, init_params
@@ -50,7 +51,7 @@ def test_every_shipped_config_compiles_for_a_tpu_slice(config_name, name, gpt2_b
     target = tpu.target(name)
     devices = tpu.compile_only_devices(target)
     config.mesh.data = max(d for d in (1, 2, 4, 8) if config.train.batch_size % d == 0)
-    run = resolve(config, vocab_size=tpu.vocab_size_for(config))
+    run = resolve(config, vocab_size=data.vocab_size_for(config))
     step = tpu.compile_train_step(run, devices, target)
     assert step.fits(target), (config_name, step.total_bytes)
     n = count_params(jax.eval_shape(partial(init_params, run.model), jax.random.key(0)))

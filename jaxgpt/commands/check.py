@@ -54,9 +54,10 @@ def _check(argv: list[str] | None) -> None:
     if f.target:
         # Compile-only TPU devices need no TPU backend; without this, libtpu would try to start one.
         os.environ.setdefault("JAX_PLATFORMS", "cpu")
+        from jaxgpt import data
         from jaxgpt.hardware import tpu
 
-        failure = tpu.check(f.config, f.target, f.mfu)
+        failure = tpu.check(f.config, f.target, f.mfu, vocab_size=data.vocab_size_for(f.config))
         if failure:
             print(failure, file=sys.stderr)
             sys.exit(1)

@@ -32,6 +32,7 @@ from jaxgpt.data.prepared import (
     prepare,
     stop_for_damage,
     tokenizing_workers,
+    vocab_size_for,
 )
 from jaxgpt.data.sources import read_documents
 
@@ -55,4 +56,5 @@ __all__ = [
     "tokenizing_workers",
     "validation_batch",
     "validation_set",
+    "vocab_size_for",
 ]

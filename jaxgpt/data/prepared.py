@@ -35,10 +35,11 @@ from pathlib import Path
 import numpy as np
 from tqdm import tqdm
 
-from jaxgpt.config import DataConfig, usable_cores
-from jaxgpt.config import cache_root as config_cache_root
+from jaxgpt.config import DataConfig
 from jaxgpt.data.sources import document_texts, local_files, read_documents
 from jaxgpt.errors import UserError, warn
+from jaxgpt.hardware.machine import cache_root as machine_cache_root
+from jaxgpt.hardware.machine import usable_cores
 from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
 
 # Below this many documents, starting worker processes costs more than tokenizing serially.
@@ -178,7 +179,7 @@ def _split(tokens: np.ndarray, lengths: np.ndarray) -> list[np.ndarray]:
 
 
 def cache_root(config: DataConfig) -> Path:
-    return (Path(config.cache_dir) if config.cache_dir else config_cache_root()) / "data"
+    return (Path(config.cache_dir) if config.cache_dir else machine_cache_root()) / "data"
 
 
 def _fingerprint(config: DataConfig) -> str:
@@ -558,3 +559,19 @@ def _finish(config: DataConfig, staging: Path, shards: list[dict], dtype, separa
     meta |= {"documents": documents, "documents_sha256": starts_digest.hexdigest()}
     meta |= {"shards": [{k: s[k] for k in ("file", "tokens", "sha256")} for s in shards]}
     (staging / "meta.json").write_text(json.dumps(meta, indent=1))
+
+
+def vocab_size_for(config) -> int | None:
+    """The tokenizer's vocabulary size where the config leaves model.vocab_size unset (None
+    where it is set). Building the tokenizer may need the data (a char vocabulary is the
+    corpus's characters); where that fails, one line says how to check without it."""
+    if config.model.get("vocab_size"):
+        return None
+    try:
+        return prepare(config.data, progress=False).tokenizer.vocab_size
+    except Exception as error:  # noqa: BLE001 (any failure to reach the data means the same fix)
+        first_line = (str(error) or type(error).__name__).splitlines()[0]
+        raise UserError(
+            f"the vocabulary size comes from the data, which could not be read ({first_line}); "
+            "check without it by setting --config.model.vocab_size=N"
+        ) from None

@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxgpt.config import cache_root
+from jaxgpt.hardware.machine import cache_root
 
 # Dense bfloat16 peak FLOP/s per device from the vendors' datasheets (no sparsity). Matched
 # against jax's device_kind by substring, first match wins.

@@ -30,8 +30,8 @@ from pathlib import Path
 
 import jax
 
-from jaxgpt.config import cache_root, usable_cores
 from jaxgpt.errors import UserError
+from jaxgpt.hardware.machine import cache_root, usable_cores
 
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
 COMPILATION_CACHE_BYTES = 2 << 30  # configs/tiny.py's compiled train step: ~0.3 MB on CPU

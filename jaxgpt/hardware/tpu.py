@@ -229,32 +229,16 @@ def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) ->
     ]
 
 
-def vocab_size_for(config) -> int | None:
-    """The tokenizer's vocabulary size where the config leaves model.vocab_size unset (None
-    where it is set). Building the tokenizer may need the data (a char vocabulary is the
-    corpus's characters); where that fails, one line says how to check without it."""
-    if config.model.get("vocab_size"):
-        return None
-    from jaxgpt import data
-
-    try:
-        return data.prepare(config.data, progress=False).tokenizer.vocab_size
-    except Exception as error:  # noqa: BLE001 (any failure to reach the data means the same fix)
-        first_line = (str(error) or type(error).__name__).splitlines()[0]
-        raise UserError(
-            f"the vocabulary size comes from the data, which could not be read ({first_line}); "
-            "check without it by setting --config.model.vocab_size=N"
-        ) from None
-
-
-def check(config, target_name: str, mfu: float, say=print) -> str | None:
+def check(config, target_name: str, mfu: float, vocab_size: int | None = None, say=print) -> str | None:
     """`python -m jaxgpt check --target`: compile the config's train step for a TPU slice and
     report what it needs of each device. None when it fits; otherwise the one line to fail
-    with, naming the smallest change that fits (found by compiling the alternatives)."""
+    with, naming the smallest change that fits (found by compiling the alternatives).
+    `vocab_size` is the data's, where the config leaves it to the data
+    (jaxgpt.data.vocab_size_for)."""
     from jaxgpt.config_files import resolve
 
     tpu = target(target_name)
-    run = resolve(config, vocab_size=vocab_size_for(config))
+    run = resolve(config, vocab_size=vocab_size)
     devices = compile_only_devices(tpu)
     say(f"compiling the train step for {tpu.name} ({len(devices)} compile-only device{'s' * (len(devices) > 1)})...")
     try:

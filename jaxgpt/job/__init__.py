@@ -1,3 +1,3 @@
-"""The training job around the pure step: the loop (trainer), what it keeps in a workdir
-(checkpoints, metrics, the run's config), resuming, and stopping. Uses the core and the
-fitting to hardware; never the commands."""
+"""The training job around the pure step: the stages before the first step (setup), the loop
+(trainer), what it keeps in a workdir (checkpoints, metrics, the run's config), resuming, and
+stopping. Uses the core, the fitting to hardware and the data; never the commands."""
