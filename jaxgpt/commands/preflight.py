@@ -57,15 +57,22 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     memory.check_fits(run, mesh)  # as training does, before any state or batch exists
-    # Constant learning rate, no decay: the overfit check asks whether the model can learn,
-    # not what the schedule does in its first steps.
+    # The step this run trains with here (per CPU core, or over the mesh), with its microbatches:
+    # the memory row measures that program.
+    run, step, _ = choose_step(run, mesh)
+    batch = data.sharded_batch(dataset.train, run, mesh, 0)
+    # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
+    step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(dataset.train, run, step.batch_mesh, 0)
+    own = initial_state(run, mesh)
+    memory_check = memory_row(step.compile(own, step_batch), own, mesh)
+    del own  # its buffers: a large model's check holds one state at a time
+    # The overfit check asks whether the model can learn, not what the schedule does in its first
+    # steps: the same kind of step with the same microbatches, at a constant learning rate with
+    # no weight decay.
     t = run.train
     steady = with_train(run, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
-    # The step training would run here (per CPU core, or over the mesh), with its microbatches:
-    # the overfit and memory rows measure that program.
-    run, step, _ = choose_step(steady, mesh)
-    state = initial_state(run, mesh)
-    batch = data.sharded_batch(dataset.train, run, mesh, 0)
+    _, learner, _ = choose_step(steady, mesh)
+    state = initial_state(steady, mesh)
 
     @jax.jit
     @partial(sharding.traced_on, mesh)
@@ -74,15 +81,12 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         return loss, gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
-    # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
-    step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(dataset.train, run, step.batch_mesh, 0)
-    compiled = step.compile(state, step_batch)
     rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
-    state, overfit = overfit_row(compiled, state, step_batch, overfit_steps, t.lr)
+    state, overfit = overfit_row(learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr)
     return rows + [
         overfit,
         size_row(state.params, run.model),
-        memory_row(compiled, state, mesh),
+        memory_check,
         kv_cache_row(run.model),
         *score_scale_rows(run.model),
     ]
@@ -209,6 +213,7 @@ def score_scale_rows(model_config) -> list[Row]:
 
 
 def memory_row(compiled_step, state, mesh) -> Row:
+    """What the run's compiled step needs of each device: its state, and the step's temporaries."""
     analysis = compiled_step.memory_analysis()
     params_bytes = sharding.bytes_per_device(state.params)
     opt_bytes = sharding.bytes_per_device(state.opt_state)
