@@ -140,3 +140,13 @@ def test_no_modules_import_each_other_in_a_circle():
     }
     assert cycles(graph) == []
     assert cycles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]  # the finder finds one
+
+
+def test_every_folder_of_the_package_is_installed():
+    """pyproject.toml lists the packages a wheel carries: a new folder missing there installs
+    a jaxgpt whose commands fail to import it (tests/test_install.py would find it, slowly)."""
+    import tomllib
+
+    listed = set(tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"])
+    folders = {module_name(path) for path in PACKAGE.rglob("__init__.py")}
+    assert folders <= listed, sorted(folders - listed)

@@ -64,7 +64,7 @@ def trainer_for(mesh: dict) -> Trainer:
 
     workdir, say = Path(tempfile.mkdtemp()), lambda message: None
     resolved = setup.resolve_run(config(mesh), workdir, progress=False, verify_data=False)
-    return Trainer(resolved, setup.place_run(resolved.run, say), workdir, say)
+    return Trainer(resolved, setup.place_run(resolved, say), workdir, say)
 
 
 def test_parameters_are_placed_by_the_rules():

@@ -42,13 +42,13 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
     return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
 
 
-def compile_step(run: RunConfig, mesh, measure_only: bool = False):
+def compile_step(run: RunConfig, mesh, measure_only: bool = False, layout=None):
     """The train step of `run`, compiled ahead of time for its state and batch layouts; raises
     memory.OutOfMemory where the compiler refuses it. `measure_only`: for its memory analysis,
     never to run (a CPU program compiled without LLVM's optimisations)."""
-    layout, _ = state_layout(run, mesh)
+    layout = layout if layout is not None else state_layout(run, mesh)[0]
     with memory.refusals_as_out_of_memory():
-        lowered = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh))
+        lowered = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh))
         return lowered.compile(MEASURE_ONLY if measure_only else None)
 
 
@@ -62,7 +62,7 @@ def step_temp_bytes(run: RunConfig, mesh, microbatches: int, measure_only: bool 
     return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh, measure_only))
 
 
-def memory_budget(run: RunConfig, mesh, device_bytes: int | None = None) -> tuple[int, str]:
+def memory_budget(run: RunConfig, mesh, device_bytes: int | None = None, layout=None) -> tuple[int, str]:
     """(bytes the step's temporaries should stay within, where that figure comes from).
     `device_bytes`: an accelerator's memory where its devices cannot report it (compile-only)."""
     device = mesh.devices.flat[0]
@@ -74,7 +74,7 @@ def memory_budget(run: RunConfig, mesh, device_bytes: int | None = None) -> tupl
     limit = device_bytes or memory.device_memory_limit(device)
     if not limit:
         return 2**62, "no memory limit reported"
-    state, _ = memory.state_bytes(run, mesh)
+    state, _ = memory.state_bytes(run, mesh, layout)
     return int(limit * ACCELERATOR_HEADROOM) - state, f"{limit / 2**30:.0f} GiB of device memory less the state"
 
 
@@ -114,20 +114,24 @@ class Tuned(NamedTuple):
     why: str | None = None  # the measurements and budget behind the choice, when the machine chose
 
 
-def fill_microbatches(run: RunConfig, mesh, device_bytes: int | None = None, measure_only: bool = False) -> Tuned:
+def fill_microbatches(
+    run: RunConfig, mesh, device_bytes: int | None = None, measure_only: bool = False, layout=None
+) -> Tuned:
     """`run` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's).
-    `measure_only`: the caller compiles the step it runs itself (none is returned)."""
+    `measure_only`: the caller compiles the step it runs itself (none is returned). `layout`:
+    the state's, where the caller has it; the same for every microbatch count."""
     if run.train.microbatches:
         return Tuned(run, None, None)
     choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
         return Tuned(with_train(run, microbatches=choices[0] if choices else 1), None, None)
-    budget, source = memory_budget(run, mesh, device_bytes)
+    layout = layout if layout is not None else state_layout(run, mesh)[0]
+    budget, source = memory_budget(run, mesh, device_bytes, layout)
     compiled: dict[int, object] = {}
 
     def measure(m: int) -> float:
         try:
-            compiled[m] = compile_step(with_train(run, microbatches=m), mesh, measure_only)
+            compiled[m] = compile_step(with_train(run, microbatches=m), mesh, measure_only, layout)
         except memory.OutOfMemory:
             return math.inf
         return temp_bytes(compiled[m])

@@ -46,11 +46,12 @@ class Footprint:
         return self.state + self.gradients + self.activations
 
 
-def state_bytes(run: RunConfig, mesh) -> tuple[int, int]:
-    """(parameters with optimizer state, parameters alone), per device, from shapes only."""
+def state_bytes(run: RunConfig, mesh, layout=None) -> tuple[int, int]:
+    """(parameters with optimizer state, parameters alone), per device, from shapes only (the
+    state's `layout`, from mesh_step.state_layout, where the caller has it)."""
     from jaxgpt.hardware.mesh_step import state_layout
 
-    layout, _ = state_layout(run, mesh)
+    layout = layout if layout is not None else state_layout(run, mesh)[0]
     params = sharding.shard_bytes(layout.params)
     return params + sharding.shard_bytes(layout.opt_state), params
 
@@ -104,6 +105,19 @@ def host_memory_bytes() -> int:
 RUNTIME_ADDRESS_SPACE = 5 * GiB // 2
 
 
+def check_address_space() -> int | None:
+    """One line, before JAX starts a backend or compiles anything (where it would abort), when
+    the address-space limit leaves JAX and XLA too little to run at all; else the limit, or
+    None if there is none."""
+    mappable = address_space_limit()
+    if mappable is not None and mappable <= RUNTIME_ADDRESS_SPACE:
+        raise UserError(
+            f"this process may map at most {mappable / GiB:.1f} GiB (ulimit -v), and JAX and XLA alone map about "
+            f"{RUNTIME_ADDRESS_SPACE / GiB:.1f} GiB; raise the limit (ulimit -v unlimited) and rerun"
+        )
+    return mappable
+
+
 def address_space_limit() -> int | None:
     """The process's address-space limit (`ulimit -v`, RLIMIT_AS) in bytes, or None if unset."""
     soft, _ = resource.getrlimit(resource.RLIMIT_AS)
@@ -144,19 +158,14 @@ def device_memory_bytes(device) -> int | None:
     return device_memory_limit(device)
 
 
-def check_fits(run: RunConfig, mesh) -> None:
+def check_fits(run: RunConfig, mesh, layout=None) -> None:
     """Refuse, with one UserError line, a run whose footprint exceeds a memory it uses; the
     line gives the estimate and the largest batch_size (or else block_size) that fits."""
-    mappable = address_space_limit()
-    if mappable is not None and mappable <= RUNTIME_ADDRESS_SPACE:
-        raise UserError(
-            f"this process may map at most {mappable / GiB:.1f} GiB (ulimit -v), and JAX and XLA alone map about "
-            f"{RUNTIME_ADDRESS_SPACE / GiB:.1f} GiB; raise the limit (ulimit -v unlimited) and rerun"
-        )
+    mappable = check_address_space()
     device = mesh.devices.flat[0]
     on_cpu = device.platform == "cpu"  # the devices are the host's cores: one memory
     capacity = {"host": host_memory_bytes(), "device": None if on_cpu else device_memory_limit(device)}
-    state = state_bytes(run, mesh)
+    state = state_bytes(run, mesh, layout)
 
     def excess(candidate: RunConfig, candidate_state=state) -> tuple[str, int] | None:
         """(the memory it overflows, bytes it needs there), or None where it fits."""

@@ -31,10 +31,11 @@ def state_layout(run: RunConfig, mesh):
     return layout, partial(jax.jit(create, out_shardings=shardings), key_data)
 
 
-def jit_train_step(run: RunConfig, mesh):
-    """`train_step` for this run, jitted with the shardings of its state and batches. The old
-    state's buffers are donated to the new one."""
-    layout, _ = state_layout(run, mesh)
+def jit_train_step(run: RunConfig, mesh, layout=None):
+    """`train_step` for this run, jitted with the shardings of its state (`layout`, from
+    state_layout, where the caller has it) and batches. The old state's buffers are donated to
+    the new one."""
+    layout = layout if layout is not None else state_layout(run, mesh)[0]
     state_shardings = jax.tree.map(lambda s: s.sharding, layout)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     step = partial(
@@ -69,11 +70,11 @@ class MeshStep:
 
     what = "the train step, one program over the mesh"  # for the line that says it compiled
 
-    def __init__(self, run: RunConfig, mesh, compiled=None):
+    def __init__(self, run: RunConfig, mesh, compiled=None, layout=None):
         self.batch_mesh = mesh  # batches are sharded over the mesh's data axes
         self.devices = list(mesh.devices.flat)
-        layout, _ = state_layout(run, mesh)
-        self._step = jit_train_step(run, mesh)
+        layout = layout if layout is not None else state_layout(run, mesh)[0]
+        self._step = jit_train_step(run, mesh, layout)
         self._compiled = compiled  # choosing the microbatches may have compiled it already
         self._lowered = None
         self._eval_loss = jax.jit(

@@ -31,6 +31,7 @@ from pathlib import Path
 import jax
 
 from jaxgpt.errors import UserError
+from jaxgpt.hardware import memory
 from jaxgpt.hardware.machine import cache_root, usable_cores
 
 CACHE_ENV = "JAXGPT_COMPILATION_CACHE"  # a directory, or "off"
@@ -143,6 +144,7 @@ def configure(single_process: bool = True, warn=None) -> None:
     (through `warn`, default `warnings.warn`) when one process was given several CPU devices for
     meshes. Starts no backend: multi-process runs initialise jax.distributed after this."""
     global _cpu_devices_are_cores
+    memory.check_address_space()  # a limit JAX cannot start under: one line now, not an abort later
     enable_compilation_cache()
     choose_platforms()
     requested = requested_cpu_devices()

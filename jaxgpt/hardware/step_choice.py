@@ -51,15 +51,16 @@ class ChosenStep(NamedTuple):
     note: str | None  # what was chosen and why, for the start-up lines
 
 
-def choose_step(run: RunConfig, mesh, device_bytes: int | None = None) -> ChosenStep:
+def choose_step(run: RunConfig, mesh, device_bytes: int | None = None, layout=None) -> ChosenStep:
     """The step for `run` on `mesh`: one program per CPU core when the mesh is the CPU default
     and the batch splits over several cores, else the mesh's own jitted step. `device_bytes`
-    is each accelerator's memory where the devices cannot say (compile-only TPU devices)."""
+    is each accelerator's memory where the devices cannot say (compile-only TPU devices);
+    `layout` the state's on `mesh` (mesh_step.state_layout), where the caller has it."""
     cores = core_parallel.cores_for(mesh)
     if len(cores) > 1:
         plan = core_parallel.plan(run, cores)
         if len(plan.devices) > 1:
             return ChosenStep(plan.run, CoreParallelStep(plan.run, plan.devices), plan.note)
-    tuned = fill_microbatches(run, mesh, device_bytes)
+    tuned = fill_microbatches(run, mesh, device_bytes, layout=layout)
     check_batch_fits_mesh(tuned.run, mesh)
-    return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, tuned.compiled), tuned.note)
+    return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, tuned.compiled, layout), tuned.note)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import jax
@@ -27,7 +28,7 @@ from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
-from jaxgpt.hardware.mesh_step import initial_state
+from jaxgpt.hardware.mesh_step import state_layout
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
@@ -56,6 +57,9 @@ class ResolvedRun:
     run: RunConfig  # every field filled in, vocab_size from the data
     dataset: data.Dataset
     notes: list[str]  # what resolving changed, for the start-up lines
+    mesh: jax.sharding.Mesh  # the devices the run's state is laid out over
+    layout: TrainState  # the state's shapes, dtypes and shardings on the mesh, nothing allocated
+    create: Callable[[], TrainState]  # the compiled initialisation that makes that state
 
 
 def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
@@ -78,8 +82,10 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
         run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
     check_init_from_run(run)
-    memory.check_fits(run, sharding.make_mesh(run.mesh, runtime.mesh_devices()))
-    return ResolvedRun(run, dataset, notes)
+    mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
+    layout, create = state_layout(run, mesh)  # computed once, passed on to every stage that needs it
+    memory.check_fits(run, mesh, layout)
+    return ResolvedRun(run, dataset, notes, mesh, layout, create)
 
 
 @contextlib.contextmanager
@@ -119,10 +125,10 @@ class PlacedRun:
         )
 
 
-def place_run(run: RunConfig, say) -> PlacedRun:
+def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     """Stage 3: the run on this machine's devices."""
-    mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    run, step, note = choose_step(run, mesh)
+    mesh = resolved.mesh
+    run, step, note = choose_step(resolved.run, mesh, layout=resolved.layout)
     if note:
         say(note)
     peak, source = peak_flops(mesh.devices.flatten().tolist())
@@ -130,7 +136,7 @@ def place_run(run: RunConfig, say) -> PlacedRun:
         run=run,
         mesh=mesh,
         step=step,
-        state=initial_state(run, mesh),
+        state=resolved.create(),  # microbatches do not change the state: the layout still holds
         tokens_per_step=run.train.batch_size * run.model.block_size,
         flops_per_token=flops_per_token(run.model, run.model.block_size),
         peak_flops=peak,

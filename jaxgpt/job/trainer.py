@@ -80,7 +80,7 @@ def train_and_evaluate(
     for note in resolved.notes:
         say(f"note: {note}")
     with setup.opened(workdir, fresh=fresh, main=main, say=say):
-        trainer = Trainer(resolved, setup.place_run(resolved.run, say), workdir, say)
+        trainer = Trainer(resolved, setup.place_run(resolved, say), workdir, say)
         with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
