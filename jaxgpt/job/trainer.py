@@ -1,8 +1,10 @@
 """The training loop: the stateful shell around the pure `train_step`.
 
-`train_and_evaluate(config, workdir)` prepares data, builds or restores the state, and runs
-the compiled step, fetching metrics from the device only at log, eval and checkpoint steps so
-the accelerator is never stalled by the host.
+`train_and_evaluate(config, workdir)` runs the stages before the first step (jaxgpt/job/setup.py:
+the run resolved and checked, its data prepared, the workdir opened, the step chosen and the
+state placed), restores the state from the workdir's checkpoints if it has any, and runs the
+compiled step, fetching metrics from the device only at log, eval and checkpoint steps so the
+accelerator is never stalled by the host.
 
 A workdir holds everything of a run:
   config.json       the resolved configuration (every field, vocab_size filled in)
