@@ -165,6 +165,22 @@ def test_an_inspecting_command_names_what_is_missing_or_doubled(tmp_path, capsys
         assert exit_.value.code == 2 and capsys.readouterr().err.startswith(f"error: {message}"), argv
 
 
+def test_output_into_a_closed_pipe_ends_quietly():
+    """`jaxgpt plot --help | head -1`: the reader is gone before the command writes. No
+    BrokenPipeError traceback; SIGPIPE's status, 141, as `yes | head` leaves."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    process = subprocess.Popen(
+        [sys.executable, "-m", "jaxgpt", "plot", "--help"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+    )
+    process.stdout.close()  # before the interpreter has even started: every write meets a closed pipe
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == 141 and err == b"", err.decode()[-2000:]
+
+
 def test_one_entry_point_lists_every_command_and_names_the_nearest_to_a_typo():
     listed = run_script("jaxgpt")
     assert listed.returncode == 2 and all(f"  {name} " in listed.stdout for name in COMMANDS), listed.stdout

@@ -6,6 +6,7 @@ and the fix, and exits with status 2; anything else is a bug and keeps its trace
 
 from __future__ import annotations
 
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -16,6 +17,7 @@ from absl import flags
 from jaxgpt.errors import UserError
 
 USAGE_ERROR = 2
+BROKEN_PIPE = 128 + 13  # SIGPIPE's status, as `yes | head` leaves it
 
 
 def fail(message: str) -> None:
@@ -269,8 +271,9 @@ def _unknown_key_message(argv: list[str], text: str) -> str:
 def run(main: Callable[[], None], interrupted: str = "interrupted") -> None:
     """Run main(), reporting a UserError as one line and exit status 2; Ctrl-C at any moment
     prints `interrupted` and exits 130 (jaxgpt.commands.interrupt says how, and why not as a
-    KeyboardInterrupt). JAX's platforms are chosen first, before main can start a backend (no
-    TPU backend on a machine without a TPU)."""
+    KeyboardInterrupt); output piped into a reader that stops early (`| head`) ends quietly with
+    141, as a program killed by SIGPIPE does. JAX's platforms are chosen first, before main can
+    start a backend (no TPU backend on a machine without a TPU)."""
     from jaxgpt.commands.interrupt import end_at_once_on_interrupt
 
     end_at_once_on_interrupt(interrupted)
@@ -279,6 +282,12 @@ def run(main: Callable[[], None], interrupted: str = "interrupted") -> None:
 
         runtime.choose_platforms()
     try:
-        main()
+        try:
+            main()
+        finally:  # `--help` exits through here too: a closed pipe raises now, not at the interpreter's exit
+            sys.stdout.flush()
     except UserError as error:
         fail(str(error))
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # nothing left to flush at exit
+        sys.exit(BROKEN_PIPE)
