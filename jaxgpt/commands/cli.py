@@ -35,12 +35,12 @@ def command_flags(argv: list[str]) -> tuple[list[str], flags.FlagValues]:
 
 
 def parse_flags(
-    argv: list[str], usage: str = "", flag_values: flags.FlagValues = flags.FLAGS, positional: str = ""
+    argv: list[str], usage: str = "", flag_values: flags.FlagValues = flags.FLAGS, takes_words: bool = False
 ) -> list[str]:
     """Parse argv into `flag_values`, turning every rejection into one clear line. `--help`
     (or -h) prints `usage` (the command's docstring: what it does, example commands) and its
     flags with their defaults, and exits 0. Words that are not flags are refused, unless the
-    command takes them (`positional` names them, as plot's RUN): then they are returned."""
+    command takes them (`takes_words`, as plot takes the runs to draw): then they are returned."""
     if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
         print_help(usage, flag_values)
         sys.exit(0)
@@ -61,7 +61,7 @@ def parse_flags(
         fail(f"{str(error).strip().splitlines()[-1]} (see --help)")
     except Exception as error:  # the config file itself failed to run
         fail(f"config file {config_file} failed to load: {str(error).strip().splitlines()[-1]}")
-    if positional:
+    if takes_words:
         return words
     for word in words:  # the command takes flags only
         looks_like_config = word.endswith(".py") or word in shipped_config_names()

@@ -101,7 +101,7 @@ def _plot(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     flags.DEFINE_string("metric", "loss", "loss (train and val), or any key of metrics.jsonl.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <first run>/<metric>.png).", flag_values=f)
-    runs = [Path(run) for run in cli.parse_flags(argv, __doc__, f, positional="RUN")]
+    runs = [Path(run) for run in cli.parse_flags(argv, __doc__, f, takes_words=True)]
     if not runs:
         raise UserError("no run given; name one or more workdirs of train.py runs: jaxgpt plot runs/tiny")
     out = Path(f.out) if f.out else runs[0] / f"{f.metric}.png"
