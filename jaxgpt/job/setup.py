@@ -5,9 +5,10 @@ them in this order, and nothing before the loop happens anywhere else):
                 and the run checked against the data and this machine's memory from shapes
                 alone, before a workdir, a state or a batch exists
   opened        the workdir made (an earlier run moved aside for --fresh) and locked
-  place_run     the devices' mesh, the step chosen for it (one program per CPU core, or one
-                over the mesh: jaxgpt/hardware/step_choice.py) and the state born sharded, with
-                the figures the loop reports against (tokens per step, FLOPs per token, peak)
+  place_run     the devices' mesh and the step chosen for it (one program per CPU core, or one
+                over the mesh: jaxgpt/hardware/step_choice.py), with the figures the loop reports
+                against (tokens per step, FLOPs per token, peak); the state is born sharded in the
+                trainer (ResolvedRun.create), which alone holds it
   write_run     config.json and tokenizer.json, once the workdir's checkpoints are known to
                 belong to this run
 """
@@ -105,7 +106,6 @@ class PlacedRun:
     run: RunConfig  # train.microbatches filled in by the step's choice
     mesh: jax.sharding.Mesh
     step: Step
-    state: TrainState  # step 0's, born sharded
     tokens_per_step: int
     flops_per_token: float
     peak_flops: float  # of all the mesh's devices, what MFU is measured against
@@ -136,7 +136,6 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
         run=run,
         mesh=mesh,
         step=step,
-        state=resolved.create(),  # microbatches do not change the state: the layout still holds
         tokens_per_step=run.train.batch_size * run.model.block_size,
         flops_per_token=flops_per_token(run.model, run.model.block_size),
         peak_flops=peak,

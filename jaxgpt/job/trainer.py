@@ -140,7 +140,10 @@ class Trainer:
         config, dataset = placed.run, resolved.dataset
         t = config.train
         self.config, self.dataset, self.workdir, self.say, self.placed = config, dataset, workdir, say, placed
-        self.mesh, self.step, self.state = placed.mesh, placed.step, placed.state
+        self.mesh, self.step = placed.mesh, placed.step
+        # step 0's state, born sharded (microbatches do not change its layout); held here alone, so a
+        # restored state replaces it in memory rather than beside it
+        self.state = resolved.create()
         limit = t.multiple_choice_limit or None
         self.questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
         self.schedule = learning_rate_schedule(t)
