@@ -74,8 +74,7 @@ def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
 
 def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> ResolvedRun:
     """Stage 1: the run, checked and resolved, and its prepared data."""
-    if workdir.exists() and not workdir.is_dir():
-        raise UserError(f"workdir {workdir} is a file; pass --workdir a directory (new or from an earlier run)")
+    run_dir.check_not_under_a_file(workdir)  # before the slow work, not after it
     notes: list[str] = []
     run = check_runnable(config, notes)  # every check that needs no data, before the slow work
     dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)

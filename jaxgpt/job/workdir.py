@@ -33,12 +33,17 @@ def unused_sibling(path: Path, suffix: str, bare_first: bool = False) -> Path:
     return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
-def make(workdir: Path) -> None:
-    """Create `workdir` (and its parents), or say in one line why it cannot be."""
+def check_not_under_a_file(workdir: Path) -> None:
+    """One line where `workdir`, or a folder above it, is a file: it can never be made."""
     for parent in [workdir, *workdir.parents]:
         if parent.exists() and not parent.is_dir():
             what = "is a file" if parent == workdir else f"is under {parent}, which is a file"
             raise UserError(f"workdir {workdir} {what}; pass --workdir a directory (new or from an earlier run)")
+
+
+def make(workdir: Path) -> None:
+    """Create `workdir` (and its parents), or say in one line why it cannot be."""
+    check_not_under_a_file(workdir)
     try:
         workdir.mkdir(parents=True, exist_ok=True)
         probe = workdir / f".write-test-{os.getpid()}"
