@@ -58,14 +58,15 @@ def prepare(config, vocab_size: int) -> PreparedStep:
 
     from jaxgpt import sharding
     from jaxgpt.config_files import resolve
-    from jaxgpt.hardware.mesh_step import initial_state
+    from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    run, step, _ = choose_step(run, mesh)  # as train.py: per CPU core, or over the mesh
+    layout, create = state_layout(run, mesh)
+    run, step, _ = choose_step(run, mesh, layout)  # as train.py: per CPU core, or over the mesh
     start = time.perf_counter()
-    state = initial_state(run, mesh)
+    state = create()
     batch, seq = run.train.batch_size, run.model.block_size
     rng = np.random.default_rng(0)
     where = sharding.batch_sharding(step.batch_mesh)

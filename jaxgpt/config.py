@@ -361,7 +361,7 @@ class TrainConfig:
     seed: seeds initialisation, dropout and every batch.
     microbatches: split each batch into this many sequential microbatches and accumulate
         their gradients inside the compiled step (same result up to float32 summation order,
-        less activation memory). 0 lets the run choose (jaxgpt/hardware/autotune.py): the fewest whose
+        less activation memory). 0 lets the run choose (jaxgpt/hardware/step_choice.py): the fewest whose
         step fits the CPU's cache, or the accelerator's memory.
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).

@@ -18,6 +18,11 @@ from jaxgpt.config import ConfigError, DataConfig, MeshConfig, ModelConfig, Rope
 
 SECTIONS = ("model", "data", "train", "mesh")
 
+# model.vocab_size until the tokenizer is known (training resolves the config before preparing
+# its data, to refuse a bad one before the slow work): any size validates the rest of the model,
+# and one token is a size no config asks for (resolve refuses it).
+VOCAB_FROM_TOKENIZER = 1
+
 # Set by the run, not by the config: compute dtype comes from train.dtype, and parameters are
 # always stored in float32 for training (mixed precision).
 _RUN_OWNED_MODEL_FIELDS = ("dtype", "param_dtype")
@@ -68,8 +73,8 @@ def _checked_section(values: dict, cls, section: str, skip=()) -> dict:
 def resolve(config, vocab_size: int | None = None, notes: list[str] | None = None) -> RunConfig:
     """A ConfigDict (or plain nested dict) -> validated RunConfig.
 
-    model.vocab_size is taken from `vocab_size` (the tokenizer's) when the config leaves it
-    unset; a config value smaller than the tokenizer's vocabulary is an error. A warmup as
+    model.vocab_size is taken from `vocab_size` (the tokenizer's; with_tokenizer_vocab when
+    it is known only later) when the config leaves it unset. A warmup as
     long as the run (a shipped config shortened with --config.train.steps) is clipped to a
     tenth of the run, and `notes` gets a line saying so; a model without the causal mask gets
     a line saying how it is scored.
@@ -85,13 +90,9 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
     train_values = _clip_warmup(train_values, notes if notes is not None else [])
     train = TrainConfig(**train_values)
-    if model.get("vocab_size") is None:
-        model["vocab_size"] = vocab_size or 1  # 1: a stand-in to validate the rest before the tokenizer exists
-    elif vocab_size and model["vocab_size"] < vocab_size:
-        raise ConfigError(
-            f"model.vocab_size={model['vocab_size']} is smaller than the tokenizer's {vocab_size} tokens; "
-            "leave it unset or raise it"
-        )
+    if model.get("vocab_size") == VOCAB_FROM_TOKENIZER:
+        raise ConfigError("model.vocab_size=1 leaves no choice of token to predict; leave it unset or raise it")
+    model["vocab_size"] = model.get("vocab_size") or VOCAB_FROM_TOKENIZER
     mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
     model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
     if not model.causal and notes is not None:
@@ -100,7 +101,21 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
             "model's loss; every evaluation also scores the weights from the past alone (val_loss_past_only, as "
             "generation uses them), and jaxgpt.compare ranks the run by that"
         )
-    return RunConfig(model, data, train, mesh)
+    run = RunConfig(model, data, train, mesh)
+    return with_tokenizer_vocab(run, vocab_size) if vocab_size else run
+
+
+def with_tokenizer_vocab(run: RunConfig, vocab_size: int) -> RunConfig:
+    """`run` with the tokenizer's `vocab_size` where its config left model.vocab_size unset; a
+    configured size smaller than the tokenizer's vocabulary is an error."""
+    if run.model.vocab_size == VOCAB_FROM_TOKENIZER:
+        return dataclasses.replace(run, model=run.model.replace(vocab_size=vocab_size))
+    if run.model.vocab_size < vocab_size:
+        raise ConfigError(
+            f"model.vocab_size={run.model.vocab_size} is smaller than the tokenizer's {vocab_size} tokens; "
+            "leave it unset or raise it"
+        )
+    return run
 
 
 def _clip_warmup(train: dict, notes: list[str]) -> dict:

@@ -16,7 +16,6 @@ import functools
 import math
 
 import jax
-import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgpt.config import MeshConfig
@@ -47,8 +46,17 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
     the inputs (Explicit axes would make nn.Embed fail)."""
     devices = devices if devices is not None else jax.devices()
     shape = config.shape(len(devices))
-    used = devices[: math.prod(shape)]  # a mesh may use a divisor of the devices, e.g. one
-    return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=used)
+    return _mesh(shape, devices[: math.prod(shape)])  # a mesh may use a divisor of the devices, e.g. one
+
+
+def data_mesh(devices) -> Mesh:
+    """A mesh over `devices` on the data axis alone: batches split over them, every parameter
+    whole on each."""
+    return _mesh((len(devices), 1, 1), devices)
+
+
+def _mesh(shape: tuple[int, int, int], devices) -> Mesh:
+    return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
 
 
 def traced_on(mesh: Mesh, fn):
@@ -119,23 +127,3 @@ def global_batch(mesh: Mesh, make_rows, batch_size: int) -> jax.Array:
     start = jax.process_index() * per_process
     local = make_rows(start, start + per_process)
     return jax.make_array_from_process_local_data(sharding, local, (batch_size, *local.shape[1:]))
-
-
-def shard_bytes(layout) -> int:
-    """Bytes one device holds of a tree of sharded shape structs (every device holds as much:
-    the rules only split dimensions the axis divides)."""
-    return sum(
-        math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
-        for leaf in jax.tree.leaves(layout)
-    )
-
-
-def bytes_per_device(tree) -> int:
-    """Bytes of `tree`'s arrays held by the first device (its shards, or whole copies)."""
-    device = jax.devices()[0]
-    total = 0
-    for leaf in jax.tree.leaves(tree):
-        for shard in leaf.addressable_shards:
-            if shard.device == device:
-                total += int(np.prod(shard.data.shape)) * leaf.dtype.itemsize
-    return total

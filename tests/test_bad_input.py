@@ -551,6 +551,7 @@ def test_a_damaged_newest_checkpoint_is_one_warning_line_and_sampling_goes_on(tm
     before = snapshot(workdir)
     result = run_script("sample.py", f"--workdir={workdir}", "--max_new_tokens=4", "--prompt=a")
     assert result.returncode == 0, result.stderr[-3000:]
+    assert len(result.stderr.strip().splitlines()) == 1, result.stderr
     (line,) = result.stderr.strip().splitlines()
     assert line.startswith("warning: checkpoint 20 cannot be read (ValueError: ") and line.endswith(
         "using step 10 instead"

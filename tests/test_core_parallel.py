@@ -11,8 +11,9 @@ import pytest
 from jaxgpt import sharding
 from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
 from jaxgpt.errors import UserError
-from jaxgpt.hardware import core_parallel, runtime
-from jaxgpt.hardware.core_parallel import CoreParallelStep, cores_sharing_the_batch
+from jaxgpt.hardware import runtime, step_choice
+from jaxgpt.hardware.core_parallel import CoreParallelStep
+from jaxgpt.hardware.mesh_step import MeshStep, state_layout
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import create_train_state, eval_step, train_step
@@ -131,31 +132,31 @@ def test_evaluation_on_cores_gives_the_one_device_losses():
 )
 def test_the_cores_sharing_the_batch_share_it_evenly(batch_size, microbatches, cores, expected):
     run = RunConfig(MODEL, DataConfig(), TrainConfig(batch_size=batch_size, microbatches=microbatches))
-    assert cores_sharing_the_batch(run, cores) == expected
+    assert step_choice.cores_sharing_the_batch(run, cores) == expected
 
 
 def test_plan_picks_microbatches_per_core_and_says_so():
     run = make_run(microbatches=0, batch_size=8)
-    plan = core_parallel.plan(run, jax.devices()[:2])
+    mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
+    layout, _ = state_layout(run, mesh)
+    plan = step_choice.plan(run, jax.devices()[:2], mesh, layout)
     assert len(plan.devices) == 2 and plan.run.train.microbatches >= 1
     assert (8 // 2) % plan.run.train.microbatches == 0
     assert "2 CPU cores" in plan.note and "no collectives" in plan.note
-    assert core_parallel.plan(make_run(batch_size=7), jax.devices()[:2]).devices == jax.devices()[:1]
+    assert step_choice.plan(make_run(batch_size=7), jax.devices()[:2], mesh, layout).devices == jax.devices()[:1]
 
 
 def test_the_step_is_chosen_once_per_core_or_over_the_mesh(monkeypatch):
     """choose_step (what the trainer, jaxgpt.commands.check and the benchmarks call): a batch that splits
     over the cores gets one program per core; one that does not (7 rows, 2 cores) the mesh's
     own step, its microbatches filled in all the same (0 is not a count a step can take)."""
-    from jaxgpt.hardware.mesh_step import MeshStep
-    from jaxgpt.hardware.step_choice import choose_step
-
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
-    monkeypatch.setattr(core_parallel, "cores_for", lambda m: jax.devices()[:2])
-    run, step, note = choose_step(make_run(microbatches=0, batch_size=8), mesh)
+    layout, _ = state_layout(make_run(), mesh)  # the same for any batch
+    monkeypatch.setattr(step_choice, "cores_for", lambda m: jax.devices()[:2])
+    run, step, note = step_choice.choose_step(make_run(microbatches=0, batch_size=8), mesh, layout)
     assert isinstance(step, CoreParallelStep) and step.devices == jax.devices()[:2] and "2 CPU cores" in note
     assert run.train.microbatches >= 1 and step.batch_mesh.size == 2
-    run, step, _ = choose_step(make_run(microbatches=0, batch_size=7), mesh)
+    run, step, _ = step_choice.choose_step(make_run(microbatches=0, batch_size=7), mesh, layout)
     assert isinstance(step, MeshStep) and step.batch_mesh is mesh and run.train.microbatches in (1, 7)
 
 

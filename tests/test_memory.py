@@ -28,11 +28,19 @@ def run_for(model=(), **train):
     return resolve(config, vocab_size=96)
 
 
+def state_of(run, mesh) -> tuple[int, int]:
+    return memory.state_bytes(state_layout(run, mesh)[0])
+
+
+def footprint(run, mesh) -> memory.Footprint:
+    return memory.footprint(run, mesh, state_of(run, mesh))
+
+
 def compiled_bytes(run, mesh) -> int:
     """What XLA's buffer assignment gives the step: its arguments (state and batch; the state
     is donated, so the outputs reuse it) and its temporaries."""
     layout, _ = state_layout(run, mesh)
-    analysis = jit_train_step(run, mesh).lower(layout, batch_layout(run, mesh)).compile().memory_analysis()
+    analysis = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh)).compile().memory_analysis()
     return analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
 
 
@@ -60,7 +68,7 @@ def compiled_bytes(run, mesh) -> int:
 def test_the_footprint_is_a_lower_bound_on_the_compiled_step(model, train):
     run = run_for(model, **train)
     mesh = one_device()
-    estimate = memory.footprint(run, mesh)
+    estimate = footprint(run, mesh)
     compiled = compiled_bytes(run, mesh)
     assert estimate.device <= compiled, (estimate, compiled)
     # and not an empty bound: XLA's CPU buffers hold several copies of what a layer needs, of
@@ -77,7 +85,7 @@ def test_parameters_and_optimizer_state_are_counted_exactly():
     params = 2 * block + 64 + 96 * 32 + 32 * 32
     run = run_for()
     mesh = one_device()
-    with_optimizer, alone = memory.state_bytes(run, mesh)
+    with_optimizer, alone = state_of(run, mesh)
     assert alone == 4 * params
     assert with_optimizer - alone >= 2 * 4 * params  # plus the optimizer's few scalar counters
     assert with_optimizer - alone < 2 * 4 * params + 64
@@ -85,22 +93,36 @@ def test_parameters_and_optimizer_state_are_counted_exactly():
 
 def test_sharding_divides_the_state_among_the_devices():
     run = run_for(batch_size=8)
-    whole, _ = memory.state_bytes(run, one_device())
-    split, _ = memory.state_bytes(run, sharding.make_mesh(MeshConfig(data=1, fsdp=4, tensor=1), jax.devices()[:4]))
+    whole, _ = state_of(run, one_device())
+    split, _ = state_of(run, sharding.make_mesh(MeshConfig(data=1, fsdp=4, tensor=1), jax.devices()[:4]))
     assert split < whole / 2  # every matrix splits four ways; vectors and scalars stay whole
+
+
+@pytest.mark.parametrize("fsdp", [1, 4])
+def test_the_position_table_is_all_of_the_state_that_grows_with_the_block(fsdp):
+    """check_fits sizes smaller blocks from one layout: the learned table (block_size x d_model,
+    and its two moments) scales row for row, exact to the byte against the other block's own
+    layout, split over fsdp or not; with RoPE nothing grows."""
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=fsdp, tensor=1), jax.devices()[:fsdp])
+    state, table = state_of(run_for(), mesh), memory.position_table_bytes(state_layout(run_for(), mesh)[0])
+    assert table == (3 * 4 * 32 * 32 // fsdp, 4 * 32 * 32 // fsdp)  # float32 params, mu and nu
+    scaled = tuple(whole - part + part * 200 // 32 for whole, part in zip(state, table, strict=True))
+    assert scaled == state_of(run_for(model={"block_size": 200}), mesh)
+    rope = run_for(model={"position": "rope"})
+    assert memory.position_table_bytes(state_layout(rope, mesh)[0]) == (0, 0)
 
 
 def refusal(monkeypatch, run, host_bytes) -> str:
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: host_bytes)
     with pytest.raises(UserError) as refused:
-        memory.check_fits(run, one_device())
+        memory.check_fits(run, one_device(), state_layout(run, one_device())[0])
     return str(refused.value)
 
 
 def test_the_largest_batch_named_is_the_boundary(monkeypatch):
     """A machine with exactly the memory 40 rows need: 64 rows are refused, naming 40."""
     mesh = one_device()
-    need_40 = memory.footprint(run_for(batch_size=40), mesh)
+    need_40 = footprint(run_for(batch_size=40), mesh)
     message = refusal(monkeypatch, run_for(batch_size=64), need_40.device + need_40.host)
     assert re.search(r"train.batch_size=64 with model.block_size=32 needs at least [\d.]+ GiB of host memory", message)
     assert message.endswith("the largest batch_size that fits is 40")
@@ -108,7 +130,7 @@ def test_the_largest_batch_named_is_the_boundary(monkeypatch):
 
 def test_the_largest_block_is_named_when_one_row_does_not_fit(monkeypatch):
     mesh = one_device()
-    need = memory.footprint(run_for(model={"block_size": 200}, batch_size=1), mesh)
+    need = footprint(run_for(model={"block_size": 200}, batch_size=1), mesh)
     message = refusal(monkeypatch, run_for(model={"block_size": 512}), need.device + need.host)
     assert message.endswith("even batch_size=1 does not fit, and the largest block_size that fits at that batch is 200")
 
@@ -116,7 +138,7 @@ def test_the_largest_block_is_named_when_one_row_does_not_fit(monkeypatch):
 def test_a_model_too_large_for_any_batch_says_so(monkeypatch):
     mesh = one_device()
     rope = run_for(model={"position": "rope"})  # no parameter shrinks with the block
-    state, params = memory.state_bytes(rope, mesh)
+    state, params = state_of(rope, mesh)
     message = refusal(monkeypatch, rope, state + params)  # not a byte left for a batch
     assert "does not fit even as one token per row: the model's parameters, gradients and optimizer state" in message
 
@@ -128,7 +150,7 @@ def test_an_address_space_limit_is_memory_the_run_cannot_use(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
     monkeypatch.setattr(memory, "address_space_limit", lambda: GiB)
     with pytest.raises(UserError) as refused:
-        memory.check_fits(run_for(), one_device())
+        memory.check_fits(run_for(), one_device(), state_layout(run_for(), one_device())[0])
     assert str(refused.value) == (
         "this process may map at most 1.0 GiB (ulimit -v), and JAX and XLA alone map about 2.5 GiB; raise the "
         "limit (ulimit -v unlimited) and rerun"
@@ -163,4 +185,4 @@ def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
 
 def test_a_run_that_fits_passes(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
-    memory.check_fits(run_for(), one_device())
+    memory.check_fits(run_for(), one_device(), state_layout(run_for(), one_device())[0])

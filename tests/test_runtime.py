@@ -18,18 +18,18 @@ import json, runpy
 from jaxgpt.hardware import runtime
 runtime.configure()
 import jax
-from jaxgpt.hardware import core_parallel
+from jaxgpt.hardware import step_choice
 from jaxgpt import sharding
 from jaxgpt.config_files import resolve
-from jaxgpt.hardware.step_choice import choose_step
-from jaxgpt.hardware.mesh_step import initial_state
+from jaxgpt.hardware.mesh_step import state_layout
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())  # as the trainer builds it
-run, step, _ = choose_step(run, mesh)  # as the trainer chooses
+layout, create = state_layout(run, mesh)
+run, step, _ = step_choice.choose_step(run, mesh, layout)  # as the trainer chooses
 batch = jax.device_put(jax.numpy.zeros((12, 129), "int32"), sharding.batch_sharding(step.batch_mesh))
-texts = step.program_texts(initial_state(run, mesh), batch)
+texts = step.program_texts(create(), batch)
 used = len(step.devices)
-print(json.dumps({"mesh": mesh.size, "cores": len(core_parallel.cores_for(mesh)), "used": used, "texts": texts}))
+print(json.dumps({"mesh": mesh.size, "cores": len(step_choice.cores_for(mesh)), "used": used, "texts": texts}))
 """
 
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import run_script, small_run_config
 
-from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MeshConfig
 from jaxgpt.errors import UserError
+from jaxgpt.hardware import memory
 from jaxgpt.job.trainer import Trainer, train_and_evaluate
 
 LAYOUTS = {"data=8": dict(data=8), "fsdp=8": dict(data=1, fsdp=8), "2x2x2": dict(data=2, fsdp=2, tensor=2)}
@@ -86,12 +86,12 @@ def test_fsdp_divides_per_device_parameter_bytes():
     sharded = trainer_for(dict(data=1, fsdp=8)).state.params
     for path, leaf in jax.tree_util.tree_flatten_with_path(sharded)[0]:
         whole = leaf.size * leaf.dtype.itemsize
-        mine = sharding.bytes_per_device({"x": leaf})
+        mine = memory.bytes_per_device({"x": leaf})
         if path[-1].key in ("kernel", "embedding"):  # every weight matrix here has a dimension divisible by 8
             assert mine == whole // 8, path
         else:
             assert mine == whole, path  # biases and norm scales stay whole
-    ratio = sharding.bytes_per_device(replicated) / sharding.bytes_per_device(sharded)
+    ratio = memory.bytes_per_device(replicated) / memory.bytes_per_device(sharded)
     # Exactly 8 for the matrices; the whole biases and norm scales of this 32-wide model hold
     # the total near 6.6 (at GPT-2 width they are ~0.1% of the bytes and the ratio nears 8).
     assert 6 < ratio < 8

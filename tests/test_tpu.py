@@ -16,7 +16,7 @@ from conftest import attend, needs_libtpu, run_script
 from jaxgpt import sharding
 from jaxgpt.config_files import base_config, resolve
 from jaxgpt.errors import UserError
-from jaxgpt.hardware import autotune, tpu
+from jaxgpt.hardware import step_choice, tpu
 from jaxgpt.model import count_params, init_params
 
 
@@ -131,7 +131,7 @@ def test_microbatches_left_to_the_machine_are_chosen_against_the_slices_memory(v
     assert one.microbatches == 1
     config.train.microbatches = 0
     assert tpu.compile_train_step(run_on(config, 8), v5e_8, tpu.target("tpu-v5e-8")).microbatches == 1
-    cut = (one.inputs_bytes + one.temporaries_bytes / 2) / autotune.ACCELERATOR_HEADROOM
+    cut = (one.inputs_bytes + one.temporaries_bytes / 2) / step_choice.ACCELERATOR_HEADROOM
     small_chip = dataclasses.replace(tpu.target("tpu-v5e-8"), hbm_bytes=int(cut))
     chosen = tpu.compile_train_step(run_on(config, 8), v5e_8, small_chip)
     assert chosen.microbatches > 1 and chosen.fits(small_chip) and not one.fits(small_chip)

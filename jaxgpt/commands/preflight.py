@@ -52,18 +52,19 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
     data.check_long_enough(dataset, run.model.block_size)
     from jaxgpt.hardware import runtime
-    from jaxgpt.hardware.mesh_step import initial_state
+    from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    memory.check_fits(run, mesh)  # as training does, before any state or batch exists
+    layout, create = state_layout(run, mesh)
+    memory.check_fits(run, mesh, layout)  # as training does, before any state or batch exists
     # The step this run trains with here (per CPU core, or over the mesh), with its microbatches:
     # the memory row measures that program.
-    run, step, _ = choose_step(run, mesh)
+    run, step, _ = choose_step(run, mesh, layout)
     batch = data.sharded_batch(dataset.train, run, mesh, 0)
     # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
     step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(dataset.train, run, step.batch_mesh, 0)
-    own = initial_state(run, mesh)
+    own = create()
     memory_check = memory_row(step.compile(own, step_batch), own, mesh)
     del own  # its buffers: a large model's check holds one state at a time
     # The overfit check asks whether the model can learn, not what the schedule does in its first
@@ -71,8 +72,9 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     # no weight decay.
     t = run.train
     steady = with_train(run, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
-    _, learner, _ = choose_step(steady, mesh)
-    state = initial_state(steady, mesh)
+    steady_layout, steady_create = state_layout(steady, mesh)
+    _, learner, _ = choose_step(steady, mesh, steady_layout)
+    state = steady_create()
 
     @jax.jit
     @partial(sharding.traced_on, mesh)
@@ -215,8 +217,8 @@ def score_scale_rows(model_config) -> list[Row]:
 def memory_row(compiled_step, state, mesh) -> Row:
     """What the run's compiled step needs of each device: its state, and the step's temporaries."""
     analysis = compiled_step.memory_analysis()
-    params_bytes = sharding.bytes_per_device(state.params)
-    opt_bytes = sharding.bytes_per_device(state.opt_state)
+    params_bytes = memory.bytes_per_device(state.params)
+    opt_bytes = memory.bytes_per_device(state.opt_state)
     temp_bytes = analysis.temp_size_in_bytes if analysis else 0
     need = params_bytes + opt_bytes + temp_bytes
     have = memory.device_memory_bytes(mesh.devices.flat[0])

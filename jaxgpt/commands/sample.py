@@ -49,43 +49,17 @@ def _sample(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     define_flags(f)
     cli.parse_flags(argv, __doc__, f)
-    if not f.workdir and not f.init_from:
-        cli.fail("no model given; pass --workdir DIR of a run trained with train.py, or --init_from gpt2 (or a path)")
-    if f.num_samples < 1:
-        cli.fail(f"num_samples={f.num_samples} must be at least 1")
-    if f.prompt_file:
-        try:
-            prompt = Path(f.prompt_file).read_text()
-        except OSError as error:
-            cli.fail(f"cannot read --prompt_file {f.prompt_file}: {error.strerror}")
-    else:
-        prompt = f.prompt
+    prompt = _prompt(f)
 
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt.config import MeshConfig
     from jaxgpt.hardware import runtime
-    from jaxgpt.job.checkpoint import load_latest
     from jaxgpt.kernels import kernel_fallback
-    from jaxgpt.sampling import SamplingConfig, check_length, generate, generate_stream
-    from jaxgpt.sharding import make_mesh, shardings_like
+    from jaxgpt.sampling import SamplingConfig, check_length
 
     runtime.enable_compilation_cache()
-    # Decoding is one token at a time: split the model (heads, MLP width) over every device
-    # rather than a batch of a few prompts. On one device this is just that device.
-    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
-
-    sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
-    if f.init_from:
-        from jaxgpt.hf import load_pretrained, pretrained_tokenizer
-
-        model_config, params, family = load_pretrained(f.init_from)
-        params = jax.device_put(params, shardings_like(params, mesh))
-        tokenizer = pretrained_tokenizer(f.init_from, family)
-    else:
-        run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
-        model_config = run.model
+    model_config, params, tokenizer = _load(f)
     ids = (
         tokenizer.encode(prompt)
         if prompt
@@ -93,33 +67,69 @@ def _sample(argv: list[str] | None) -> None:
     )
     max_new_tokens = f.max_new_tokens or model_config.block_size - len(ids)
     check_length(model_config, len(ids), max_new_tokens)
-    tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
     model = model_config.replace(dtype="float32")
     model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
+    sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
+    tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
-    rng = jax.random.key(f.seed)
+    _print_samples(f, prompt, tokenizer, model, params, tokens, jax.random.key(f.seed), **args)
 
-    def text(new_ids):
-        new_ids = list(new_ids)
-        if tokenizer.eot_id in new_ids:
-            new_ids = new_ids[: new_ids.index(tokenizer.eot_id)]
-        return tokenizer.decode(new_ids)
+
+def _prompt(f: flags.FlagValues) -> str:
+    """The prompt the flags give, once they are known to describe a sample that can be made."""
+    if not f.workdir and not f.init_from:
+        cli.fail("no model given; pass --workdir DIR of a run trained with train.py, or --init_from gpt2 (or a path)")
+    if f.num_samples < 1:
+        cli.fail(f"num_samples={f.num_samples} must be at least 1")
+    if not f.prompt_file:
+        return f.prompt
+    try:
+        return Path(f.prompt_file).read_text()
+    except OSError as error:
+        cli.fail(f"cannot read --prompt_file {f.prompt_file}: {error.strerror}")
+
+
+def _load(f: flags.FlagValues):
+    """(model config, parameters, tokenizer) of the workdir's newest checkpoint or the Hugging
+    Face weights, the parameters split over every device's share of the heads and MLP width:
+    decoding is one token at a time, so the model is split rather than a batch of a few
+    prompts (on one device, that device)."""
+    import jax
+
+    from jaxgpt.config import MeshConfig
+    from jaxgpt.hardware import runtime
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.sharding import make_mesh, shardings_like
+
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
+    if not f.init_from:
+        run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
+        return run.model, params, tokenizer
+    from jaxgpt.hf import load_pretrained, pretrained_tokenizer
+
+    model_config, params, family = load_pretrained(f.init_from)
+    return model_config, jax.device_put(params, shardings_like(params, mesh)), pretrained_tokenizer(f.init_from, family)
+
+
+def _print_samples(f: flags.FlagValues, prompt: str, tokenizer, model, params, tokens, rng, **args) -> None:
+    """Each sample after its prompt, cut at the end-of-text token; with --stream, the first
+    sample token by token as it is made."""
+    from jaxgpt.sampling import generate, generate_stream
 
     if f.stream:
         print(prompt, end="", flush=True)
-        made = []
         for token in generate_stream(model, params, tokens, rng, **args):
-            made.append(int(token[0]))
-            if made[-1] == tokenizer.eot_id:
+            if int(token[0]) == tokenizer.eot_id:
                 break
-            print(tokenizer.decode([made[-1]]), end="", flush=True)
+            print(tokenizer.decode([int(token[0])]), end="", flush=True)
         print()
         return
     for i, row in enumerate(generate(model, params, tokens, rng, **args).tolist()):
         if f.num_samples > 1:
             print(f"--- sample {i + 1}")
-        print(prompt + text(row))
+        made = row[: row.index(tokenizer.eot_id)] if tokenizer.eot_id in row else row
+        print(prompt + tokenizer.decode(made))
 
 
 if __name__ == "__main__":

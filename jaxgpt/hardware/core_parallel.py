@@ -20,8 +20,6 @@ from fold_in(step key, core).
 
 from __future__ import annotations
 
-import dataclasses
-import time
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -30,29 +28,10 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import sharding
-from jaxgpt.config import MeshConfig, RunConfig, with_train
-from jaxgpt.hardware import runtime
-from jaxgpt.hardware.autotune import fill_microbatches
+from jaxgpt.config import RunConfig
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
-
-
-def cores_for(mesh) -> list:
-    """The CPU devices, one per core, a run on `mesh` can split its batch over: those
-    `runtime.configure` made, when the mesh is the first of them alone (the CPU default) and
-    this is the only process; else the mesh's first device alone (no split)."""
-    cores = runtime.core_devices()
-    if mesh.size == 1 and mesh.devices.flat[0] == cores[0] and jax.process_count() == 1:
-        return cores
-    return [mesh.devices.flat[0]]
-
-
-def cores_sharing_the_batch(run: RunConfig, cores: int) -> int:
-    """How many of `cores` can take an equal share of the batch: the largest count, at most
-    `cores`, dividing batch_size (and batch_size / microbatches when those are set)."""
-    rows = run.train.batch_size // (run.train.microbatches or 1)
-    return max(n for n in range(1, cores + 1) if rows % n == 0)
 
 
 def core_gradients(params, key, step, windows, core, *, model, microbatches: int):
@@ -80,14 +59,14 @@ class CoreParallelStep:
 
     def __init__(self, run: RunConfig, devices: list):
         self.devices = list(devices)
-        self.batch_mesh = sharding.make_mesh(MeshConfig(data=len(devices)), self.devices)
+        self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
+        self.device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
         model, optimizer = GPT(run.model), make_optimizer(run.train)
         self._gradients = jax.jit(partial(core_gradients, model=model, microbatches=run.train.microbatches))
         update = partial(average_and_apply, optimizer=optimizer, layer_grad_norms=run.train.log_layer_grad_norms)
         self._apply = jax.jit(update, donate_argnums=0)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self._eval_loss = jax.jit(partial(eval_step, model=model))
-        self.device_meshes = [sharding.make_mesh(MeshConfig(1, 1, 1), [d]) for d in self.devices]
         self._lowered: tuple | None = None  # (each core's gradient program, the update), traced
         self._compiled_gradients: dict | None = None
         self._compiled_apply = None
@@ -153,31 +132,3 @@ class CoreParallelStep:
         holds a collective. Compiles them first unless `compile` already has."""
         self.compile(state, windows)
         return [c.as_text() for c in self._compiled_gradients.values()] + [self._compiled_apply.as_text()]
-
-
-@dataclasses.dataclass(frozen=True)
-class CorePlan:
-    run: RunConfig  # train.microbatches filled in: per core, passes over its rows
-    devices: list  # the cores' CPU devices; one means the plain one-device step
-    note: str | None  # what was chosen, for the start-up lines
-
-
-def plan(run: RunConfig, devices: list) -> CorePlan:
-    """How a one-device CPU run uses `devices` (one per core): as many cores as share the batch
-    evenly, each with the fewest microbatches whose program fits the CPU's cache
-    (jaxgpt/hardware/autotune.py, applied to one core's rows on one device)."""
-    n = cores_sharing_the_batch(run, len(devices))
-    if n == 1:
-        return CorePlan(run, devices[:1], None)
-    per_core = with_train(run, batch_size=run.train.batch_size // n)
-    started = time.perf_counter()
-    tuned = fill_microbatches(per_core, sharding.make_mesh(MeshConfig(1, 1, 1), devices[:1]), measure_only=True)
-    microbatches = tuned.run.train.microbatches
-    note = (
-        f"{n} CPU cores, each running the step on {run.train.batch_size // n} of the {run.train.batch_size} rows "
-        f"({microbatches} microbatch{'es' if microbatches > 1 else ''}); no collectives "
-        f"(JAXGPT_CPU_CORES=1 for one device)"
-    )
-    if tuned.why:
-        note += f"; microbatches per core {microbatches} ({tuned.why}) [{time.perf_counter() - started:.1f} s]"
-    return CorePlan(with_train(run, microbatches=microbatches), devices[:n], note)

@@ -22,8 +22,8 @@ import resource
 from pathlib import Path
 
 import jax
+import numpy as np
 
-from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.errors import UserError
 
@@ -46,22 +46,52 @@ class Footprint:
         return self.state + self.gradients + self.activations
 
 
-def state_bytes(run: RunConfig, mesh, layout=None) -> tuple[int, int]:
-    """(parameters with optimizer state, parameters alone), per device, from shapes only (the
-    state's `layout`, from mesh_step.state_layout, where the caller has it)."""
-    from jaxgpt.hardware.mesh_step import state_layout
+def shard_bytes(layout) -> int:
+    """Bytes one device holds of a tree of sharded shape structs (every device holds as much:
+    the rules only split dimensions the axis divides)."""
+    return sum(
+        math.prod(leaf.sharding.shard_shape(leaf.shape)) * np.dtype(leaf.dtype).itemsize
+        for leaf in jax.tree.leaves(layout)
+    )
 
-    layout = layout if layout is not None else state_layout(run, mesh)[0]
-    params = sharding.shard_bytes(layout.params)
-    return params + sharding.shard_bytes(layout.opt_state), params
+
+def bytes_per_device(tree) -> int:
+    """Bytes of `tree`'s arrays held by the first device (its shards, or whole copies)."""
+    device = jax.devices()[0]
+    total = 0
+    for leaf in jax.tree.leaves(tree):
+        for shard in leaf.addressable_shards:
+            if shard.device == device:
+                total += int(np.prod(shard.data.shape)) * leaf.dtype.itemsize
+    return total
 
 
-def footprint(run: RunConfig, mesh, state: tuple[int, int] | None = None) -> Footprint:
-    """The lower bound described above; `state` is `state_bytes(run, mesh)` when known."""
+def state_bytes(layout) -> tuple[int, int]:
+    """(parameters with optimizer state, parameters alone), per device, from the state's
+    `layout` (mesh_step.state_layout: shapes and shardings, nothing allocated)."""
+    params = shard_bytes(layout.params)
+    return params + shard_bytes(layout.opt_state), params
+
+
+def position_table_bytes(layout) -> tuple[int, int]:
+    """(state bytes, parameter bytes) per device of the learned position table (wpe) and its
+    optimizer moments: the only part of the state that grows with block_size, row for row (its
+    rows are never split over the mesh), so a smaller block's state follows without a layout."""
+
+    def table(tree) -> int:
+        leaves = jax.tree_util.tree_leaves_with_path(tree)
+        return shard_bytes([leaf for path, leaf in leaves if any(getattr(k, "key", None) == "wpe" for k in path)])
+
+    params = table(layout.params)
+    return params + table(layout.opt_state), params
+
+
+def footprint(run: RunConfig, mesh, state: tuple[int, int]) -> Footprint:
+    """The lower bound described above; `state` is the run's `state_bytes`."""
     model, train = run.model, run.train
-    state_total, params = state if state is not None else state_bytes(run, mesh)
+    state_total, params = state
     batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
-    # microbatches=0 lets the CPU autotuner choose: it may choose rows of one
+    # microbatches=0 lets the machine choose (step_choice.py): it may choose rows of one
     rows = math.ceil(train.batch_size / (train.microbatches or train.batch_size) / batch_devices)
     compute = 2 if train.dtype == "bfloat16" else 4
     t = model.block_size
@@ -158,58 +188,81 @@ def device_memory_bytes(device) -> int | None:
     return device_memory_limit(device)
 
 
-def check_fits(run: RunConfig, mesh, layout=None) -> None:
-    """Refuse, with one UserError line, a run whose footprint exceeds a memory it uses; the
-    line gives the estimate and the largest batch_size (or else block_size) that fits."""
-    mappable = check_address_space()
-    device = mesh.devices.flat[0]
-    on_cpu = device.platform == "cpu"  # the devices are the host's cores: one memory
-    capacity = {"host": host_memory_bytes(), "device": None if on_cpu else device_memory_limit(device)}
-    state = state_bytes(run, mesh, layout)
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """The memories a run on `mesh` uses, in bytes (None: not reported, so never exceeded)."""
 
-    def excess(candidate: RunConfig, candidate_state=state) -> tuple[str, int] | None:
-        """(the memory it overflows, bytes it needs there), or None where it fits."""
-        fp = footprint(candidate, mesh, candidate_state)
+    mesh: object
+    host: int
+    device: int | None  # None on a CPU: its devices are the host's cores, one memory
+
+    @classmethod
+    def of(cls, mesh) -> Capacity:
+        device = mesh.devices.flat[0]
+        return cls(mesh, host_memory_bytes(), None if device.platform == "cpu" else device_memory_limit(device))
+
+    def excess(self, run: RunConfig, state: tuple[int, int]) -> tuple[str, int] | None:
+        """(the memory `run` overflows, bytes it needs there), or None where it fits; `state`
+        is its state_bytes."""
+        fp = footprint(run, self.mesh, state)
+        on_cpu = self.mesh.devices.flat[0].platform == "cpu"
         demands = {"host": fp.device + fp.host} if on_cpu else {"device": fp.device, "host": fp.host}
         for memory, need in demands.items():
-            if capacity[memory] is not None and need > capacity[memory]:
+            have = getattr(self, memory)
+            if have is not None and need > have:
                 return memory, need
         return None
 
-    if (overflow := excess(run)) is None:
+
+def check_fits(run: RunConfig, mesh, layout) -> None:
+    """Refuse, with one UserError line, a run whose footprint exceeds a memory it uses; the
+    line gives the estimate and the largest batch_size (or else block_size) that fits. `layout`:
+    the run's state on `mesh` (mesh_step.state_layout)."""
+    mappable = check_address_space()
+    capacity, state = Capacity.of(mesh), state_bytes(layout)
+    if (overflow := capacity.excess(run, state)) is None:
         return
     memory, need = overflow
-    have = capacity[memory]
-    t = run.train
-    what = f"train.batch_size={t.batch_size} with model.block_size={run.model.block_size}"
+    have = getattr(capacity, memory)
+    what = f"train.batch_size={run.train.batch_size} with model.block_size={run.model.block_size}"
     estimate = f"needs at least {need / GiB:,.1f} GiB of {memory} memory, more than its {have / GiB:,.1f} GiB"
     if memory == "host" and mappable is not None and have < mappable:
         estimate += (
             f" (the {mappable / GiB:,.1f} GiB `ulimit -v` allows this process, less about "
             f"{RUNTIME_ADDRESS_SPACE / GiB:.1f} GiB JAX and XLA map for themselves: raise it with ulimit -v)"
         )
-    unit = max(t.microbatches, 1) * mesh.shape["data"] * mesh.shape["fsdp"]  # batches must be multiples
-    small = with_train(run, batch_size=unit)
-    if excess(small) is None:
-        fits = largest(lambda n: excess(with_train(run, batch_size=n * unit)) is None, math.ceil(t.batch_size / unit))
-        hint = " (or keep it and raise train.microbatches)" if memory == "device" else ""
-        raise UserError(f"{what} {estimate}; the largest batch_size that fits is {fits * unit}{hint}")
+    raise UserError(f"{what} {estimate}; " + _what_fits(run, capacity, state, position_table_bytes(layout), memory))
 
-    def fits_block(block: int) -> bool:
+
+def _what_fits(run: RunConfig, capacity: Capacity, state, table, memory: str) -> str:
+    """The end of check_fits' line for a run that overflows `memory`: the largest batch_size
+    that fits; or, when not even the smallest batch does, the largest block_size at that batch;
+    or, when not even one token per row does, what to change in the model."""
+    mesh = capacity.mesh
+    unit = max(run.train.microbatches, 1) * mesh.shape["data"] * mesh.shape["fsdp"]  # batches must be multiples
+    small = with_train(run, batch_size=unit)
+    if capacity.excess(small, state) is None:
+        fits = lambda n: capacity.excess(with_train(run, batch_size=n * unit), state) is None  # noqa: E731
+        hint = " (or keep it and raise train.microbatches)" if memory == "device" else ""
+        return (
+            f"the largest batch_size that fits is {largest(fits, math.ceil(run.train.batch_size / unit)) * unit}{hint}"
+        )
+
+    def fits_block(block: int) -> bool:  # learned positions: the table's rows go with the block
+        rows = block / run.model.block_size
+        candidate_state = tuple(whole - part + round(part * rows) for whole, part in zip(state, table, strict=True))
         candidate = dataclasses.replace(small, model=small.model.replace(block_size=block))
-        learned = run.model.position == "learned"  # the only parameters that grow with the block
-        return excess(candidate, state_bytes(candidate, mesh) if learned else state) is None
+        return capacity.excess(candidate, candidate_state) is None
 
     if fits_block(1):
-        largest_block = largest(fits_block, run.model.block_size)
-        raise UserError(
-            f"{what} {estimate}; even batch_size={unit} does not fit, and the largest block_size that fits "
-            f"at that batch is {largest_block}"
+        return (
+            f"even batch_size={unit} does not fit, and the largest block_size that fits at that batch is "
+            f"{largest(fits_block, run.model.block_size)}"
         )
-    raise UserError(
-        f"{what} does not fit even as one token per row: the model's parameters, gradients and optimizer "
-        f"state need {sum(state) / GiB:,.1f} GiB per device of the {have / GiB:,.1f} GiB; make the model "
-        "smaller (d_model, n_layer, vocab_size)" + (" or shard it (--config.mesh.fsdp=-1)" if mesh.size > 1 else "")
+    return (
+        f"it does not fit even as one token per row: the model's parameters, gradients and optimizer state need "
+        f"{sum(state) / GiB:,.1f} GiB per device; make the model smaller (d_model, n_layer, vocab_size)"
+        + (" or shard it (--config.mesh.fsdp=-1)" if mesh.size > 1 else "")
     )
 
 

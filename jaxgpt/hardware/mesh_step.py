@@ -14,7 +14,6 @@ import jax.numpy as jnp
 
 from jaxgpt import sharding
 from jaxgpt.config import RunConfig
-from jaxgpt.errors import UserError
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import TrainState, create_train_state, eval_step, seed_key_data, train_step
@@ -31,11 +30,9 @@ def state_layout(run: RunConfig, mesh):
     return layout, partial(jax.jit(create, out_shardings=shardings), key_data)
 
 
-def jit_train_step(run: RunConfig, mesh, layout=None):
+def jit_train_step(run: RunConfig, mesh, layout):
     """`train_step` for this run, jitted with the shardings of its state (`layout`, from
-    state_layout, where the caller has it) and batches. The old state's buffers are donated to
-    the new one."""
-    layout = layout if layout is not None else state_layout(run, mesh)[0]
+    state_layout) and batches. The old state's buffers are donated to the new one."""
     state_shardings = jax.tree.map(lambda s: s.sharding, layout)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
     step = partial(
@@ -70,10 +67,9 @@ class MeshStep:
 
     what = "the train step, one program over the mesh"  # for the line that says it compiled
 
-    def __init__(self, run: RunConfig, mesh, compiled=None, layout=None):
+    def __init__(self, run: RunConfig, mesh, layout, compiled=None):
         self.batch_mesh = mesh  # batches are sharded over the mesh's data axes
         self.devices = list(mesh.devices.flat)
-        layout = layout if layout is not None else state_layout(run, mesh)[0]
         self._step = jit_train_step(run, mesh, layout)
         self._compiled = compiled  # choosing the microbatches may have compiled it already
         self._lowered = None
@@ -115,18 +111,3 @@ class MeshStep:
     def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
         """The compiled program's HLO, compiling it first if needed."""
         return [self.compile(state, windows)._compiled.as_text()]
-
-
-def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
-    parallel = sharding.data_parallel_size(mesh)
-    per_microbatch = run.train.batch_size // run.train.microbatches
-    if per_microbatch % parallel or run.train.batch_size % jax.process_count():
-        unit = parallel * run.train.microbatches  # the batch sizes that split are its multiples
-        sizes = sorted({max(run.train.batch_size // unit, 1) * unit, -(-run.train.batch_size // unit) * unit})
-        fewer = max(d for d in range(1, parallel + 1) if parallel % d == 0 and per_microbatch % d == 0)
-        mesh_fix = f" or --config.mesh.data={fewer}" if mesh.shape.get("fsdp", 1) == 1 and fewer > 1 else ""
-        raise UserError(
-            f"train.batch_size={run.train.batch_size} (over {run.train.microbatches} microbatches) does not split "
-            f"over the {parallel} data-parallel devices of mesh {dict(mesh.shape)}; make batch_size / microbatches "
-            f"a multiple of {parallel} (--config.train.batch_size={' or '.join(map(str, sizes))}){mesh_fix}"
-        )

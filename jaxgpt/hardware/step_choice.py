@@ -1,29 +1,51 @@
-"""Which compiled training step a run uses on the devices it has, chosen in one place.
-
-The trainer, `jaxgpt.check`'s pre-flight checks and the benchmarks all call `choose_step`, so
-what they compile, measure and time is the program training runs. Both steps apply
-`train_step.gradients` then `train_step.apply_gradients`, and have one interface (`Step`):
+"""Which compiled training step a run uses on the devices it has, and with how many
+microbatches: chosen in one place. The trainer, `jaxgpt.check`'s pre-flight checks, the
+benchmarks and the TPU compile (`check --target`, jaxgpt/hardware/tpu.py) all call
+`choose_step`, so what they compile, measure and time is the program training runs. Both steps
+apply `train_step.gradients` then `train_step.apply_gradients`, and have one interface (`Step`):
 
   - MeshStep (jaxgpt/hardware/mesh_step.py): `train_step` jitted over the run's device mesh,
     one SPMD program; on accelerators, several processes, or CPU devices asked for as a mesh.
   - CoreParallelStep (jaxgpt/hardware/core_parallel.py): one single-device program per CPU core on its
-    share of the batch, joined on the first core; the CPU default when the batch splits.
+    share of the batch, joined on the first core; the CPU default when the batch splits (`plan`).
 
-Either way train.microbatches = 0 is filled in by the machine (jaxgpt/hardware/autotune.py). A
-TPU compiled ahead of time (`check --target`, jaxgpt/hardware/tpu.py) gets its step here too.
+Microbatches: `train.microbatches = 0` (the default) asks for the fewest microbatches whose
+compiled train step keeps its temporary buffers within a budget:
+  - on a CPU, the last-level cache the OS reports. A small model's step is bound by memory
+    traffic, not arithmetic: once its temporaries spill out of the cache, every elementwise
+    op runs at DRAM speed (docs/benchmarks.md measures the jump). Splitting the batch into
+    microbatches shrinks the activations each pass keeps while the gradient, accumulated over
+    the pieces inside the step, is the same up to float32 summation order;
+  - on an accelerator, the device's memory less what the state already holds: microbatches
+    there are for fitting at all, not for speed.
+The temporaries come from XLA's own memory analysis of the compiled step, not a formula. The
+first candidate compiled is one microbatch; when that is over budget the largest split is
+compiled too, and the rest are interpolated: temporaries are a fixed part (gradients, their
+accumulator) plus activations that shrink as 1/microbatches. An accelerator's compiler may
+refuse the first outright (out of memory), which leaves nothing to interpolate from: then the
+counts in between are bisected, one compile each.
+
+Where the candidates are only measured (the CPU's per-core `plan`: each core then compiles the
+program it runs, jaxgpt/hardware/core_parallel.py), they are compiled without LLVM's
+optimisations, a quarter to a third faster: XLA assigns every buffer before LLVM sees the
+program, so the temporaries are the optimised step's to the byte (tests/test_microbatches.py).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import time
 from typing import NamedTuple, Protocol
 
 import jax
 
-from jaxgpt.config import RunConfig
-from jaxgpt.hardware import core_parallel
-from jaxgpt.hardware.autotune import fill_microbatches
+from jaxgpt import sharding
+from jaxgpt.config import RunConfig, with_train
+from jaxgpt.errors import UserError
+from jaxgpt.hardware import memory, peak_flops, runtime
 from jaxgpt.hardware.core_parallel import CoreParallelStep
-from jaxgpt.hardware.mesh_step import MeshStep, check_batch_fits_mesh
+from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, jit_train_step
 from jaxgpt.train_step import TrainState
 
 
@@ -51,16 +73,198 @@ class ChosenStep(NamedTuple):
     note: str | None  # what was chosen and why, for the start-up lines
 
 
-def choose_step(run: RunConfig, mesh, device_bytes: int | None = None, layout=None) -> ChosenStep:
-    """The step for `run` on `mesh`: one program per CPU core when the mesh is the CPU default
-    and the batch splits over several cores, else the mesh's own jitted step. `device_bytes`
-    is each accelerator's memory where the devices cannot say (compile-only TPU devices);
-    `layout` the state's on `mesh` (mesh_step.state_layout), where the caller has it."""
-    cores = core_parallel.cores_for(mesh)
+def choose_step(run: RunConfig, mesh, layout, device_bytes: int | None = None) -> ChosenStep:
+    """The step for `run` on `mesh`, its state laid out as `layout` (mesh_step.state_layout):
+    one program per CPU core when the mesh is the CPU default and the batch splits over several
+    cores, else the mesh's own jitted step. `device_bytes` is each accelerator's memory where
+    the devices cannot say (compile-only TPU devices)."""
+    cores = cores_for(mesh)
     if len(cores) > 1:
-        plan = core_parallel.plan(run, cores)
-        if len(plan.devices) > 1:
-            return ChosenStep(plan.run, CoreParallelStep(plan.run, plan.devices), plan.note)
-    tuned = fill_microbatches(run, mesh, device_bytes, layout=layout)
+        chosen = plan(run, cores, mesh, layout)
+        if len(chosen.devices) > 1:
+            return ChosenStep(chosen.run, CoreParallelStep(chosen.run, chosen.devices), chosen.note)
+    tuned = fill_microbatches(run, mesh, layout, device_bytes)
     check_batch_fits_mesh(tuned.run, mesh)
-    return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, tuned.compiled, layout), tuned.note)
+    return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, layout, tuned.compiled), tuned.note)
+
+
+# The CPU's cores
+
+
+def cores_for(mesh) -> list:
+    """The CPU devices, one per core, a run on `mesh` can split its batch over: those
+    `runtime.configure` made, when the mesh is the first of them alone (the CPU default) and
+    this is the only process; else the mesh's first device alone (no split)."""
+    cores = runtime.core_devices()
+    if mesh.size == 1 and mesh.devices.flat[0] == cores[0] and jax.process_count() == 1:
+        return cores
+    return [mesh.devices.flat[0]]
+
+
+def cores_sharing_the_batch(run: RunConfig, cores: int) -> int:
+    """How many of `cores` can take an equal share of the batch: the largest count, at most
+    `cores`, dividing batch_size (and batch_size / microbatches when those are set)."""
+    rows = run.train.batch_size // (run.train.microbatches or 1)
+    return max(n for n in range(1, cores + 1) if rows % n == 0)
+
+
+@dataclasses.dataclass(frozen=True)
+class CorePlan:
+    run: RunConfig  # train.microbatches filled in: per core, passes over its rows
+    devices: list  # the cores' CPU devices; one means the plain one-device step
+    note: str | None  # what was chosen, for the start-up lines
+
+
+def plan(run: RunConfig, devices: list, mesh, layout) -> CorePlan:
+    """How a one-device CPU run on `mesh` (the first of `devices`, its state laid out as
+    `layout`) uses `devices`, one per core: as many cores as share the batch evenly, each with
+    the fewest microbatches whose program fits the CPU's cache (fill_microbatches, applied to
+    one core's rows on the same one device)."""
+    n = cores_sharing_the_batch(run, len(devices))
+    if n == 1:
+        return CorePlan(run, devices[:1], None)
+    per_core = with_train(run, batch_size=run.train.batch_size // n)
+    started = time.perf_counter()
+    tuned = fill_microbatches(per_core, mesh, layout, measure_only=True)
+    microbatches = tuned.run.train.microbatches
+    note = (
+        f"{n} CPU cores, each running the step on {run.train.batch_size // n} of the {run.train.batch_size} rows "
+        f"({microbatches} microbatch{'es' if microbatches > 1 else ''}); no collectives "
+        f"(JAXGPT_CPU_CORES=1 for one device)"
+    )
+    if tuned.why:
+        note += f"; microbatches per core {microbatches} ({tuned.why}) [{time.perf_counter() - started:.1f} s]"
+    return CorePlan(with_train(run, microbatches=microbatches), devices[:n], note)
+
+
+# Microbatches
+
+FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
+ACCELERATOR_HEADROOM = 0.9  # leave XLA's allocator a tenth of the device's memory
+MEASURE_ONLY = {"xla_backend_optimization_level": 0}  # LLVM's level: buffers are assigned before it
+
+
+def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
+    """Microbatch counts that give every data-parallel device the same whole number of rows."""
+    return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
+
+
+def compile_step(run: RunConfig, mesh, layout, measure_only: bool = False):
+    """The train step of `run`, compiled ahead of time for its state (`layout`) and batch;
+    raises memory.OutOfMemory where the compiler refuses it. `measure_only`: for its memory
+    analysis, never to run (a CPU program compiled without LLVM's optimisations)."""
+    with memory.refusals_as_out_of_memory():
+        lowered = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh))
+        return lowered.compile(MEASURE_ONLY if measure_only else None)
+
+
+def temp_bytes(compiled) -> int:
+    """Temporary bytes per device of a compiled step, from XLA's memory analysis."""
+    analysis = compiled.memory_analysis()
+    return int(analysis.temp_size_in_bytes) if analysis is not None else 0
+
+
+def step_temp_bytes(run: RunConfig, mesh, layout, microbatches: int, measure_only: bool = False) -> int:
+    return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh, layout, measure_only))
+
+
+def memory_budget(mesh, layout, device_bytes: int | None = None) -> tuple[int, str]:
+    """(bytes the step's temporaries should stay within, where that figure comes from).
+    `device_bytes`: an accelerator's memory where its devices cannot report it (compile-only)."""
+    device = mesh.devices.flat[0]
+    if device.platform == "cpu":
+        for level in (3, 2):
+            if size := peak_flops.cpu_cache_bytes(level):
+                return size, f"the CPU's {size // 2**20} MiB L{level} cache"
+        return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
+    limit = device_bytes or memory.device_memory_limit(device)
+    if not limit:
+        return 2**62, "no memory limit reported"
+    state, _ = memory.state_bytes(layout)
+    return int(limit * ACCELERATOR_HEADROOM) - state, f"{limit / 2**30:.0f} GiB of device memory less the state"
+
+
+def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[int, dict[int, int]]:
+    """The fewest microbatches whose temporaries fit `budget`, and the temporaries measured
+    ({microbatches: bytes}). `temp_bytes(m)` compiles; it is called for the first choice and,
+    if that does not fit, for the last; the others are interpolated as fixed + activations / m,
+    or bisected where the first gave no figure (inf: the compiler refused it). With nothing
+    fitting, the most microbatches (the least memory)."""
+    measured = {choices[0]: temp_bytes(choices[0])}
+    if measured[choices[0]] <= budget or len(choices) == 1:
+        return choices[0], measured
+    first, last = choices[0], choices[-1]
+    measured[last] = temp_bytes(last)
+    if measured[last] > budget:
+        return last, measured
+    if math.isinf(measured[first]):
+        too_few, enough = 0, len(choices) - 1  # fitting is monotone in the count: bisect
+        while enough - too_few > 1:
+            middle = (too_few + enough) // 2
+            measured[choices[middle]] = temp_bytes(choices[middle])
+            too_few, enough = (too_few, middle) if measured[choices[middle]] <= budget else (middle, enough)
+        return choices[enough], measured
+    # temp(m) = fixed + activations / m through the two measured points
+    activations = (measured[first] - measured[last]) / (1 / first - 1 / last)
+    fixed = measured[first] - activations / first
+    for m in choices[1:-1]:
+        if fixed + activations / m <= budget:
+            return m, measured
+    return last, measured
+
+
+class Tuned(NamedTuple):
+    run: RunConfig  # with train.microbatches filled in
+    note: str | None  # what was chosen and why; None when the config chose
+    compiled: object | None  # the chosen step, when choosing compiled it: no need to compile it again
+    why: str | None = None  # the measurements and budget behind the choice, when the machine chose
+
+
+def fill_microbatches(
+    run: RunConfig, mesh, layout, device_bytes: int | None = None, measure_only: bool = False
+) -> Tuned:
+    """`run` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's).
+    `layout`: the state's on `mesh`, the same for every microbatch count. `measure_only`: the
+    caller compiles the step it runs itself (none is returned)."""
+    if run.train.microbatches:
+        return Tuned(run, None, None)
+    choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
+    if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
+        return Tuned(with_train(run, microbatches=choices[0] if choices else 1), None, None)
+    budget, source = memory_budget(mesh, layout, device_bytes)
+    compiled: dict[int, object] = {}
+
+    def measure(m: int) -> float:
+        try:
+            compiled[m] = compile_step(with_train(run, microbatches=m), mesh, layout, measure_only)
+        except memory.OutOfMemory:
+            return math.inf
+        return temp_bytes(compiled[m])
+
+    chosen, measured = choose_microbatches(choices, budget, measure)
+    sizes = {m: f"{b / 2**20:.0f} MiB" if b < math.inf else "out of memory" for m, b in sorted(measured.items())}
+    seen = ", ".join(f"{m}: {size}" for m, size in sizes.items())
+    why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
+    return Tuned(
+        with_train(run, microbatches=chosen),
+        f"train.microbatches=0 -> {chosen} ({why})",
+        None if measure_only else compiled.get(chosen),
+        why,
+    )
+
+
+def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
+    """One line where the batch, over its microbatches, does not split over the mesh's data-parallel
+    devices (or its processes), naming the batch sizes and mesh that would."""
+    parallel = sharding.data_parallel_size(mesh)
+    per_microbatch = run.train.batch_size // run.train.microbatches
+    if per_microbatch % parallel or run.train.batch_size % jax.process_count():
+        unit = parallel * run.train.microbatches  # the batch sizes that split are its multiples
+        sizes = sorted({max(run.train.batch_size // unit, 1) * unit, -(-run.train.batch_size // unit) * unit})
+        fewer = max(d for d in range(1, parallel + 1) if parallel % d == 0 and per_microbatch % d == 0)
+        mesh_fix = f" or --config.mesh.data={fewer}" if mesh.shape.get("fsdp", 1) == 1 and fewer > 1 else ""
+        raise UserError(
+            f"train.batch_size={run.train.batch_size} (over {run.train.microbatches} microbatches) does not split "
+            f"over the {parallel} data-parallel devices of mesh {dict(mesh.shape)}; make batch_size / microbatches "
+            f"a multiple of {parallel} (--config.train.batch_size={' or '.join(map(str, sizes))}){mesh_fix}"
+        )

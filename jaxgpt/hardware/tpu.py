@@ -125,18 +125,19 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     from jaxgpt.model import flops_per_token
 
     mesh = sharding.make_mesh(run.mesh, devices)
+    layout, _ = state_layout(run, mesh)
     with memory.refusals_as_out_of_memory():
-        run, step, _ = choose_step(run, mesh, device_bytes=tpu.hbm_bytes if tpu else None)
-        layout, _ = state_layout(run, mesh)
+        run, step, _ = choose_step(run, mesh, layout, device_bytes=tpu.hbm_bytes if tpu else None)
         batch = batch_layout(run, mesh)
         step.compile(layout, batch)
     analysis, cost = step.memory_analysis(), step.cost_analysis()
+    state_bytes, params_bytes = memory.state_bytes(layout)
     tokens = run.train.batch_size * run.model.block_size
     return StepOnTpu(
         mesh=dict(mesh.shape),
         microbatches=run.train.microbatches,
-        params_bytes=sharding.shard_bytes(layout.params),
-        optimizer_bytes=sharding.shard_bytes(layout.opt_state),
+        params_bytes=params_bytes,
+        optimizer_bytes=state_bytes - params_bytes,
         inputs_bytes=analysis.argument_size_in_bytes,
         temporaries_bytes=analysis.temp_size_in_bytes,
         xla_flops=float(cost.get("flops", 0.0)),

@@ -26,7 +26,7 @@ from jax.experimental import multihost_utils
 
 from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
-from jaxgpt.config_files import resolve
+from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.mesh_step import state_layout
@@ -78,8 +78,7 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
     notes: list[str] = []
     run = check_runnable(config, notes)  # every check that needs no data, before the slow work
     dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
-    if not isinstance(config, RunConfig):  # the vocabulary is the data's (a character corpus)
-        run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
+    run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)  # the data's (a character corpus)
     data.check_long_enough(dataset, run.model.block_size)
     check_init_from_run(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
@@ -118,8 +117,8 @@ class PlacedRun:
         return (
             f"model: {count_params(state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
             f"mesh {axes} over {mesh.size} x {jax.devices()[0].device_kind}; per device: params "
-            f"{sharding.bytes_per_device(state.params) / 2**20:,.1f} MiB, optimizer state "
-            f"{sharding.bytes_per_device(state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
+            f"{memory.bytes_per_device(state.params) / 2**20:,.1f} MiB, optimizer state "
+            f"{memory.bytes_per_device(state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
             f"GFLOP/s ({self.peak_source})"
         )
 
@@ -127,7 +126,7 @@ class PlacedRun:
 def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     """Stage 3: the run on this machine's devices."""
     mesh = resolved.mesh
-    run, step, note = choose_step(resolved.run, mesh, layout=resolved.layout)
+    run, step, note = choose_step(resolved.run, mesh, resolved.layout)
     if note:
         say(note)
     peak, source = peak_flops(mesh.devices.flatten().tolist())

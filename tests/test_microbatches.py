@@ -9,7 +9,8 @@ from conftest import small_run_config
 from jaxgpt import sharding
 from jaxgpt.config import MeshConfig, with_train
 from jaxgpt.config_files import resolve
-from jaxgpt.hardware import autotune
+from jaxgpt.hardware import step_choice as choice
+from jaxgpt.hardware.mesh_step import state_layout
 
 
 @pytest.mark.parametrize(
@@ -17,7 +18,7 @@ from jaxgpt.hardware import autotune
     [(12, 1, [1, 2, 3, 4, 6, 12]), (12, 2, [1, 2, 3, 6]), (8, 8, [1]), (6, 4, [])],
 )
 def test_choices_give_every_device_whole_rows(batch, parallel, expected):
-    assert autotune.microbatch_choices(batch, parallel) == expected
+    assert choice.microbatch_choices(batch, parallel) == expected
 
 
 def test_the_fewest_fitting_microbatches_are_chosen_from_two_compiles():
@@ -30,11 +31,11 @@ def test_the_fewest_fitting_microbatches_are_chosen_from_two_compiles():
 
     choices = [1, 2, 3, 4, 6, 12]
     # 2 + 120/m <= 32 first holds at m = 4 (2 + 30 = 32; m = 3 gives 42)
-    assert autotune.choose_microbatches(choices, 32, temp_bytes)[0] == 4
+    assert choice.choose_microbatches(choices, 32, temp_bytes)[0] == 4
     assert compiled == [1, 12]
     compiled.clear()
-    assert autotune.choose_microbatches(choices, 200, temp_bytes)[0] == 1 and compiled == [1]
-    assert autotune.choose_microbatches(choices, 1, temp_bytes)[0] == 12  # nothing fits: the least memory
+    assert choice.choose_microbatches(choices, 200, temp_bytes)[0] == 1 and compiled == [1]
+    assert choice.choose_microbatches(choices, 1, temp_bytes)[0] == 12  # nothing fits: the least memory
 
 
 def test_where_the_compiler_refuses_one_microbatch_the_counts_are_bisected():
@@ -47,12 +48,12 @@ def test_where_the_compiler_refuses_one_microbatch_the_counts_are_bisected():
         return math.inf if m < 4 else 2.0 + 120.0 / m
 
     choices = [1, 2, 3, 4, 6, 12]
-    assert autotune.choose_microbatches(choices, 32, temp_bytes)[0] == 4  # 2 + 120/4 = 32 fits
+    assert choice.choose_microbatches(choices, 32, temp_bytes)[0] == 4  # 2 + 120/4 = 32 fits
     assert compiled == [1, 12, 3, 4]  # the ends, then the middle of [1, 12] and of [3, 12]
     compiled.clear()
-    assert autotune.choose_microbatches(choices, 12.5, temp_bytes)[0] == 12 and compiled == [1, 12, 3, 4, 6]
+    assert choice.choose_microbatches(choices, 12.5, temp_bytes)[0] == 12 and compiled == [1, 12, 3, 4, 6]
     compiled.clear()
-    assert autotune.choose_microbatches(choices, 1, temp_bytes)[0] == 12 and compiled == [1, 12]  # none fits
+    assert choice.choose_microbatches(choices, 1, temp_bytes)[0] == 12 and compiled == [1, 12]  # none fits
 
 
 @pytest.mark.slow  # XLA's analysis against the rule's model; the rule itself is tested quick above
@@ -62,8 +63,9 @@ def test_temporaries_shrink_as_the_interpolation_assumes():
     compiled only to be measured (no LLVM optimisation) has the same temporaries, to the byte."""
     run = resolve(small_run_config(batch_size=12), vocab_size=96)
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
-    temp = {m: autotune.step_temp_bytes(run, mesh, m) for m in (1, 3, 12)}
-    assert autotune.step_temp_bytes(run, mesh, 3, measure_only=True) == temp[3]
+    layout, _ = state_layout(run, mesh)
+    temp = {m: choice.step_temp_bytes(run, mesh, layout, m) for m in (1, 3, 12)}
+    assert choice.step_temp_bytes(run, mesh, layout, 3, measure_only=True) == temp[3]
     assert temp[1] > temp[3] > temp[12]
     activations = (temp[1] - temp[12]) / (1 - 1 / 12)
     predicted = temp[1] - activations + activations / 3
@@ -73,15 +75,22 @@ def test_temporaries_shrink_as_the_interpolation_assumes():
 def test_an_explicit_setting_is_kept_and_zero_is_filled():
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
     run = resolve(small_run_config(batch_size=8, microbatches=2), vocab_size=96)
-    assert autotune.fill_microbatches(run, mesh) == (run, None, None, None)
+    layout, _ = state_layout(run, mesh)
+    assert choice.fill_microbatches(run, mesh, layout) == (run, None, None, None)
     auto = with_train(run, microbatches=0)
-    filled, line, compiled, why = autotune.fill_microbatches(auto, mesh)
-    assert filled.train.microbatches in autotune.microbatch_choices(8, 1)
+    filled, line, compiled, why = choice.fill_microbatches(auto, mesh, layout)
+    assert filled.train.microbatches in choice.microbatch_choices(8, 1)
     assert line == f"train.microbatches=0 -> {filled.train.microbatches} ({why})" and "budget" in why
     assert compiled is not None  # the chosen step was compiled while choosing: the trainer reuses it
     # The CPU's per-core plan only measures (each core compiles its own program), so it compiles
     # without LLVM's optimisations: XLA assigns the buffers before LLVM, the same bytes.
-    measured = autotune.step_temp_bytes(auto, mesh, filled.train.microbatches, measure_only=True)
-    assert measured == autotune.temp_bytes(compiled)
+    measured = choice.step_temp_bytes(auto, mesh, layout, filled.train.microbatches, measure_only=True)
+    assert measured == choice.temp_bytes(compiled)
     one_way = sharding.make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))  # 8 rows over 8 devices
-    assert autotune.fill_microbatches(auto, one_way) == (with_train(auto, microbatches=1), None, None, None)
+    one_way_layout, _ = state_layout(auto, one_way)
+    assert choice.fill_microbatches(auto, one_way, one_way_layout) == (
+        with_train(auto, microbatches=1),
+        None,
+        None,
+        None,
+    )
