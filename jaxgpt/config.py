@@ -100,6 +100,45 @@ class RopeScaling:
 
 
 @dataclasses.dataclass(frozen=True)
+class MixtureOfExperts:
+    """A mixture-of-experts feed-forward layer in place of the MLP (Shazeer et al. 2017; Switch
+    Transformer, Fedus et al. 2021; Mixtral, Jiang et al. 2024): a router picks `top_k` of
+    `experts` MLPs for each token, and the token's output is their outputs weighted by the
+    router's probabilities renormalised over the chosen ones (Mixtral's rule).
+
+    experts: how many expert MLPs each MoE layer has (0 in a config file: no MoE).
+    top_k: experts each token is sent to.
+    shared_experts: expert-sized MLPs every token also goes through, outside the routing
+        (DeepSeekMoE, Dai et al. 2024); 0 for none.
+    expert_hidden: hidden width of each expert (None: model.mlp_hidden).
+    capacity_factor: when > 0, each expert takes at most ceil(capacity_factor x t x top_k /
+        experts) of a sequence's t tokens (each sequence routes on its own, so microbatches and
+        devices change nothing), first choices before second ones and earlier tokens first;
+        the assignments past that are dropped (that expert adds nothing to the
+        token; the residual carries it on). 0: dropless, every assignment computed (on a CPU
+        this costs experts / top_k times the compute of the chosen experts alone).
+    every: an MoE layer in every `every`-th block (blocks every-1, 2*every-1, ...), the others
+        dense MLPs; 1 makes every block MoE.
+    aux_loss: coefficient of the load-balancing loss, experts x sum_e f_e P_e (Switch
+        Transformer), f_e the fraction of assignments routed to expert e and P_e its mean
+        router probability; 1 when the load is uniform.
+    z_loss: coefficient of the router z-loss, the mean of logsumexp(router logits)^2 (ST-MoE,
+        Zoph et al. 2022), which keeps the router's logits small.
+    The two losses are averaged over the MoE layers and added to the training objective;
+    the logged loss stays the cross-entropy, comparable with a dense model's.
+    """
+
+    experts: int
+    top_k: int = 2
+    shared_experts: int = 0
+    expert_hidden: int | None = None
+    capacity_factor: float = 0.0
+    every: int = 1
+    aux_loss: float = 0.01
+    z_loss: float = 0.001
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
     """A decoder-only transformer.
 
@@ -160,6 +199,8 @@ class ModelConfig:
     uniform_attention: every query weighs each key it may see equally, 1/t over t keys: what
         attention does if it learns nothing about where to look (the scores are ignored).
     rope_pairing: "half" (GPT-NeoX / Llama) or "interleaved" (the RoPE paper, GPT-J).
+
+    moe: a `MixtureOfExperts` in place of the MLP, or None for dense MLPs.
     """
 
     vocab_size: int = 256
@@ -195,6 +236,7 @@ class ModelConfig:
     mlp: bool = True
     uniform_attention: bool = False
     rope_pairing: str = "half"
+    moe: MixtureOfExperts | None = None
 
     def __post_init__(self):
         # Resolve the derived defaults first so validation sees the numbers the model uses.
@@ -202,6 +244,8 @@ class ModelConfig:
             object.__setattr__(self, "n_kv_head", self.n_head)
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
+        if isinstance(self.moe, dict):
+            object.__setattr__(self, "moe", MixtureOfExperts(**self.moe))
         _check_model(self)
         if self.mlp_hidden is None:
             object.__setattr__(self, "mlp_hidden", default_mlp_hidden(self.d_model, self.activation))
@@ -209,6 +253,15 @@ class ModelConfig:
     @property
     def head_dim(self) -> int:
         return self.d_model // self.n_head
+
+    @property
+    def expert_hidden(self) -> int:
+        """Hidden width of one expert MLP (of a shared one too)."""
+        return (self.moe.expert_hidden if self.moe else None) or self.mlp_hidden
+
+    def is_moe_layer(self, layer: int) -> bool:
+        """Whether block `layer` (from 0) holds a mixture of experts rather than a dense MLP."""
+        return self.moe is not None and layer % self.moe.every == self.moe.every - 1
 
     @property
     def group_size(self) -> int:
@@ -270,26 +323,59 @@ def _check_model(c: ModelConfig) -> None:
     problems.not_negative("logit_softcap")
     if not isinstance(c.attention_window, int) or isinstance(c.attention_window, bool) or c.attention_window < 0:
         problems.add("attention_window", "must be a whole number of tokens, or 0 for the whole prefix")
-    if c.rope_scaling is not None:
-        s = c.rope_scaling
-        if c.position != "rope":
-            problems.add("position", "but rope_scaling is set; set position='rope' or drop rope_scaling")
-        if s.kind not in ROPE_SCALINGS:
-            allowed = ", ".join(map(repr, ROPE_SCALINGS))
-            problems.found.append(f"model.rope_scaling.kind={s.kind!r} is not one of {allowed}")
-        if not s.factor > 0:
-            problems.found.append(f"model.rope_scaling.factor={s.factor!r} must be positive")
-        if s.kind in ("yarn", "llama3") and not (s.original_block_size or 0) > 0:
-            problems.found.append(
-                f"model.rope_scaling.original_block_size={s.original_block_size!r}: {s.kind} needs the positive "
-                "context length the model was trained with"
-            )
-        if s.kind == "llama3" and not 0 < s.low_freq_factor < s.high_freq_factor:
-            problems.found.append(
-                f"model.rope_scaling.low_freq_factor={s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}: "
-                "llama3 needs 0 < low_freq_factor < high_freq_factor (Llama 3.1: 1 and 4)"
-            )
+    _check_rope_scaling(c, problems)
+    _check_moe(c, problems)
     problems.raise_if_any()
+
+
+def _check_rope_scaling(c: ModelConfig, problems: Problems) -> None:
+    if c.rope_scaling is None:
+        return
+    s = c.rope_scaling
+    if c.position != "rope":
+        problems.add("position", "but rope_scaling is set; set position='rope' or drop rope_scaling")
+    if s.kind not in ROPE_SCALINGS:
+        allowed = ", ".join(map(repr, ROPE_SCALINGS))
+        problems.found.append(f"model.rope_scaling.kind={s.kind!r} is not one of {allowed}")
+    if not s.factor > 0:
+        problems.found.append(f"model.rope_scaling.factor={s.factor!r} must be positive")
+    if s.kind in ("yarn", "llama3") and not (s.original_block_size or 0) > 0:
+        problems.found.append(
+            f"model.rope_scaling.original_block_size={s.original_block_size!r}: {s.kind} needs the positive "
+            "context length the model was trained with"
+        )
+    if s.kind == "llama3" and not 0 < s.low_freq_factor < s.high_freq_factor:
+        problems.found.append(
+            f"model.rope_scaling.low_freq_factor={s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}: "
+            "llama3 needs 0 < low_freq_factor < high_freq_factor (Llama 3.1: 1 and 4)"
+        )
+
+
+def _check_moe(c: ModelConfig, problems: Problems) -> None:
+    if c.moe is None:
+        return
+    m = c.moe
+    moe = Problems("model.moe", m)
+    moe.positive_integers("experts", "top_k", "every")
+    if isinstance(m.experts, int) and m.experts < 2:
+        moe.add("experts", "must be at least 2 for a choice to route (or 0 in a config file for dense MLPs)")
+    if isinstance(m.top_k, int) and isinstance(m.experts, int) and m.top_k > m.experts:
+        moe.add("top_k", f"is more than the {m.experts} experts; choose at most experts")
+    if not isinstance(m.shared_experts, int) or m.shared_experts < 0:
+        moe.add("shared_experts", "must be a whole number >= 0")
+    if m.expert_hidden is not None:
+        moe.positive_integers("expert_hidden")
+    moe.not_negative("capacity_factor", "aux_loss", "z_loss")
+    if isinstance(m.every, int) and m.every > c.n_layer:
+        moe.add("every", f"is more than n_layer={c.n_layer}, so no block would hold experts; choose at most n_layer")
+    if not c.mlp:
+        problems.add("mlp", "is off, but the experts replace the MLP; turn mlp on or drop model.moe")
+    if c.scan_layers and m.every != 1:
+        moe.add(
+            "every",
+            "mixes MoE and dense blocks, which scan_layers cannot iterate as one; set every=1 or scan_layers=False",
+        )
+    problems.found.extend(moe.found)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -14,7 +14,16 @@ import difflib
 
 import ml_collections
 
-from jaxgpt.config import ConfigError, DataConfig, MeshConfig, ModelConfig, RopeScaling, RunConfig, TrainConfig
+from jaxgpt.config import (
+    ConfigError,
+    DataConfig,
+    MeshConfig,
+    MixtureOfExperts,
+    ModelConfig,
+    RopeScaling,
+    RunConfig,
+    TrainConfig,
+)
 
 SECTIONS = ("model", "data", "train", "mesh")
 
@@ -43,7 +52,7 @@ def base_config() -> ml_collections.ConfigDict:
         return ml_collections.ConfigDict(out)
 
     config = ml_collections.ConfigDict()
-    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS + ("rope_scaling",))
+    config.model = section(ModelConfig, _RUN_OWNED_MODEL_FIELDS + ("rope_scaling", "moe"))
     config.model.vocab_size = ml_collections.config_dict.placeholder(int)  # from the tokenizer
     # A section rather than None, so `--config.model.rope_scaling.kind=yarn` can switch it on;
     # kind "" means no scaling.
@@ -53,6 +62,15 @@ def base_config() -> ml_collections.ConfigDict:
             for f in dataclasses.fields(RopeScaling)
         }
         | {"kind": "", "factor": 1.0}
+    )
+    # Likewise `--config.model.moe.experts=8` switches experts on; experts 0 means dense MLPs.
+    config.model.moe = ml_collections.ConfigDict(
+        {
+            f.name: ml_collections.config_dict.placeholder(int) if f.default is None else f.default
+            for f in dataclasses.fields(MixtureOfExperts)
+            if f.name != "experts"
+        }
+        | {"experts": 0}
     )
     config.data = section(DataConfig)
     config.train = section(TrainConfig)
@@ -86,6 +104,8 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     model = dict(_checked_section(dict(raw.get("model", {})), ModelConfig, "model", _RUN_OWNED_MODEL_FIELDS))
     if isinstance(model.get("rope_scaling"), dict) and not model["rope_scaling"].get("kind"):
         model["rope_scaling"] = None  # the base config's section left off
+    if isinstance(model.get("moe"), dict) and not model["moe"].get("experts"):
+        model["moe"] = None  # likewise: dense MLPs
     data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
     train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
     train_values = _clip_warmup(train_values, notes if notes is not None else [])

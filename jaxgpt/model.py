@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from jaxgpt.attention import CausalSelfAttention
 from jaxgpt.config import ModelConfig
 from jaxgpt.layers import MLP, dtypes, make_norm
+from jaxgpt.moe import MixtureOfExpertsLayer
 from jaxgpt.positions import sinusoidal_embedding
 
 REMAT_POLICIES = {
@@ -32,11 +33,13 @@ class Block(nn.Module):
     pre-norm:  x + attn(norm(x)), then x + mlp(norm(x))
     post-norm: norm(x + attn(x)), then norm(x + mlp(x))
 
-    With config.mlp off (attention-only) the second line, its norm included, is not there.
+    With config.mlp off (attention-only) the second line, its norm included, is not there; in
+    a mixture-of-experts block (moe) the experts take the MLP's place (jaxgpt/moe.py).
     """
 
     config: ModelConfig
     train: bool = False
+    moe: bool = False
 
     @nn.compact
     def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
@@ -52,7 +55,8 @@ class Block(nn.Module):
             x = norm_1(skip(x) + dropout(attention(x, positions, cache_index)))
         if not c.mlp:  # the attention-only ablation
             return x
-        mlp, norm_2 = MLP(c, name="mlp"), make_norm(c, "norm_2")
+        mlp = MixtureOfExpertsLayer(c, name="moe") if self.moe else MLP(c, name="mlp")
+        norm_2 = make_norm(c, "norm_2")
         if c.norm_position == "pre":
             return skip(x) + dropout(mlp(norm_2(x)))
         return norm_2(skip(x) + dropout(mlp(x)))
@@ -149,16 +153,16 @@ class GPT(nn.Module):
         if c.scan_layers:
             scan = nn.scan(
                 _scan_step,
-                variable_axes={"params": 0, "cache": 0, "head_mask": 0},
+                variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0},
                 split_rngs={"params": True, "dropout": True},
                 in_axes=(nn.broadcast, nn.broadcast),
                 length=c.n_layer,
             )
-            x, _ = scan(block(c, train=train, name="blocks"), x, positions, cache_index)
+            x, _ = scan(block(c, train=train, moe=c.moe is not None, name="blocks"), x, positions, cache_index)
             return x, []
         residuals = [x]
         for i in range(c.n_layer):
-            x = block(c, train=train, name=f"block_{i}")(x, positions, cache_index)
+            x = block(c, train=train, moe=c.is_moe_layer(i), name=f"block_{i}")(x, positions, cache_index)
             residuals.append(x)
         return x, residuals if self.is_mutable_collection("intermediates") else []
 
@@ -197,19 +201,35 @@ def count_params(params) -> int:
     return sum(int(p.size) for p in jax.tree.leaves(params))
 
 
+def active_params(config: ModelConfig, params=None) -> int:
+    """Parameters one token's forward pass uses: all of them in a dense model; in a mixture of
+    experts all but the experts the token is not routed to (experts - top_k of each MoE
+    layer's; the router and a shared expert are used by every token). `params`: the model's
+    parameters or their shapes, where the caller has them."""
+    params = params if params is not None else jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    total = count_params(params)
+    if config.moe is None:
+        return total
+    m = config.moe
+    leaves = jax.tree_util.tree_leaves_with_path(params)
+    experts = sum(int(p.size) for path, p in leaves if str(getattr(path[-1], "key", "")).startswith("experts_"))
+    return total - experts // m.experts * (m.experts - m.top_k)
+
+
 def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
     """Training FLOPs per token, 6 N + 12 L d T (Kaplan et al. 2020; PaLM appendix B).
 
     N counts the parameters that take part in matrix multiplies: all of them except the
-    token-embedding lookup (unless tied, when the same matrix is the LM head) and the
-    learned position table. 6 N is a forward (2 N) and backward (4 N) multiply-add per
+    token-embedding lookup (unless tied, when the same matrix is the LM head), the learned
+    position table, and in a mixture of experts the experts a token is not routed to
+    (`active_params`). 6 N is a forward (2 N) and backward (4 N) multiply-add per
     parameter; 12 L d T adds attention's score and value matmuls over a context of T tokens
     (default block_size), with d = n_head * head_dim = d_model. Norms, softmax and
     elementwise work are not counted; MFU figures use this convention.
     """
     seq_len = seq_len or config.block_size
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
-    n = count_params(shapes)
+    n = active_params(config, shapes)
     if "wpe" in shapes:
         n -= count_params(shapes["wpe"])
     if not config.tie_embeddings:

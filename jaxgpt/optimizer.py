@@ -22,14 +22,18 @@ def learning_rate_schedule(train: TrainConfig) -> optax.Schedule:
     )
 
 
+# jaxgpt/moe.py's expert weights: one matrix per expert, stacked (experts, d_in, ..., d_out)
+EXPERT_KERNELS = ("experts_up", "experts_down")
+
+
 def weight_decay_mask(params, decay_embeddings: bool = False):
-    """True for the parameters weight decay applies to: every matmul kernel, and the
+    """True for the parameters weight decay applies to: every matmul kernel (the experts' too), and the
     embeddings only if asked. Decided by name, not by ndim, because scanned layers give norm
     scales and biases a leading layer axis that makes them look like matrices."""
 
     def decays(path, _):
         name = path[-1].key
-        return name == "kernel" or (name == "embedding" and decay_embeddings)
+        return name == "kernel" or name in EXPERT_KERNELS or (name == "embedding" and decay_embeddings)
 
     return jax.tree_util.tree_map_with_path(decays, params)
 
@@ -44,9 +48,11 @@ def muon_dimensions(params):
 
     def dims(path, leaf):
         names = [getattr(p, "key", "") for p in path]
+        layer = 1 if names[0] == "blocks" else 0  # scanned: axis 0 is the layer
+        if names[-1] in EXPERT_KERNELS:  # the expert axis is a batch axis: each expert's matrix on its own
+            return MuonDimensionNumbers(layer + 1, tuple(range(layer + 2, leaf.ndim)))
         if names[-1] != "kernel" or not any(n == "blocks" or n.startswith("block_") for n in names):
             return None
-        layer = 1 if names[0] == "blocks" else 0  # scanned: axis 0 is the layer
         if names[-2] == "out":  # (heads..., d_model): every axis but the last is input
             return MuonDimensionNumbers(tuple(range(layer, leaf.ndim - 1)), leaf.ndim - 1)
         return MuonDimensionNumbers(layer, tuple(range(layer + 1, leaf.ndim)))  # (d_in, outputs...)

@@ -37,6 +37,14 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
 }
 SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
+# A mixture of experts (jaxgpt/moe.py): each expert's MLP split as the MLP is; the expert axis
+# (leading) stays whole on every device for now.
+EXPERT_RULES = {
+    "experts_up": (None, "fsdp", "tensor"),  # (experts, d_model, hidden)
+    "experts_up_bias": (None, None, "tensor"),  # (experts, 1, hidden)
+    "experts_down": (None, "tensor", "fsdp"),  # (experts, hidden, d_model)
+}
+EXPERT_SWIGLU_UP = {"experts_up": (None, "fsdp", None, "tensor"), "experts_up_bias": (None, None, None, "tensor")}
 
 
 def make_mesh(config: MeshConfig, devices=None) -> Mesh:
@@ -88,6 +96,9 @@ def partition_spec(path, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
     axes = RULES.get((module, param))
     if module == "up" and len(shape) >= 2 and shape[-2] == 2:  # SwiGLU's fused (..., 2, hidden)
         axes = SWIGLU_UP[param]
+    if module == "moe":
+        swiglu = param in EXPERT_SWIGLU_UP and len(shape) >= 3 and shape[-2] == 2
+        axes = (EXPERT_SWIGLU_UP if swiglu else EXPERT_RULES).get(param)
     if axes is None or len(shape) < len(axes):
         return PartitionSpec()
     axes = (None,) * (len(shape) - len(axes)) + axes  # a scanned layer axis stays whole

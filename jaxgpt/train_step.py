@@ -71,6 +71,26 @@ def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None 
     return token_losses(model, params, windows, rng).mean()
 
 
+def mixture_of_experts_objective(model: GPT, params, windows: jax.Array, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """(the objective a mixture of experts trains on, its mean cross-entropy): the cross-entropy
+    plus each router loss, averaged over the MoE layers, times its coefficient
+    (config.MixtureOfExperts)."""
+    inputs, targets = windows[:, :-1], windows[:, 1:]
+    logits, sown = model.apply({"params": params}, inputs, train=True, rngs={"dropout": rng}, mutable=["router"])
+    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    moe = model.config.moe
+    return loss + moe.aux_loss * layer_mean(sown["router"], "aux_loss") + moe.z_loss * layer_mean(
+        sown["router"], "z_loss"
+    ), loss
+
+
+def layer_mean(router: dict, name: str) -> jax.Array:
+    """The mean over MoE layers of what each sowed as `name` in the "router" collection (a
+    scanned stack of layers sows one array with a leading layer axis)."""
+    values = [v for path, v in jax.tree_util.tree_leaves_with_path(router) if path[-2].key == name]
+    return jnp.mean(jnp.stack([jnp.mean(v, axis=0) if v.ndim else v for v in values]))
+
+
 def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microbatches: int = 1):
     """(mean loss, mean gradient) over a batch of windows (batch, seq + 1).
 
@@ -80,7 +100,14 @@ def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microba
     parallelism every device keeps its own rows in every piece (contiguous pieces would each
     sit on one device, and XLA would move rows between devices for every piece).
     """
-    loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
+    if model.config.moe is None:
+        loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
+    else:  # the objective adds the router's losses; the loss reported is the cross-entropy alone
+
+        def loss_and_grads(p, w, r):
+            (_, loss), grads = jax.value_and_grad(mixture_of_experts_objective, argnums=1, has_aux=True)(model, p, w, r)
+            return loss, grads
+
     if microbatches == 1:
         return loss_and_grads(params, windows, rng)
     pieces = windows.reshape(-1, microbatches, windows.shape[-1]).swapaxes(0, 1)

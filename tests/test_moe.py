@@ -1,0 +1,251 @@
+"""The mixture-of-experts layer against a float64 NumPy reference written here from the rules
+(routing, Mixtral's renormalisation, capacity queues and drops, the two router losses), its
+parameter and FLOP counts against closed forms, and its training step."""
+
+import math
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
+from jaxgpt.layers import ACTIVATION_FUNCTIONS
+from jaxgpt.model import GPT, active_params, count_params, flops_per_token, init_params
+from jaxgpt.moe import MixtureOfExpertsLayer
+from jaxgpt.optimizer import make_optimizer
+from jaxgpt.train_step import create_train_state, gradients, train_step
+
+D, T, BATCH = 16, 10, 3
+
+
+def model_config(**moe) -> ModelConfig:
+    m = dict(experts=4, top_k=2, expert_hidden=24) | moe
+    return ModelConfig(vocab_size=32, block_size=T, n_layer=2, n_head=2, d_model=D, moe=MixtureOfExperts(**m))
+
+
+def reference(x, p, config: ModelConfig) -> tuple[np.ndarray, dict]:
+    """The layer, token by token in float64: each sequence a group; assignments queue by
+    (slot, token); an expert takes the first `capacity` of its queue."""
+    m = config.moe
+    x = np.asarray(x, np.float64)
+    w = {k: np.asarray(v, np.float64) for k, v in _flat(p).items()}
+    t = x.shape[1]
+    capacity = min(t, math.ceil(m.capacity_factor * t * m.top_k / m.experts)) if m.capacity_factor else t
+
+    def expert(e, v):
+        h = np.einsum("d,d...->...", v, w["experts_up"][e])  # (hidden,), or (2, hidden) gated
+        if config.bias:
+            h = h + w["experts_up_bias"][e, 0]
+        h = h[0] / (1 + np.exp(-h[0])) * h[1] if config.activation == "swiglu" else gelu(h)
+        y = h @ w["experts_down"][e]
+        return y + w["experts_down_bias"][e, 0] if config.bias else y
+
+    out = np.zeros_like(x)
+    aux, z, dropped, load = [], [], 0, np.zeros(m.experts)
+    for b in range(x.shape[0]):
+        logits = x[b] @ w["router/kernel"]
+        probs = np.exp(logits - logits.max(-1, keepdims=True))
+        probs /= probs.sum(-1, keepdims=True)
+        chosen = np.argsort(-probs, axis=-1, kind="stable")[:, : m.top_k]
+        weights = np.take_along_axis(probs, chosen, -1)
+        weights /= weights.sum(-1, keepdims=True)
+        filled = np.zeros(m.experts, int)
+        for k in range(m.top_k):
+            for i in range(t):
+                e = chosen[i, k]
+                if filled[e] < capacity:
+                    filled[e] += 1
+                    out[b, i] += weights[i, k] * expert(e, x[b, i])
+                else:
+                    dropped += 1
+        f = np.bincount(chosen.ravel(), minlength=m.experts) / chosen.size
+        load += f / x.shape[0]
+        aux.append(m.experts * np.sum(f * probs.mean(0)))
+        z.append(np.mean((np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)) ** 2))
+    if m.shared_experts:
+        h = gelu(x @ w["shared/up/kernel"] + w.get("shared/up/bias", 0))
+        out += h @ w["shared/down/kernel"] + w.get("shared/down/bias", 0)
+    total = x.shape[0] * t * m.top_k
+    return out, {"aux_loss": np.mean(aux), "z_loss": np.mean(z), "dropped": dropped / total, "load": load}
+
+
+def gelu(h):
+    """GPT-2's tanh approximation (checked against the model's below)."""
+    return 0.5 * h * (1 + np.tanh(np.sqrt(2 / np.pi) * (h + 0.044715 * h**3)))
+
+
+def _flat(tree, prefix=""):
+    out = {}
+    for k, v in tree.items():
+        name = f"{prefix}{k}"
+        out |= _flat(v, name + "/") if isinstance(v, dict) else {name: v}
+    return out
+
+
+def run_layer(config: ModelConfig, x, params=None):
+    layer = MixtureOfExpertsLayer(config)
+    params = params if params is not None else layer.init(jax.random.key(1), x)["params"]
+    y, sown = layer.apply({"params": params}, x, mutable=["router"])
+    return params, np.asarray(y), {k: np.asarray(v[0]) for k, v in sown["router"].items()}
+
+
+def positive_tokens():
+    return jnp.abs(jax.random.normal(jax.random.key(0), (BATCH, T, D))) + 0.1
+
+
+@pytest.mark.parametrize(
+    "moe, bias, activation",
+    [
+        pytest.param(dict(capacity_factor=1.0), False, "gelu", id="capacity-drops"),
+        pytest.param(dict(capacity_factor=0.0), True, "gelu", id="dropless-bias"),
+        pytest.param(dict(capacity_factor=1.5, top_k=1, shared_experts=2), True, "gelu", id="top1-shared"),
+        pytest.param(dict(capacity_factor=1.25, experts=3), False, "swiglu", id="swiglu"),
+    ],
+)
+def test_the_layer_matches_the_float64_reference(moe, bias, activation):
+    """Float32 against float64: each output is a sum over top_k of weighted MLP outputs whose
+    matmuls sum 16 and 24 terms, so the float32 rounding is a few 1e-7 relative; 1e-5 leaves
+    room for the exp and tanh. The last expert's router column is made strongly negative and
+    every token positive, so no token chooses it: the reference and the layer must agree that
+    its load is zero."""
+    config = model_config(**moe).replace(bias=bias, activation=activation)
+    x = positive_tokens()
+    params, _, _ = run_layer(config, x)
+    params["router"]["kernel"] = params["router"]["kernel"].at[:, -1].set(-1.0)
+    _, y, sown = run_layer(config, x, params)
+    want, stats = reference(x, params, config)
+    np.testing.assert_allclose(y, want, rtol=1e-5, atol=1e-6)
+    for name in ("aux_loss", "z_loss", "dropped"):
+        np.testing.assert_allclose(sown[name], stats[name], rtol=1e-5, err_msg=name)
+    np.testing.assert_allclose(sown["load"], stats["load"], atol=1e-7)
+    assert stats["load"][-1] == 0 == sown["load"][-1]  # the expert no token chose
+    if moe["capacity_factor"] == 1.0:
+        assert stats["dropped"] > 0  # the case is one where the queues overflow
+    if moe["capacity_factor"] == 0.0:
+        assert stats["dropped"] == 0
+
+
+def test_each_sequence_routes_on_its_own():
+    """A sequence's output does not depend on the others in the batch (its queues are its own),
+    which is what makes microbatches and data parallelism change nothing."""
+    config = model_config(capacity_factor=1.0)
+    x = positive_tokens()
+    params, together, _ = run_layer(config, x)
+    alone = np.concatenate([run_layer(config, x[i : i + 1], params)[1] for i in range(BATCH)])
+    np.testing.assert_array_equal(together, alone)
+
+
+def test_parameters_and_flops_per_token_have_closed_forms():
+    """n_layer=2 with an MoE layer every second block (block 1), GELU, no biases, RoPE, tied
+    embeddings: counted by hand. A token uses top_k=2 of the 4 experts."""
+    c = ModelConfig(
+        vocab_size=64, block_size=8, n_layer=2, n_head=2, d_model=32, bias=False, norm="rmsnorm", position="rope",
+        moe=MixtureOfExperts(experts=4, top_k=2, expert_hidden=48, every=2),
+    )  # fmt: skip
+    attention = 32 * (2 + 2 + 2) * 16 + 32 * 32  # fused qkv (2 query, 2 key, 2 value heads of 16) and out
+    norms = 2 * 32
+    dense_mlp = 32 * 128 + 128 * 32  # mlp_hidden = 4 d_model
+    router, experts = 32 * 4, 4 * (32 * 48 + 48 * 32)
+    total = 64 * 32 + 2 * (attention + norms) + dense_mlp + router + experts + 32  # + the final norm
+    active = total - experts // 2
+    params = init_params(c, jax.random.key(0))
+    assert count_params(params) == total
+    assert active_params(c) == active
+    assert flops_per_token(c) == 6 * active + 12 * 2 * 32 * 8
+
+
+def test_the_objective_adds_the_router_losses_and_the_loss_logged_is_the_cross_entropy():
+    config = model_config(capacity_factor=1.25, aux_loss=0.5, z_loss=0.25)
+    params = init_params(config, jax.random.key(0))
+    windows = jax.random.randint(jax.random.key(1), (BATCH, T + 1), 0, 32)
+    model = GPT(config)
+    loss, grads = gradients(params, windows, jax.random.key(2), model=model)
+    logits, sown = model.apply({"params": params}, windows[:, :-1], mutable=["router"])
+    log_p = jax.nn.log_softmax(logits)
+    cross_entropy = -jnp.take_along_axis(log_p, windows[:, 1:, None], -1).mean()
+    np.testing.assert_allclose(loss, cross_entropy, rtol=1e-6)
+    layers = sown["router"]["block_0"]["moe"], sown["router"]["block_1"]["moe"]
+    aux = np.mean([layer["aux_loss"][0] for layer in layers])
+    z = np.mean([layer["z_loss"][0] for layer in layers])
+
+    def objective(p):  # written out again from the rule: the cross-entropy, then each router loss's share
+        return (
+            cross_entropy_of(model, p, windows)
+            + 0.5 * router_loss_of(model, p, windows, "aux_loss")
+            + 0.25 * router_loss_of(model, p, windows, "z_loss")
+        )
+
+    want = jax.grad(objective)(params)
+    for got, expected in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
+    assert float(jnp.abs(grads["block_0"]["moe"]["router"]["kernel"]).max()) > 0
+    assert aux > 0 and z > 0
+
+
+def cross_entropy_of(model, params, windows):
+    logits = model.apply({"params": params}, windows[:, :-1])
+    return -jnp.take_along_axis(jax.nn.log_softmax(logits), windows[:, 1:, None], -1).mean()
+
+
+def router_loss_of(model, params, windows, name):
+    _, sown = model.apply({"params": params}, windows[:, :-1], mutable=["router"])
+    return jnp.mean(jnp.stack([sown["router"][f"block_{i}"]["moe"][name][0] for i in range(2)]))
+
+
+def test_microbatches_and_scanned_layers_give_the_same_step():
+    """Routing per sequence: splitting the batch into microbatches changes only float32
+    summation order (of the gradient's mean), not which tokens are dropped; the scanned layout
+    is the same math."""
+    config = model_config(capacity_factor=1.0)
+    windows = jax.random.randint(jax.random.key(1), (4, T + 1), 0, 32)
+    optimizer = make_optimizer_for_test()
+    state = create_train_state(config, optimizer, 0)
+    step = partial(train_step, model=GPT(config), optimizer=optimizer)
+    one, metrics_one = jax.jit(step)(state, windows)
+    two, metrics_two = jax.jit(partial(step, microbatches=2))(state, windows)
+    np.testing.assert_allclose(metrics_one["loss"], metrics_two["loss"], rtol=1e-6)
+    for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
+    scanned = config.replace(scan_layers=True)
+    from jaxgpt.model import stack_blocks
+
+    stacked = stack_blocks(state.params, 2)
+    scanned_state = state.replace(params=stacked, opt_state=optimizer.init(stacked))
+    _, metrics_scan = jax.jit(partial(train_step, model=GPT(scanned), optimizer=optimizer))(scanned_state, windows)
+    np.testing.assert_allclose(metrics_scan["loss"], metrics_one["loss"], rtol=1e-6)
+
+
+def make_optimizer_for_test():
+    from jaxgpt.config import TrainConfig
+
+    return make_optimizer(TrainConfig(steps=10, warmup_steps=1, lr=1e-2))
+
+
+@pytest.mark.parametrize(
+    "moe, fix",
+    [
+        (dict(experts=1), "model.moe.experts=1 must be at least 2"),
+        (dict(experts=4, top_k=5), "model.moe.top_k=5 is more than the 4 experts"),
+        (dict(experts=4, every=3), "model.moe.every=3 is more than n_layer=2"),
+        (dict(experts=4, capacity_factor=-1.0), "model.moe.capacity_factor=-1.0 must be >= 0"),
+    ],
+)
+def test_a_bad_moe_setting_is_named(moe, fix):
+    with pytest.raises(ConfigError, match=fix.replace(".", r"\.")):
+        ModelConfig(vocab_size=32, block_size=8, n_layer=2, n_head=2, d_model=16, moe=MixtureOfExperts(**moe))
+
+
+def test_mixed_blocks_cannot_be_scanned_and_experts_need_the_mlp():
+    with pytest.raises(ConfigError, match="scan_layers cannot iterate"):
+        ModelConfig(n_layer=2, scan_layers=True, moe=MixtureOfExperts(experts=4, every=2))
+    with pytest.raises(ConfigError, match="the experts replace the MLP"):
+        ModelConfig(n_layer=2, mlp=False, moe=MixtureOfExperts(experts=4))
+
+
+def test_gelu_reference_is_the_models_gelu():
+    h = np.linspace(-4, 4, 9)
+    want = np.asarray(ACTIVATION_FUNCTIONS["gelu"](jnp.asarray(h, jnp.float32)))
+    got = gelu(h)
+    np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32's tanh near -1: a few ulps of |h| <= 4
