@@ -216,6 +216,17 @@ def active_params(config: ModelConfig, params=None) -> int:
     return total - experts // m.experts * (m.experts - m.top_k)
 
 
+def describe_parameters(config: ModelConfig, params) -> str:
+    """ "N parameters", and for a mixture of experts how many of them a token uses."""
+    total = count_params(params)
+    if config.moe is None:
+        return f"{total:,} parameters"
+    m = config.moe
+    return (
+        f"{total:,} parameters, {active_params(config, params):,} active per token ({m.top_k} of {m.experts} experts)"
+    )
+
+
 def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
     """Training FLOPs per token, 6 N + 12 L d T (Kaplan et al. 2020; PaLM appendix B).
 

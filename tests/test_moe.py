@@ -12,7 +12,7 @@ import pytest
 
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
 from jaxgpt.layers import ACTIVATION_FUNCTIONS
-from jaxgpt.model import GPT, active_params, count_params, flops_per_token, init_params
+from jaxgpt.model import GPT, active_params, count_params, describe_parameters, flops_per_token, init_params
 from jaxgpt.moe import MixtureOfExpertsLayer
 from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import create_train_state, gradients, train_step
@@ -154,6 +154,7 @@ def test_parameters_and_flops_per_token_have_closed_forms():
     assert count_params(params) == total
     assert active_params(c) == active
     assert flops_per_token(c) == 6 * active + 12 * 2 * 32 * 8
+    assert describe_parameters(c, params) == f"{total:,} parameters, {active:,} active per token (2 of 4 experts)"
 
 
 def test_the_objective_adds_the_router_losses_and_the_loss_logged_is_the_cross_entropy():

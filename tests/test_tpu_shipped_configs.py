@@ -27,6 +27,7 @@ GENERATIONS = {
     "finetune_gpt2": (V5E,),
     "gpt2_124m": (V6E,),  # and on a v5e-8: the guide's command below, which must print that it fits
     "llama_tiny": (V6E,),
+    "moe_tiny": (V5E,),  # experts replicated on every chip, tokens split over the data axis
     "shakespeare_char": (V5E,),
     "tiny": (V6E,),
     "tiny_speedrun": (V6E,),

@@ -32,7 +32,7 @@ from jaxgpt import data, sharding
 from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import memory
-from jaxgpt.model import count_params, flops_per_token
+from jaxgpt.model import active_params, count_params, describe_parameters, flops_per_token
 from jaxgpt.train_step import gradient_norms, per_layer
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
@@ -143,12 +143,12 @@ def overfit_row(compiled_step, state, batch, steps: int, lr: float):
 
 
 def size_row(params, model_config) -> Row:
-    return Row(
-        "size",
-        None,
-        f"{count_params(params):,} parameters; {flops_per_token(model_config, model_config.block_size) / 1e6:,.1f} "
-        "MFLOPs per token trained (6N + 12LdT)",
-    )
+    flops = flops_per_token(model_config, model_config.block_size)
+    detail = f"{describe_parameters(model_config, params)}; {flops / 1e6:,.1f} MFLOPs per token trained (6N + 12LdT"
+    if model_config.moe is None:
+        return Row("size", None, detail + ")")
+    every_expert = flops + 6 * (count_params(params) - active_params(model_config, params))
+    return Row("size", None, detail + f", N the active parameters; {every_expert / 1e6:,.1f} were every expert used)")
 
 
 def kv_cache_row(model_config) -> Row:

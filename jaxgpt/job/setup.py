@@ -36,7 +36,7 @@ from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.metrics import check_sinks_available
 from jaxgpt.job.resume import check_init_from_run
 from jaxgpt.kernels import kernel_fallback
-from jaxgpt.model import count_params, flops_per_token
+from jaxgpt.model import describe_parameters, flops_per_token
 from jaxgpt.tokenizers import save_tokenizer
 from jaxgpt.train_step import TrainState
 
@@ -115,7 +115,7 @@ class PlacedRun:
         mesh = self.mesh
         axes = ", ".join(f"{axis}={size}" for axis, size in mesh.shape.items())
         return (
-            f"model: {count_params(state.params):,} parameters, {self.tokens_per_step:,} tokens/step; "
+            f"model: {describe_parameters(self.run.model, state.params)}, {self.tokens_per_step:,} tokens/step; "
             f"mesh {axes} over {mesh.size} x {jax.devices()[0].device_kind}; per device: params "
             f"{memory.bytes_per_device(state.params) / 2**20:,.1f} MiB, optimizer state "
             f"{memory.bytes_per_device(state.opt_state) / 2**20:,.1f} MiB; peak {self.peak_flops / 1e9:,.0f} "
