@@ -534,38 +534,41 @@ class TrainConfig:
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
-    """The device mesh (see jaxgpt/sharding.py): sizes of the data, fsdp and tensor axes.
-    -1 takes all the devices the other axes leave (at most one -1); the default puts every
-    device on `data`. The product must divide the device count (a smaller mesh uses the first
-    devices)."""
+    """The device mesh (see jaxgpt/sharding.py): sizes of the data, fsdp, tensor and expert
+    axes. -1 takes all the devices the other axes leave (at most one -1); the default puts
+    every device on `data`. The product must divide the device count (a smaller mesh uses the
+    first devices). The expert axis splits a mixture of experts' experts (and, outside the
+    experts, the batch, as data does)."""
 
     data: int = -1
     fsdp: int = 1
     tensor: int = 1
+    expert: int = 1
 
     def __post_init__(self):
         problems = Problems("mesh", self)
-        for field in ("data", "fsdp", "tensor"):
+        for field in ("data", "fsdp", "tensor", "expert"):
             if getattr(self, field) == 0 or getattr(self, field) < -1:
                 problems.add(field, "must be positive, or -1 for all the devices the other axes leave")
-        if [self.data, self.fsdp, self.tensor].count(-1) > 1:
+        if [self.data, self.fsdp, self.tensor, self.expert].count(-1) > 1:
             problems.found.append(
                 f"mesh {self._text()} has more than one -1; use at most one -1 (the axis taking the rest)"
             )
         problems.raise_if_any()
 
-    def shape(self, n_devices: int) -> tuple[int, int, int]:
-        sizes = [self.data, self.fsdp, self.tensor]
+    def shape(self, n_devices: int) -> tuple[int, int, int, int]:
+        """The axes' sizes over `n_devices`, in the mesh's order (sharding.AXES)."""
+        sizes = [self.data, self.fsdp, self.expert, self.tensor]
         fixed = math.prod(s for s in sizes if s != -1)
         if n_devices % fixed:
             raise ConfigError(
                 f"mesh {self._text()} does not divide the {n_devices} devices; choose sizes whose product divides "
-                f"{n_devices} (mesh.data, mesh.fsdp, mesh.tensor)"
+                f"{n_devices} (mesh.data, mesh.fsdp, mesh.tensor, mesh.expert)"
             )
         return tuple(n_devices // fixed if s == -1 else s for s in sizes)
 
     def _text(self) -> str:
-        return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}"
+        return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}, expert={self.expert}"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -574,6 +577,19 @@ class RunConfig:
     data: DataConfig
     train: TrainConfig
     mesh: MeshConfig = MeshConfig()
+
+    def __post_init__(self):
+        experts = self.model.moe.experts if self.model.moe else 0
+        if self.mesh.expert != 1 and not experts:
+            raise ConfigError(
+                f"mesh.expert={self.mesh.expert} splits experts over devices, but the model has none; set "
+                "model.moe.experts or leave mesh.expert at 1"
+            )
+        if self.mesh.expert > 1 and experts % self.mesh.expert:
+            raise ConfigError(
+                f"mesh.expert={self.mesh.expert} does not divide model.moe.experts={experts}; choose a divisor so "
+                "each device holds whole experts"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

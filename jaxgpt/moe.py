@@ -31,6 +31,7 @@ import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.layers import ACTIVATION_FUNCTIONS, MLP, residual_output_init
+from jaxgpt.sharding import experts_split, rows_split
 
 
 def capacity(config: ModelConfig, tokens: int) -> int:
@@ -106,7 +107,8 @@ class MixtureOfExpertsLayer(nn.Module):
             return jnp.zeros((m.experts * rows + 1, d), tokens.dtype).at[slots.reshape(-1)].set(tokens[token_of])
 
         buffers = jax.vmap(fill)(x, slot)[:, :-1].reshape(batch, m.experts, rows, d)
-        outputs = self._experts(buffers).reshape(batch, m.experts * rows, d)
+        # on a mesh with an expert axis, each device's rows go to the devices of their experts and back
+        outputs = rows_split(self._experts(experts_split(buffers))).reshape(batch, m.experts * rows, d)
         outputs = jnp.concatenate([outputs, jnp.zeros((batch, 1, d), outputs.dtype)], axis=1)  # the spare row
         picked = jnp.take_along_axis(outputs, slot.reshape(batch, -1, 1), axis=1).reshape(batch, t, m.top_k, d)
         mixed = jnp.einsum("btk,btkd->btd", (weights * kept).astype(picked.dtype), picked)

@@ -1,13 +1,16 @@
 """Where arrays live: the device mesh and the rules that place parameters, optimizer state and
 batches on it.
 
-The mesh has three axes:
+The mesh has four axes:
   data    pure data parallelism: each slice holds every parameter, sees its part of the batch;
   fsdp    data parallelism with parameters and optimizer state sharded across the axis
           (ZeRO-3 / FSDP): each large weight is split along one dimension, gathered for use;
+  expert  expert parallelism (GShard): a mixture of experts' experts split across the axis;
+          everything else sees its part of the batch, as on `data`. Tokens travel to their
+          experts' devices and back by an all-to-all around the experts (experts_split);
   tensor  tensor parallelism (Megatron): attention heads and the MLP hidden dimension split.
-The batch is split over data x fsdp. `train_step` never changes: jit compiles it for whatever
-shardings its inputs have, and XLA (GSPMD) inserts the collectives.
+The batch is split over data x fsdp x expert. `train_step` never changes: jit compiles it for
+whatever shardings its inputs have, and XLA (GSPMD) inserts the collectives.
 """
 
 from __future__ import annotations
@@ -20,8 +23,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from jaxgpt.config import MeshConfig
 
-AXES = ("data", "fsdp", "tensor")
-BATCH = ("data", "fsdp")
+AXES = ("data", "fsdp", "expert", "tensor")
+BATCH = ("data", "fsdp", "expert")
+ROWS_BESIDE_EXPERTS = ("data", "fsdp")  # a batch's split while its experts are split over `expert`
 
 # Per parameter (module name, parameter name): the mesh axis each dimension is split over.
 # Layer-scanned parameters have an extra leading layer axis, never split.
@@ -37,14 +41,18 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
 }
 SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
-# A mixture of experts (jaxgpt/moe.py): each expert's MLP split as the MLP is; the expert axis
-# (leading) stays whole on every device for now.
+# A mixture of experts (jaxgpt/moe.py): the experts split over the expert axis, each expert's
+# MLP split as the MLP is.
 EXPERT_RULES = {
-    "experts_up": (None, "fsdp", "tensor"),  # (experts, d_model, hidden)
-    "experts_up_bias": (None, None, "tensor"),  # (experts, 1, hidden)
-    "experts_down": (None, "tensor", "fsdp"),  # (experts, hidden, d_model)
+    "experts_up": ("expert", "fsdp", "tensor"),  # (experts, d_model, hidden)
+    "experts_up_bias": ("expert", None, "tensor"),  # (experts, 1, hidden)
+    "experts_down": ("expert", "tensor", "fsdp"),  # (experts, hidden, d_model)
+    "experts_down_bias": ("expert", None, None),  # (experts, 1, d_model)
 }
-EXPERT_SWIGLU_UP = {"experts_up": (None, "fsdp", None, "tensor"), "experts_up_bias": (None, None, None, "tensor")}
+EXPERT_SWIGLU_UP = {
+    "experts_up": ("expert", "fsdp", None, "tensor"),
+    "experts_up_bias": ("expert", None, None, "tensor"),
+}
 
 
 def make_mesh(config: MeshConfig, devices=None) -> Mesh:
@@ -60,11 +68,11 @@ def make_mesh(config: MeshConfig, devices=None) -> Mesh:
 def data_mesh(devices) -> Mesh:
     """A mesh over `devices` on the data axis alone: batches split over them, every parameter
     whole on each."""
-    return _mesh((len(devices), 1, 1), devices)
+    return _mesh((len(devices), 1, 1, 1), devices)
 
 
-def _mesh(shape: tuple[int, int, int], devices) -> Mesh:
-    return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * 3, devices=devices)
+def _mesh(shape: tuple[int, ...], devices) -> Mesh:
+    return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES), devices=devices)
 
 
 def traced_on(mesh: Mesh, fn):
@@ -127,7 +135,28 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
 
 
 def data_parallel_size(mesh: Mesh) -> int:
-    return mesh.shape["data"] * mesh.shape["fsdp"]
+    """How many ways a batch's rows are split."""
+    return math.prod(mesh.shape[axis] for axis in BATCH)
+
+
+def experts_split(x: jax.Array) -> jax.Array:
+    """`x` (batch, experts, ...) laid out for the experts' matmuls: experts split over the
+    expert axis, rows over data x fsdp. From the batch's own layout (rows over data x fsdp x
+    expert) that is one all-to-all over the expert axis, which GSPMD inserts; `rows_split` is
+    the way back. Unchanged outside a mesh with an expert axis (one device, a core's program)."""
+    return _constrained(x, PartitionSpec(ROWS_BESIDE_EXPERTS, "expert"))
+
+
+def rows_split(x: jax.Array) -> jax.Array:
+    """`x` (batch, experts, ...) back in the batch's layout: rows over data x fsdp x expert."""
+    return _constrained(x, PartitionSpec(BATCH))
+
+
+def _constrained(x: jax.Array, spec: PartitionSpec) -> jax.Array:
+    mesh = jax.sharding.get_abstract_mesh()
+    if mesh.empty or mesh.shape.get("expert", 1) == 1:
+        return x
+    return jax.lax.with_sharding_constraint(x, spec)
 
 
 def global_batch(mesh: Mesh, make_rows, batch_size: int) -> jax.Array:

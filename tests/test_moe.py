@@ -2,6 +2,7 @@
 (routing, Mixtral's renormalisation, capacity queues and drops, the two router losses), its
 parameter and FLOP counts against closed forms, and its training step."""
 
+import json
 import math
 from functools import partial
 
@@ -9,8 +10,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import small_run_config
 
+from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
+from jaxgpt.config_files import resolve
+from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.layers import ACTIVATION_FUNCTIONS
 from jaxgpt.model import GPT, active_params, count_params, describe_parameters, flops_per_token, init_params
 from jaxgpt.moe import MixtureOfExpertsLayer
@@ -250,3 +256,60 @@ def test_gelu_reference_is_the_models_gelu():
     want = np.asarray(ACTIVATION_FUNCTIONS["gelu"](jnp.asarray(h, jnp.float32)))
     got = gelu(h)
     np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)  # float32's tanh near -1: a few ulps of |h| <= 4
+
+
+def moe_run_config(mesh: dict, **train):
+    c = small_run_config(**(dict(steps=6, log_every=1, eval_every=6, checkpoint_every=6) | train))
+    c.model.moe.update(experts=4, top_k=2, capacity_factor=1.25)
+    c.mesh.update(mesh)
+    return c
+
+
+def train_losses(workdir) -> np.ndarray:
+    return np.array([json.loads(line)["train_loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()])
+
+
+@pytest.fixture(scope="module")
+def moe_on_one_device(tmp_path_factory):
+    workdir = tmp_path_factory.mktemp("moe_one_device")
+    train_and_evaluate(moe_run_config(dict(data=1)), workdir, progress=False)
+    return workdir
+
+
+@pytest.mark.parametrize(
+    "mesh",
+    [
+        pytest.param(dict(data=2, expert=4), id="expert4-data2"),
+        pytest.param(dict(data=1, fsdp=2, expert=2, tensor=2), id="every-axis", marks=pytest.mark.slow),
+    ],
+)
+def test_expert_parallel_layouts_train_like_one_device(mesh, moe_on_one_device, tmp_path):
+    """8 CPU devices with the experts split over the expert axis: the same float32 math, sums
+    re-associated across devices (the tolerance of tests/test_sharding.py, for the same
+    reason), while a token sent to the wrong expert would move the loss by far more."""
+    train_and_evaluate(moe_run_config(mesh), tmp_path, progress=False)
+    np.testing.assert_allclose(train_losses(tmp_path), train_losses(moe_on_one_device), rtol=1e-5)
+
+
+def test_on_an_expert_axis_each_device_holds_its_experts_and_tokens_travel_all_to_all():
+    run = resolve(moe_run_config(dict(data=2, expert=4), microbatches=1), vocab_size=96)
+    mesh = sharding.make_mesh(run.mesh, jax.devices())
+    layout, _ = state_layout(run, mesh)
+    up = layout.params["block_0"]["moe"]["experts_up"]
+    assert up.sharding.shard_shape(up.shape)[0] == 1  # 4 experts over 4 devices of the axis
+    text = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh)).compile().as_text()
+    assert " all-to-all(" in text
+
+
+def test_an_expert_axis_needs_experts_it_divides():
+    with pytest.raises(ConfigError, match="mesh.expert=2 splits experts over devices, but the model has none"):
+        resolve(_with_mesh(dict(expert=2)), vocab_size=96)
+    config = moe_run_config(dict(expert=3))
+    with pytest.raises(ConfigError, match="mesh.expert=3 does not divide model.moe.experts=4"):
+        resolve(config, vocab_size=96)
+
+
+def _with_mesh(mesh: dict):
+    c = small_run_config()
+    c.mesh.update(mesh)
+    return c

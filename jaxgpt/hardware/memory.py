@@ -24,6 +24,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
+from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.errors import UserError
 
@@ -90,7 +91,7 @@ def footprint(run: RunConfig, mesh, state: tuple[int, int]) -> Footprint:
     """The lower bound described above; `state` is the run's `state_bytes`."""
     model, train = run.model, run.train
     state_total, params = state
-    batch_devices = mesh.shape["data"] * mesh.shape["fsdp"]
+    batch_devices = sharding.data_parallel_size(mesh)
     # microbatches=0 lets the machine choose (step_choice.py): it may choose rows of one
     rows = math.ceil(train.batch_size / (train.microbatches or train.batch_size) / batch_devices)
     compute = 2 if train.dtype == "bfloat16" else 4
@@ -239,7 +240,7 @@ def _what_fits(run: RunConfig, capacity: Capacity, state, table, memory: str) ->
     that fits; or, when not even the smallest batch does, the largest block_size at that batch;
     or, when not even one token per row does, what to change in the model."""
     mesh = capacity.mesh
-    unit = max(run.train.microbatches, 1) * mesh.shape["data"] * mesh.shape["fsdp"]  # batches must be multiples
+    unit = max(run.train.microbatches, 1) * sharding.data_parallel_size(mesh)  # batches must be multiples
     small = with_train(run, batch_size=unit)
     if capacity.excess(small, state) is None:
         fits = lambda n: capacity.excess(with_train(run, batch_size=n * unit), state) is None  # noqa: E731
