@@ -7,6 +7,9 @@ after each, and the logit lens: its own readout (final norm and LM head) applied
 those residuals, which shows what the model would predict if it stopped at that layer
 (nostalgebraist 2020). Nothing is computed twice and nothing changes when not capturing.
 
+In a mixture of experts each MoE layer also sows the experts each token was routed to and
+their weights, and `expert_table` prints them token by token.
+
 `induction_scores` measures, per head, the behaviour of an induction head (Olsson et al.
 2022): on random tokens repeated twice, how much attention each token of the second copy pays
 to the token that followed its earlier occurrence, the one to copy next.
@@ -34,6 +37,11 @@ class Captured(NamedTuple):
     weights: np.ndarray  # (n_layer, batch, n_head, t, t): softmax of scores
     residual: np.ndarray  # (n_layer + 1, batch, t, d_model): before block 0, then after each block
     logit_lens: np.ndarray  # (n_layer + 1, batch, t, vocab): the readout of each residual
+    # A mixture of experts (jaxgpt/moe.py), per MoE layer (config.moe_layers; none in a dense
+    # model): the experts each token was routed to, most probable first, and their weights
+    # (renormalised over the chosen; an assignment dropped at capacity keeps its weight here).
+    experts: np.ndarray  # (moe layers, batch, t, top_k) int
+    expert_weights: np.ndarray  # (moe layers, batch, t, top_k)
 
 
 def capture(config: ModelConfig, params, tokens) -> Captured:
@@ -56,13 +64,37 @@ def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
         layers = [sown[f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)]
         return jnp.stack([a.reshape(a.shape[0], config.n_head, *a.shape[-2:]) for a in layers])
 
+    def per_moe_layer(name):
+        batch, t = tokens.shape
+        empty = jnp.zeros((0, batch, t, 0), jnp.int32 if name == "experts" else jnp.float32)
+        return jnp.stack([sown[f"block_{i}"]["moe"][name][0] for i in config.moe_layers]) if config.moe else empty
+
     return Captured(
         logits,
         per_layer("attention_scores"),
         per_layer("attention_weights"),
         sown["residual"][0],
         sown["logit_lens"][0],
+        per_moe_layer("experts"),
+        per_moe_layer("expert_weights"),
     )
+
+
+def expert_table(captured: Captured, pieces: list[str], layers: list[int]) -> str:
+    """Which experts each token of one sequence went to, a line per token: its text (`pieces`,
+    one per token) and, per MoE layer (`layers`, their block numbers), the chosen experts with
+    their weights."""
+    header = "token".ljust(12) + "".join(f"block_{layer}".ljust(24) for layer in layers)
+    lines = [header]
+    for i, piece in enumerate(pieces):
+        cells = [
+            " ".join(
+                f"{e}:{w:.2f}" for e, w in zip(captured.experts[j, 0, i], captured.expert_weights[j, 0, i], strict=True)
+            )
+            for j in range(len(layers))
+        ]
+        lines.append(repr(piece)[:11].ljust(12) + "".join(cell.ljust(24) for cell in cells))
+    return "\n".join(lines)
 
 
 def repeated_random_tokens(vocab_size: int, half: int, batch: int, seed: int = 0) -> np.ndarray:

@@ -264,6 +264,11 @@ class ModelConfig:
         return self.moe is not None and layer % self.moe.every == self.moe.every - 1
 
     @property
+    def moe_layers(self) -> list[int]:
+        """The blocks that hold a mixture of experts, in order."""
+        return [i for i in range(self.n_layer) if self.is_moe_layer(i)]
+
+    @property
     def group_size(self) -> int:
         """Query heads per key/value head."""
         return self.n_head // self.n_kv_head

@@ -73,11 +73,13 @@ def router_losses(logits: jnp.ndarray, chosen: jnp.ndarray, experts: int) -> dic
     """For a batch of groups, logits (batch, t, experts) and chosen (batch, t, top_k): the
     load-balancing loss (Switch Transformer: experts x sum_e f_e P_e in each group, f_e the
     fraction of its assignments to expert e and P_e its mean router probability, averaged over
-    the groups), the z-loss (ST-MoE: the mean of logsumexp(logits)^2), and the load f_e averaged
-    over the groups."""
+    the groups), the z-loss (ST-MoE: the mean of logsumexp(logits)^2), the load f_e averaged
+    over the groups, and the router's mean entropy in nats (ln experts: undecided; 0: certain)."""
     load = jax.nn.one_hot(chosen, experts, dtype=jnp.float32).mean((1, 2))  # (batch, experts), each row sums to 1
-    mean_probability = jax.nn.softmax(logits).mean(1)
+    probabilities = jax.nn.softmax(logits)
+    mean_probability = probabilities.mean(1)
     return {
+        "entropy": -jnp.mean(jnp.sum(probabilities * jax.nn.log_softmax(logits), axis=-1)),
         "aux_loss": jnp.mean(experts * jnp.sum(load * mean_probability, axis=-1)),
         "z_loss": jnp.mean(jnp.square(jax.nn.logsumexp(logits, axis=-1))),
         "load": load.mean(0),
@@ -99,6 +101,8 @@ class MixtureOfExpertsLayer(nn.Module):
         )  # fmt: skip
         logits = router(x.astype(jnp.float32))  # routing in float32 under any compute dtype
         chosen, weights = route(logits, m.top_k)  # (batch, t, top_k)
+        self.sow("intermediates", "experts", chosen)  # for jaxgpt.capture; nothing unless capturing
+        self.sow("intermediates", "expert_weights", weights)
         rows = capacity(c, t)
         slot, kept = jax.vmap(buffer_slots, in_axes=(0, None, None))(chosen, m.experts, rows)
         token_of = jnp.repeat(jnp.arange(t), m.top_k)  # the token of each (t, top_k) assignment, flattened

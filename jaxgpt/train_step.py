@@ -71,28 +71,34 @@ def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None 
     return token_losses(model, params, windows, rng).mean()
 
 
-def mixture_of_experts_objective(model: GPT, params, windows: jax.Array, rng: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """(the objective a mixture of experts trains on, its mean cross-entropy): the cross-entropy
-    plus each router loss, averaged over the MoE layers, times its coefficient
-    (config.MixtureOfExperts)."""
+def mixture_of_experts_objective(model: GPT, params, windows: jax.Array, rng: jax.Array) -> tuple[jax.Array, dict]:
+    """(the objective a mixture of experts trains on, what it measured): the cross-entropy plus
+    each router loss, averaged over the MoE layers, times its coefficient
+    (config.MixtureOfExperts); measured are the cross-entropy ("loss") and the MoE layers'
+    router statistics ("router": router_statistics)."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
     logits, sown = model.apply({"params": params}, inputs, train=True, rngs={"dropout": rng}, mutable=["router"])
     loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
+    router = router_statistics(sown["router"], model.config)
     moe = model.config.moe
-    return loss + moe.aux_loss * layer_mean(sown["router"], "aux_loss") + moe.z_loss * layer_mean(
-        sown["router"], "z_loss"
-    ), loss
+    objective = loss + moe.aux_loss * router["aux_loss"].mean() + moe.z_loss * router["z_loss"].mean()
+    return objective, {"loss": loss, "router": router}
 
 
-def layer_mean(router: dict, name: str) -> jax.Array:
-    """The mean over MoE layers of what each sowed as `name` in the "router" collection (a
-    scanned stack of layers sows one array with a leading layer axis)."""
-    values = [v for path, v in jax.tree_util.tree_leaves_with_path(router) if path[-2].key == name]
-    return jnp.mean(jnp.stack([jnp.mean(v, axis=0) if v.ndim else v for v in values]))
+def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]:
+    """What each MoE layer sowed in the "router" collection (jaxgpt/moe.py: its two losses, the
+    load per expert, the dropped fraction, the routing entropy), each stacked over the MoE
+    layers in order (config.moe_layers)."""
+    if config.scan_layers:  # one stack of identical layers: already (n_layer, ...)
+        return {name: value[0] for name, value in router["blocks"]["moe"].items()}
+    layers = [router[f"block_{i}"]["moe"] for i in config.moe_layers]
+    return {name: jnp.stack([layer[name][0] for layer in layers]) for name in layers[0]}
 
 
 def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microbatches: int = 1):
-    """(mean loss, mean gradient) over a batch of windows (batch, seq + 1).
+    """(what was measured, mean gradient) over a batch of windows (batch, seq + 1); measured is
+    {"loss": the mean cross-entropy}, and for a mixture of experts its router statistics too
+    (mixture_of_experts_objective: the gradient is then the objective's, with the router losses).
 
     With microbatches > 1 the batch is split and gradients are averaged over the pieces in a
     scan: the same result as the whole batch (up to float32 summation order), with the
@@ -102,24 +108,30 @@ def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microba
     """
     if model.config.moe is None:
         loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
-    else:  # the objective adds the router's losses; the loss reported is the cross-entropy alone
 
-        def loss_and_grads(p, w, r):
-            (_, loss), grads = jax.value_and_grad(mixture_of_experts_objective, argnums=1, has_aux=True)(model, p, w, r)
-            return loss, grads
+        def measured_and_grads(p, w, r):
+            loss, grads = loss_and_grads(p, w, r)
+            return {"loss": loss}, grads
+    else:
+
+        def measured_and_grads(p, w, r):
+            (_, measured), grads = jax.value_and_grad(mixture_of_experts_objective, argnums=1, has_aux=True)(
+                model, p, w, r
+            )
+            return measured, grads
 
     if microbatches == 1:
-        return loss_and_grads(params, windows, rng)
+        return measured_and_grads(params, windows, rng)
     pieces = windows.reshape(-1, microbatches, windows.shape[-1]).swapaxes(0, 1)
 
     def accumulate(total, xs):
         i, piece = xs
-        loss, grads = loss_and_grads(params, piece, jax.random.fold_in(rng, i))
-        return jax.tree.map(jnp.add, total, (loss, grads)), None
+        return jax.tree.map(jnp.add, total, measured_and_grads(params, piece, jax.random.fold_in(rng, i))), None
 
-    zeros = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
-    (loss, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces))
-    return jax.tree.map(lambda x: x / microbatches, (loss, grads))
+    shapes = jax.eval_shape(measured_and_grads, params, pieces[0], rng)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces))
+    return jax.tree.map(lambda x: x / microbatches, total)
 
 
 def gradient_norms(grads) -> dict:
@@ -149,7 +161,7 @@ def per_layer(norms: dict) -> dict[str, float]:
 
 def apply_gradients(
     state: TrainState,
-    loss: jax.Array,
+    measured: dict,
     grads,
     *,
     optimizer: optax.GradientTransformation,
@@ -161,7 +173,7 @@ def apply_gradients(
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )
-    metrics = {"loss": loss, "grad_norm": optax.tree.norm(grads)}
+    metrics = measured | {"grad_norm": optax.tree.norm(grads)}
     if layer_grad_norms:
         metrics["layer_grad_norms"] = gradient_norms(grads)
     return new_state, metrics
@@ -179,8 +191,8 @@ def train_step(
     """One optimizer step on a batch of windows (batch, seq + 1); dropout draws from
     fold_in(state.rng, step), so a step's randomness does not depend on the steps before it."""
     rng = jax.random.fold_in(state.rng, state.step)
-    loss, grads = gradients(state.params, windows, rng, model=model, microbatches=microbatches)
-    return apply_gradients(state, loss, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
+    measured, grads = gradients(state.params, windows, rng, model=model, microbatches=microbatches)
+    return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
 def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]:

@@ -168,7 +168,8 @@ def test_the_objective_adds_the_router_losses_and_the_loss_logged_is_the_cross_e
     params = init_params(config, jax.random.key(0))
     windows = jax.random.randint(jax.random.key(1), (BATCH, T + 1), 0, 32)
     model = GPT(config)
-    loss, grads = gradients(params, windows, jax.random.key(2), model=model)
+    measured, grads = gradients(params, windows, jax.random.key(2), model=model)
+    loss = measured["loss"]
     logits, sown = model.apply({"params": params}, windows[:, :-1], mutable=["router"])
     log_p = jax.nn.log_softmax(logits)
     cross_entropy = -jnp.take_along_axis(log_p, windows[:, 1:, None], -1).mean()
@@ -313,3 +314,44 @@ def _with_mesh(mesh: dict):
     c = small_run_config()
     c.mesh.update(mesh)
     return c
+
+
+def test_the_router_is_in_the_metrics_and_drawn(moe_on_one_device, tmp_path):
+    """Every logged step has, per MoE layer, each expert's share of the assignments (shares of
+    one whole), the dropped fraction and the routing entropy (between certain and undecided,
+    0 and ln 4 nats); plot --metric expert_load draws them."""
+    from jaxgpt.commands.plot import expert_loads, plot_runs
+    from jaxgpt.job.metrics import read_metrics
+
+    records = read_metrics(moe_on_one_device)
+    for record in records:
+        for layer in (0, 1):
+            loads = [record[f"router/block_{layer}/load/{e}"] for e in range(4)]
+            assert math.isclose(sum(loads), 1.0, rel_tol=1e-5) and min(loads) >= 0
+            assert 0 <= record[f"router/block_{layer}/dropped"] <= 1
+            assert 0 <= record[f"router/block_{layer}/entropy"] <= math.log(4) + 1e-6
+        assert record["router/aux_loss"] > 0 and record["router/z_loss"] > 0
+    curves = expert_loads(records)
+    assert list(curves) == ["block_0", "block_1"] and curves["block_0"][0] == [r["step"] for r in records]
+    out = plot_runs([moe_on_one_device], "expert_load", tmp_path / "load.png")
+    assert out.stat().st_size > 10_000
+
+
+def test_capture_gives_each_tokens_experts_and_the_table_prints_them():
+    from jaxgpt.capture import capture, expert_table
+
+    config = model_config(capacity_factor=1.0)
+    params = init_params(config, jax.random.key(0))
+    tokens = np.arange(T)[None] % 32
+    captured = capture(config, params, tokens)
+    assert captured.experts.shape == captured.expert_weights.shape == (2, 1, T, 2)
+    assert captured.experts.min() >= 0 and captured.experts.max() < 4
+    assert (captured.experts[..., 0] != captured.experts[..., 1]).all()  # two different experts
+    np.testing.assert_allclose(captured.expert_weights.sum(-1), 1, rtol=1e-6)
+    assert (captured.expert_weights[..., 0] >= captured.expert_weights[..., 1]).all()  # most probable first
+    table = expert_table(captured, [str(t) for t in range(T)], config.moe_layers).splitlines()
+    assert table[0].split() == ["token", "block_0", "block_1"] and len(table) == T + 1
+    e, w = captured.experts[1, 0, 3], captured.expert_weights[1, 0, 3]
+    assert f"{e[0]}:{w[0]:.2f} {e[1]}:{w[1]:.2f}" in table[4]
+    dense = capture(config.replace(moe=None), init_params(config.replace(moe=None), jax.random.key(0)), tokens)
+    assert dense.experts.shape == (0, 1, T, 0)

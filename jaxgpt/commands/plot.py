@@ -3,11 +3,15 @@
 Examples:
   python -m jaxgpt plot runs/tiny runs/llama_tiny --out docs/images/loss.png
   python -m jaxgpt plot runs/tiny --metric tokens_per_sec
+  python -m jaxgpt plot runs/moe_tiny --metric expert_load
 
 Reads each run's metrics.jsonl and draws, for the loss, train (solid) and val (dashed) loss
 against optimizer steps and against tokens seen, side by side, one colour per run. Another
 `--metric` (tokens_per_sec, lr, grad_norm, mfu, ...) gets the same two panels. Tokens seen
-are step x batch_size x block_size from the run's config.json.
+are step x batch_size x block_size from the run's config.json. `--metric expert_load` draws a
+mixture of experts' router instead: for each MoE layer of each run, every expert's share of
+the assignments against steps, with the even share (1 / experts) dashed, so a router that
+collapses onto a few experts shows as lines leaving it.
 """
 
 from __future__ import annotations
@@ -48,7 +52,46 @@ def curves(records: list[dict], metric: str) -> dict[str, tuple[list[int], list[
 
 
 def plot_runs(workdirs: list[Path], metric: str, out: Path) -> Path:
-    return save_png(draw_runs(workdirs, metric), out)
+    return save_png(draw_expert_load(workdirs) if metric == "expert_load" else draw_runs(workdirs, metric), out)
+
+
+def expert_loads(records: list[dict]) -> dict[str, tuple[list[int], list[list[float]]]]:
+    """MoE layer ("block_3") -> (steps, each step's load per expert), from router_record's keys."""
+    layers: dict[str, dict[int, dict[int, float]]] = {}
+    for record in records:
+        for key, value in record.items():
+            parts = key.split("/")  # router/block_3/load/5
+            if len(parts) == 4 and parts[0] == "router" and parts[2] == "load":
+                layers.setdefault(parts[1], {}).setdefault(record["step"], {})[int(parts[3])] = value
+    return {
+        layer: (sorted(by_step), [[loads[e] for e in sorted(loads)] for _, loads in sorted(by_step.items())])
+        for layer, by_step in sorted(layers.items(), key=lambda item: int(item[0].split("_")[1]))
+    }
+
+
+def draw_expert_load(workdirs: list[Path]):
+    """One panel per MoE layer of each run: every expert's load against steps."""
+    panels = [
+        (workdir, layer, curve) for workdir in workdirs for layer, curve in expert_loads(read_metrics(workdir)).items()
+    ]
+    if not panels:
+        raise UserError(
+            f"no expert loads in the metrics of {', '.join(map(str, workdirs))}; train a config with model.moe"
+        )
+    figure, axes = plt.subplots(
+        1, len(panels), figsize=(max(4 * len(panels), SIZE_INCHES[0]), SIZE_INCHES[1]), dpi=DPI, squeeze=False
+    )
+    for ax, (workdir, layer, (steps, loads)) in zip(axes[0], panels, strict=True):
+        experts = len(loads[0])
+        for e in range(experts):
+            ax.plot(steps, [load[e] for load in loads], color=f"C{e % 10}", label=f"expert {e}")
+        ax.axhline(1 / experts, color="black", linestyle="--", linewidth=1, label="even share")
+        ax.set_title(f"{workdir.name} {layer}", fontsize="small")
+        ax.set_xlabel("step")
+        ax.set_ylabel("share of assignments")
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize="x-small")
+    return figure
 
 
 def draw_runs(workdirs: list[Path], metric: str):

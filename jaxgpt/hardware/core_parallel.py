@@ -35,7 +35,7 @@ from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
 
 
 def core_gradients(params, key, step, windows, core, *, model, microbatches: int):
-    """One core's (mean loss, mean gradient) over its rows."""
+    """One core's (what it measured, mean gradient) over its rows (train_step.gradients)."""
     rng = jax.random.fold_in(jax.random.fold_in(key, step), core)
     return gradients(params, windows, rng, model=model, microbatches=microbatches)
 
@@ -47,8 +47,8 @@ def average_and_apply(
     total = per_core[0]
     for result in per_core[1:]:
         total = jax.tree.map(jnp.add, total, result)
-    loss, grads = jax.tree.map(lambda x: x / len(per_core), total)
-    return apply_gradients(state, loss, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
+    measured, grads = jax.tree.map(lambda x: x / len(per_core), total)
+    return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
 class CoreParallelStep:

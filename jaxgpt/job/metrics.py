@@ -65,6 +65,21 @@ def training_record(
     }
 
 
+def router_record(steps: list[dict], layers: list[int]) -> dict[str, float]:
+    """A mixture of experts' router over a logging interval (`steps`: each step's router
+    statistics, train_step.router_statistics), averaged over the steps: per MoE layer (`layers`,
+    their block numbers) each expert's load (its fraction of the assignments; 1 / experts when
+    balanced), the fraction of assignments dropped at capacity and the routing entropy in nats;
+    and the two router losses averaged over the layers, as the objective weighs them."""
+    mean = {name: np.mean([np.asarray(step[name]) for step in steps], axis=0) for name in steps[0]}
+    record = {"router/aux_loss": float(mean["aux_loss"].mean()), "router/z_loss": float(mean["z_loss"].mean())}
+    for j, layer in enumerate(layers):
+        record[f"router/block_{layer}/dropped"] = float(mean["dropped"][j])
+        record[f"router/block_{layer}/entropy"] = float(mean["entropy"][j])
+        record |= {f"router/block_{layer}/load/{e}": float(v) for e, v in enumerate(mean["load"][j])}
+    return record
+
+
 def model_flops_utilisation(achieved_flops: float, peak_flops: float) -> float:
     """achieved / peak, or NaN (null in metrics.jsonl) where that is above 1: a peak the run
     beats is not the hardware's peak, and an MFU over 100% would only report that error."""

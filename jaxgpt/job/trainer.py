@@ -43,6 +43,7 @@ from jaxgpt.job.metrics import (
     MetricsLog,
     describe_mfu,
     model_flops_utilisation,
+    router_record,
     training_record,
 )
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
@@ -318,6 +319,8 @@ class Trainer:
         )
         if "layer_grad_norms" in fetched[-1]:  # train.log_layer_grad_norms
             record |= {f"grad_norm/{name}": v for name, v in per_layer(fetched[-1]["layer_grad_norms"]).items()}
+        if "router" in fetched[-1]:  # a mixture of experts
+            record |= router_record([step["router"] for step in fetched], self.config.model.moe_layers)
         return record
 
     def _metrics_log(self, start_step: int) -> MetricsLog:
