@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 RoPE scaling included)
-and MistralForCausalLM (Llama with a sliding window).
+"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 RoPE scaling included),
+MistralForCausalLM (Llama with a sliding window) and MixtralForCausalLM (Mistral with a mixture of
+experts in every block: dropless top-k routing, renormalised, jaxgpt/moe.py).
 
     config, params = load_pretrained("path/to/dir")     # or a Hub name such as "gpt2", online
     save_pretrained(config, params, "out/dir")          # safetensors + config.json for transformers
@@ -8,6 +9,9 @@ Weights are read and written with safetensors' numpy API, so converting needs ne
 transformers (the parity tests use them as the reference). Two layout facts matter:
   - GPT-2's `Conv1D` stores kernels as (in, out), already the orientation of a flax kernel;
     torch `nn.Linear` (Llama) stores (out, in) and is transposed.
+  - Mixtral's experts are read in either layout: the Hub's (block_sparse_moe.experts.E.w1/w3/w2,
+    one module per expert) or transformers 5's (mlp.experts.gate_up_proj, gate and up stacked);
+    they are written in the Hub's, which both versions of transformers load.
   - Llama's q/k projections are laid out for the "rotate half" RoPE (pairs i and i + head_dim/2),
     which is jaxgpt's layout too, so they load without permutation; query head h reads key/value
     head h // group in both.
@@ -21,7 +25,7 @@ from pathlib import Path
 import jax
 import numpy as np
 
-from jaxgpt.config import ModelConfig, RopeScaling
+from jaxgpt.config import MixtureOfExperts, ModelConfig, RopeScaling
 from jaxgpt.errors import UserError
 from jaxgpt.model import init_params
 
@@ -179,15 +183,11 @@ def _llama_params(c: ModelConfig, w: dict) -> dict:
         q = w[p + "self_attn.q_proj.weight"].T.reshape(D, K, G, hd)  # query head h = k * G + g
         k = w[p + "self_attn.k_proj.weight"].T.reshape(D, K, 1, hd)
         v = w[p + "self_attn.v_proj.weight"].T.reshape(D, K, 1, hd)
-        gate, up = w[p + "mlp.gate_proj.weight"].T, w[p + "mlp.up_proj.weight"].T
-        return {
+        feed_forward = _mixtral_experts(c, w, p) if c.moe else _llama_mlp(w, p)
+        return feed_forward | {
             "attn": {
                 "qkv": {"kernel": np.concatenate([q, k, v], axis=2)},
                 "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)},
-            },
-            "mlp": {
-                "up": {"kernel": np.stack([gate, up], axis=1)},
-                "down": {"kernel": w[p + "mlp.down_proj.weight"].T},
             },
             "norm_1": {"scale": w[p + "input_layernorm.weight"]},
             "norm_2": {"scale": w[p + "post_attention_layernorm.weight"]},
@@ -199,6 +199,53 @@ def _llama_params(c: ModelConfig, w: dict) -> dict:
     if not c.tie_embeddings:
         params["lm_head"] = {"kernel": w["lm_head.weight"].T}
     return params
+
+
+def _llama_mlp(w: dict, p: str) -> dict:
+    gate, up = w[p + "mlp.gate_proj.weight"].T, w[p + "mlp.up_proj.weight"].T
+    return {
+        "mlp": {"up": {"kernel": np.stack([gate, up], axis=1)}, "down": {"kernel": w[p + "mlp.down_proj.weight"].T}}
+    }
+
+
+def _mixtral_experts(c: ModelConfig, w: dict, p: str) -> dict:
+    """A Mixtral block's router and experts as jaxgpt's MoE layer: experts_up (experts, d, 2,
+    hidden) holds each expert's gate (w1) and up (w3) projections, experts_down its w2."""
+    if p + "mlp.experts.gate_up_proj" in w:  # transformers 5: (experts, 2 hidden, d), gate first
+        gate_up, hidden = w[p + "mlp.experts.gate_up_proj"], c.expert_hidden
+        gate, up, down = gate_up[:, :hidden], gate_up[:, hidden:], w[p + "mlp.experts.down_proj"]
+        router = w[p + "mlp.gate.weight"]
+    else:  # the Hub's layout: one module per expert
+        q = p + "block_sparse_moe."
+        gate, up, down = (
+            np.stack([w[f"{q}experts.{e}.{name}.weight"] for e in range(c.moe.experts)]) for name in ("w1", "w3", "w2")
+        )
+        router = w[q + "gate.weight"]
+    return {
+        "moe": {
+            "router": {"kernel": router.T},  # (d, experts)
+            "experts_up": np.stack([gate.transpose(0, 2, 1), up.transpose(0, 2, 1)], axis=2),
+            "experts_down": down.transpose(0, 2, 1),  # (experts, hidden, d)
+        }
+    }
+
+
+def _mixtral_config(hf: dict) -> ModelConfig:
+    """Mistral's attention with a dropless top-k mixture of experts in every block."""
+    if hf.get("router_jitter_noise"):
+        raise UserError(
+            f"config.json router_jitter_noise={hf['router_jitter_noise']!r}: jaxgpt's router adds no noise; "
+            "set it to 0 to convert"
+        )
+    moe = MixtureOfExperts(
+        experts=hf["num_local_experts"],
+        top_k=hf["num_experts_per_tok"],
+        expert_hidden=hf["intermediate_size"],
+        capacity_factor=0.0,  # Mixtral drops no token
+        aux_loss=hf.get("router_aux_loss_coef", 0.02),
+        z_loss=0.0,
+    )
+    return _llama_config(hf).replace(moe=moe)
 
 
 def _llama_weights(c: ModelConfig, params: dict) -> dict:
@@ -213,9 +260,17 @@ def _llama_weights(c: ModelConfig, params: dict) -> dict:
         w[p + "self_attn.k_proj.weight"] = qkv[:, :, G].reshape(D, K * hd).T
         w[p + "self_attn.v_proj.weight"] = qkv[:, :, G + 1].reshape(D, K * hd).T
         w[p + "self_attn.o_proj.weight"] = b["attn"]["out"]["kernel"].reshape(K * G * hd, D).T
-        w[p + "mlp.gate_proj.weight"] = b["mlp"]["up"]["kernel"][:, 0].T
-        w[p + "mlp.up_proj.weight"] = b["mlp"]["up"]["kernel"][:, 1].T
-        w[p + "mlp.down_proj.weight"] = b["mlp"]["down"]["kernel"].T
+        if c.moe:  # the Hub's Mixtral layout
+            moe, q = b["moe"], p + "block_sparse_moe."
+            w[q + "gate.weight"] = moe["router"]["kernel"].T
+            for e in range(c.moe.experts):
+                w[f"{q}experts.{e}.w1.weight"] = moe["experts_up"][e, :, 0].T
+                w[f"{q}experts.{e}.w3.weight"] = moe["experts_up"][e, :, 1].T
+                w[f"{q}experts.{e}.w2.weight"] = moe["experts_down"][e].T
+        else:
+            w[p + "mlp.gate_proj.weight"] = b["mlp"]["up"]["kernel"][:, 0].T
+            w[p + "mlp.up_proj.weight"] = b["mlp"]["up"]["kernel"][:, 1].T
+            w[p + "mlp.down_proj.weight"] = b["mlp"]["down"]["kernel"].T
         w[p + "input_layernorm.weight"] = b["norm_1"]["scale"]
         w[p + "post_attention_layernorm.weight"] = b["norm_2"]["scale"]
     return w
@@ -233,31 +288,48 @@ def _llama_hf_config(c: ModelConfig) -> dict:
                 "high_freq_factor": s.high_freq_factor,
             }
     mistral = c.attention_window > 0
-    return {
-        "model_type": "mistral" if mistral else "llama",
-        "architectures": ["MistralForCausalLM" if mistral else "LlamaForCausalLM"],
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model,
-        "intermediate_size": c.mlp_hidden,
-        "num_hidden_layers": c.n_layer,
-        "num_attention_heads": c.n_head,
-        "num_key_value_heads": c.n_kv_head,
-        "head_dim": c.head_dim,
-        "max_position_embeddings": c.block_size,
-        "hidden_act": "silu",
-        "rms_norm_eps": c.norm_eps,
-        "rope_theta": c.rope_theta,
-        "rope_parameters": rope,
-        "attention_bias": c.bias,
-        "mlp_bias": c.bias,
-        "tie_word_embeddings": c.tie_embeddings,
-    } | ({"sliding_window": c.attention_window} if mistral else {})
+    family = "mixtral" if c.moe else "mistral" if mistral else "llama"
+    experts = {}
+    if c.moe:
+        experts = {
+            "num_local_experts": c.moe.experts,
+            "num_experts_per_tok": c.moe.top_k,
+            "router_aux_loss_coef": c.moe.aux_loss,
+            "router_jitter_noise": 0.0,
+            "sliding_window": c.attention_window or None,
+        }
+    return (
+        {
+            "model_type": family,
+            "architectures": [
+                {"mixtral": "MixtralForCausalLM", "mistral": "MistralForCausalLM"}.get(family, "LlamaForCausalLM")
+            ],
+            "vocab_size": c.vocab_size,
+            "hidden_size": c.d_model,
+            "intermediate_size": c.expert_hidden,
+            "num_hidden_layers": c.n_layer,
+            "num_attention_heads": c.n_head,
+            "num_key_value_heads": c.n_kv_head,
+            "head_dim": c.head_dim,
+            "max_position_embeddings": c.block_size,
+            "hidden_act": "silu",
+            "rms_norm_eps": c.norm_eps,
+            "rope_theta": c.rope_theta,
+            "rope_parameters": rope,
+            "attention_bias": c.bias,
+            "mlp_bias": c.bias,
+            "tie_word_embeddings": c.tie_embeddings,
+        }
+        | ({"sliding_window": c.attention_window} if mistral else {})
+        | experts
+    )
 
 
 FAMILIES = {
     "gpt2": (_gpt2_config, _gpt2_params, _gpt2_weights, _gpt2_hf_config),
     "llama": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),
     "mistral": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),  # same weights as Llama
+    "mixtral": (_mixtral_config, _llama_params, _llama_weights, _llama_hf_config),  # Mistral with experts
 }
 
 
@@ -270,6 +342,8 @@ WORKBENCH_FIELDS = (
 
 def _family_of(c: ModelConfig) -> str:
     """Which Hugging Face architecture a jaxgpt config is, if any."""
+    if c.moe is not None:
+        return _mixtral_family(c)
     switched = [f for f in WORKBENCH_FIELDS if getattr(c, f) != getattr(ModelConfig, f)]
     llama_recipe = (c.position, c.norm, c.activation, c.norm_position) == ("rope", "rmsnorm", "swiglu", "pre")
     if llama_recipe and switched == ["attention_window"]:
@@ -293,6 +367,27 @@ def _family_of(c: ModelConfig) -> str:
         "this model is neither GPT-2 (learned positions, LayerNorm, GELU, biases, multi-head) nor Llama (RoPE, "
         "RMSNorm, SwiGLU): Hugging Face has no matching architecture to export it to"
     )
+
+
+def _mixtral_family(c: ModelConfig) -> str:
+    """ "mixtral" for a mixture of experts Mixtral's config can describe; else one line naming
+    the setting it has no counterpart for."""
+    m = c.moe
+    differences = [
+        ("capacity_factor", m.capacity_factor, 0.0, "Mixtral routes every token (dropless)"),
+        ("every", m.every, 1, "Mixtral has experts in every block"),
+        ("shared_experts", m.shared_experts, 0, "Mixtral has no shared expert"),
+    ]
+    for field, value, wanted, why in differences:
+        if value != wanted:
+            raise UserError(f"model.moe.{field}={value!r} has no counterpart in Hugging Face's Mixtral ({why})")
+    if (c.position, c.norm, c.activation, c.norm_position, c.bias) != ("rope", "rmsnorm", "swiglu", "pre", False):
+        raise UserError(
+            "a mixture of experts exports as Mixtral, which is the Llama recipe (RoPE, RMSNorm, SwiGLU experts, no "
+            "biases); this model is not"
+        )
+    _family_of(c.replace(moe=None))  # the rest as for Llama/Mistral: refuses a workbench switch or rope scaling
+    return "mixtral"
 
 
 # ----------------------------------------------------------------------------- files
@@ -353,7 +448,9 @@ def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
     hf = json.loads((directory / "config.json").read_text())
     family = hf.get("model_type")
     if family not in FAMILIES:
-        raise UserError(f"{directory}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama and mistral")
+        raise UserError(
+            f"{directory}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral and mixtral"
+        )
     to_config, to_params, _, _ = FAMILIES[family]
     config = to_config(hf)
     weights = {k: np.asarray(v, np.float32) for k, v in _read_weights(directory).items()}

@@ -3,6 +3,7 @@
 Needs the optional extras (pip install -r requirements-hf.txt); skipped without them.
 """
 
+import dataclasses
 import json
 import re
 
@@ -16,7 +17,7 @@ transformers = pytest.importorskip(
     "transformers", reason="the parity tests need transformers: pip install -r requirements-hf.txt"
 )
 
-from jaxgpt.config import ModelConfig, RopeScaling  # noqa: E402
+from jaxgpt.config import MixtureOfExperts, ModelConfig, RopeScaling  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.hf import load_pretrained, save_pretrained  # noqa: E402
 from jaxgpt.model import GPT, init_params  # noqa: E402
@@ -74,6 +75,9 @@ def reference_model(kind: str):
     if kind == "llama3.1":
         config = transformers.LlamaConfig(**LLAMA | {"max_position_embeddings": 128}, rope_parameters=LLAMA_31_ROPE)
         return with_visible_weights(transformers.LlamaForCausalLM(config))
+    if kind == "mixtral":  # Mistral's attention with 4 experts, each token routed to 2
+        config = transformers.MixtralConfig(**LLAMA, num_local_experts=4, num_experts_per_tok=2, rope_theta=500.0)
+        return with_visible_weights(transformers.MixtralForCausalLM(config))
     assert kind == "mistral"  # Llama plus a sliding window of 4 tokens, well inside the 16-token inputs
     config = transformers.MistralConfig(**LLAMA, sliding_window=4, rope_theta=500.0)
     return with_visible_weights(transformers.MistralForCausalLM(config))
@@ -83,7 +87,7 @@ def tokens(shape=(2, 16), seed=0):
     return np.random.default_rng(seed).integers(0, VOCAB, shape)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "llama3.1", "mistral"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "llama3.1", "mistral", "mixtral"])
 def saved(request, tmp_path_factory):
     model = reference_model(request.param)
     directory = tmp_path_factory.mktemp(request.param)
@@ -295,3 +299,71 @@ def test_sample_py_writes_from_hugging_face_weights(gpt2_directory):
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith("def f") and len(result.stdout.strip()) > len("def f")
+
+
+def test_mixtral_in_transformers_5s_fused_layout_loads_with_the_same_logits(tmp_path):
+    """transformers 5 holds each layer's experts as one gate_up_proj and one down_proj tensor
+    (its state_dict, which some tools save as is); the loader reads that layout too."""
+    from safetensors.numpy import save_file
+
+    model = reference_model("mixtral")
+    model.save_pretrained(tmp_path)  # config.json, and the Hub's per-expert layout
+    fused = {k: v.numpy() for k, v in model.state_dict().items()}
+    assert "model.layers.0.mlp.experts.gate_up_proj" in fused
+    save_file(fused, tmp_path / "model.safetensors")
+    config, params, _ = load_pretrained(str(tmp_path))
+    ids = tokens()
+    ours = np.asarray(GPT(config).apply({"params": params}, jnp.asarray(ids)))
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+    assert np.abs(ours - theirs).max() < 1e-4
+
+
+def test_mixtral_parity_depends_on_the_routing(tmp_path):
+    """One expert per token instead of two gives other logits: the parity checks the routing."""
+    reference_model("mixtral").save_pretrained(tmp_path)
+    config, params, _ = load_pretrained(str(tmp_path))
+    ids = jnp.asarray(tokens())
+    logits = lambda c: np.asarray(GPT(c).apply({"params": params}, ids))  # noqa: E731
+    one_expert = config.replace(moe=dataclasses.replace(config.moe, top_k=1))
+    assert np.abs(logits(config) - logits(one_expert)).max() > 0.1
+
+
+def test_a_mixtral_routing_variant_is_refused_naming_the_field(tmp_path):
+    reference_model("mixtral").save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf | {"router_jitter_noise": 0.1}))
+    with pytest.raises(
+        UserError, match=re.escape("config.json router_jitter_noise=0.1: jaxgpt's router adds no noise")
+    ):
+        load_pretrained(str(tmp_path))
+
+
+MIXTURE = ModelConfig(
+    vocab_size=VOCAB, block_size=32, n_layer=2, n_head=4, n_kv_head=2, d_model=32, mlp_hidden=48, position="rope",
+    norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
+    moe=MixtureOfExperts(experts=4, top_k=2, expert_hidden=48, aux_loss=0.02, z_loss=0.0),
+)  # fmt: skip
+
+
+def test_a_mixture_of_experts_round_trips_through_mixtral_exactly(tmp_path):
+    params = jax.jit(init_params, static_argnums=0)(MIXTURE, jax.random.key(3))
+    save_pretrained(MIXTURE, params, tmp_path)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["MixtralForCausalLM"]
+    loaded_config, loaded, family = load_pretrained(str(tmp_path))
+    assert family == "mixtral" and loaded_config == MIXTURE
+    jax.tree.map(np.testing.assert_array_equal, loaded, jax.device_get(params))
+
+
+@pytest.mark.parametrize(
+    "moe, message",
+    [
+        ({"capacity_factor": 1.25}, "model.moe.capacity_factor=1.25 has no counterpart in Hugging Face's Mixtral"),
+        ({"shared_experts": 1}, "model.moe.shared_experts=1 has no counterpart"),
+    ],
+)
+def test_a_mixture_mixtral_cannot_describe_is_refused_naming_the_setting(moe, message, tmp_path):
+    config = MIXTURE.replace(moe=dataclasses.replace(MIXTURE.moe, **moe))
+    with pytest.raises(UserError, match=re.escape(message)):
+        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+    assert not (tmp_path / "model.safetensors").exists()
