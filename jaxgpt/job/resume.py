@@ -41,6 +41,7 @@ ARCHITECTURE_FIELDS = (
     "bias",
     "tie_embeddings",
     "qk_norm",
+    "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
 )
 
 
@@ -77,6 +78,7 @@ RESUMABLE_FIELDS = frozenset(
         "mesh.data",  # a checkpoint restores onto any device layout
         "mesh.fsdp",
         "mesh.tensor",
+        "mesh.expert",
     }
 )
 
@@ -206,11 +208,20 @@ def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig) -> list[str]
         if f not in EXTENSIBLE_FIELDS and not (f == "block_size" and ours.position != "learned")
     ]
     return [
-        f"model.{f}={getattr(ours, f)!r} but the weights have {getattr(theirs, f)!r}"
+        f"model.{f}={_architecture(ours, f)!r} but the weights have {_architecture(theirs, f)!r}"
         + (" (learned positions have a row per position)" if f == "block_size" else "")
         for f in fields
-        if getattr(ours, f) != getattr(theirs, f)
+        if _architecture(ours, f) != _architecture(theirs, f)
     ]
+
+
+def _architecture(config: ModelConfig, field: str):
+    """The value of `field` that the weights depend on: for model.moe, what makes the experts
+    (how many, how many a token uses, shared ones, their width, which blocks hold them)."""
+    if field != "moe" or config.moe is None:
+        return getattr(config, field)
+    m = config.moe
+    return {k: getattr(m, k) for k in ("experts", "top_k", "shared_experts", "expert_hidden", "every")}
 
 
 def refuse_unless_fits(source: str, ours: ModelConfig, theirs: ModelConfig) -> None:
