@@ -140,3 +140,13 @@ def test_two_short_runs_as_the_help_shows(tmp_path):
     runs = json.loads((tmp_path / "runs" / "compare-try" / "results.json").read_text())["runs"]
     assert [(r["variant"], r["step"]) for r in runs] == [("position=learned", 20), ("position=rope", 20)]
     assert "| position=rope | 1 |" in result.stdout
+
+
+def test_a_varied_key_takes_its_declared_type_even_when_unset():
+    """model.mlp_hidden defaults to None (derived from d_model): --vary model.mlp_hidden=2048
+    is still the integer 2048, not the text '2048' the config would refuse."""
+    from jaxgpt.commands.compare import with_values
+    from jaxgpt.config_files import base_config
+
+    config = with_values(base_config(), {"model.mlp_hidden": "2048", "model.moe.experts": "8", "model.bias": "false"})
+    assert (config.model.mlp_hidden, config.model.moe.experts, config.model.bias) == (2048, 8, False)

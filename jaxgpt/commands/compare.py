@@ -68,32 +68,31 @@ def variant_name(variant: dict[str, str]) -> str:
 
 def with_values(config, variant: dict[str, str]):
     """A copy of the ConfigDict with each dotted key set, the text read as the key's type."""
-    config = config.copy_and_resolve_references()
+    copy = config.copy_and_resolve_references()
     for key, text in variant.items():
         *parents, name = key.split(".")
-        node = config
+        node, copied = config, copy
         try:
             for parent in parents:
-                node = node[parent]
-            current = node[name]
+                node, copied = node[parent], copied[parent]
+            kind = node.get_type(name)  # declared: a field left unset (None) has one too, lost by the copy
         except (KeyError, AttributeError):
             raise UserError(f"--vary {key}: no such config key") from None
-        node[name] = _typed(text, current, key)
-    return config
+        copied[name] = _typed(text, kind, key)
+    return copy
 
 
-def _typed(text: str, current, key: str):
-    if isinstance(current, bool):
+def _typed(text: str, kind: type, key: str):
+    if kind is bool:
         if text.lower() not in ("true", "false"):
             raise UserError(f"--vary {key}={text}: expected true or false")
         return text.lower() == "true"
-    for kind in (int, float):
-        if isinstance(current, kind):
-            try:
-                return kind(text)
-            except ValueError:
-                what = "an integer" if kind is int else "a number"
-                raise UserError(f"--vary {key}={text}: expected {what}") from None
+    if kind in (int, float):
+        try:
+            return kind(text)
+        except ValueError:
+            what = "an integer" if kind is int else "a number"
+            raise UserError(f"--vary {key}={text}: expected {what}") from None
     return text
 
 
