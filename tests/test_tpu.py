@@ -27,8 +27,8 @@ def small_run(**model):
     return config
 
 
-def run_on(config, data=-1, fsdp=1, tensor=1):
-    config.mesh.update(data=data, fsdp=fsdp, tensor=tensor)
+def run_on(config, data=-1, fsdp=1, tensor=1, expert=1):
+    config.mesh.update(data=data, fsdp=fsdp, tensor=tensor, expert=expert)
     return resolve(config, vocab_size=256)
 
 
@@ -59,7 +59,7 @@ def test_flash_kernel_compiles_sharded_for_a_v5e_8(v5e_8, mesh, n_kv_head):
     """Without shard_map this fails to compile: XLA cannot partition a Mosaic kernel itself."""
     run = run_on(small_run(attention="flash_tpu", n_kv_head=n_kv_head), *mesh)
     step = tpu.compile_train_step(run, v5e_8)
-    assert step.mesh == dict(zip(sharding.AXES, mesh, strict=True))
+    assert step.mesh == dict(zip(("data", "fsdp", "tensor"), mesh, strict=True)) | {"expert": 1}
     assert MOSAIC in step.program_text  # the kernel itself, not a fallback
 
 
@@ -116,6 +116,25 @@ def test_memory_figures_are_the_sharded_parameter_counts(v5e_8):
             <= 1.1 * (step.params_bytes + step.optimizer_bytes + batch) + 2**20
         )
         assert 0 < step.temporaries_bytes < tpu.target("tpu-v5e-8").hbm_bytes
+
+
+@needs_libtpu
+def test_experts_split_over_the_expert_axis_of_a_v5e_8(v5e_8):
+    """A mixture of 8 experts on 8 chips of the expert axis: each chip holds one expert's
+    matrices and every other parameter whole; the tokens travel to their experts and back by
+    all-to-all."""
+    config = small_run()
+    config.model.moe.update(experts=8, top_k=2, capacity_factor=1.25)
+    run = run_on(config, 1, expert=8)
+    step = tpu.compile_train_step(run, v5e_8)
+    params = jax.eval_shape(partial(init_params, run.model), jax.random.key(0))
+    n = count_params(params)
+    experts = sum(
+        int(leaf.size) for path, leaf in jax.tree_util.tree_leaves_with_path(params) if "experts_" in path[-1].key
+    )
+    assert step.mesh == {"data": 1, "fsdp": 1, "expert": 8, "tensor": 1}
+    assert step.params_bytes == 4 * (n - experts + experts // 8)
+    assert "all-to-all" in step.program_text and step.fits(tpu.target("tpu-v5e-8"))
 
 
 @needs_libtpu
