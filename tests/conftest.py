@@ -7,11 +7,13 @@ module imports jax; pytest imports conftest.py first.
 import fcntl
 import importlib.util
 import itertools
+import json
 import os
 import shutil
 import tempfile
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8").strip()
@@ -106,6 +108,18 @@ def small_run_config(**train):
     )
     config.train.update(defaults | train)
     return config
+
+
+def layout_run_config(mesh: dict, steps: int = 10, **train):
+    """small_run_config on a device mesh, logging every step's loss: for comparing layouts."""
+    config = small_run_config(**(dict(steps=steps, log_every=1, eval_every=steps, checkpoint_every=steps) | train))
+    config.mesh.update(mesh)
+    return config
+
+
+def train_losses(workdir) -> np.ndarray:
+    """Every logged training loss of a run, in order."""
+    return np.array([json.loads(line)["train_loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()])
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 (routing, Mixtral's renormalisation, capacity queues and drops, the two router losses), its
 parameter and FLOP counts against closed forms, and its training step."""
 
-import json
 import math
 from functools import partial
 
@@ -10,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import small_run_config
+from conftest import layout_run_config, small_run_config, train_losses
 
 from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
@@ -260,14 +259,9 @@ def test_gelu_reference_is_the_models_gelu():
 
 
 def moe_run_config(mesh: dict, **train):
-    c = small_run_config(**(dict(steps=6, log_every=1, eval_every=6, checkpoint_every=6) | train))
-    c.model.moe.update(experts=4, top_k=2, capacity_factor=1.25)
-    c.mesh.update(mesh)
-    return c
-
-
-def train_losses(workdir) -> np.ndarray:
-    return np.array([json.loads(line)["train_loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()])
+    config = layout_run_config(mesh, steps=6, **train)
+    config.model.moe.update(experts=4, top_k=2, capacity_factor=1.25)
+    return config
 
 
 @pytest.fixture(scope="module")

@@ -1,14 +1,13 @@
 """Sharding over the 8 fake CPU devices: every layout trains like one device, parameters sit
 where the rules put them, and checkpoints move between layouts."""
 
-import json
 import tempfile
 from pathlib import Path
 
 import jax
 import numpy as np
 import pytest
-from conftest import run_script, small_run_config
+from conftest import layout_run_config, run_script, train_losses
 
 from jaxgpt.config import ConfigError, MeshConfig
 from jaxgpt.errors import UserError
@@ -18,20 +17,10 @@ from jaxgpt.job.trainer import Trainer, train_and_evaluate
 LAYOUTS = {"data=8": dict(data=8), "fsdp=8": dict(data=1, fsdp=8), "2x2x2": dict(data=2, fsdp=2, tensor=2)}
 
 
-def config(mesh: dict, **train):
-    c = small_run_config(**(dict(steps=10, log_every=1, eval_every=10, checkpoint_every=10) | train))
-    c.mesh.update(mesh)
-    return c
-
-
-def losses(workdir):
-    return np.array([json.loads(line)["train_loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()])
-
-
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
     workdir = tmp_path_factory.mktemp("one_device")
-    train_and_evaluate(config(dict(data=1)), workdir, progress=False)
+    train_and_evaluate(layout_run_config(dict(data=1)), workdir, progress=False)
     return workdir
 
 
@@ -40,12 +29,12 @@ def one_device(tmp_path_factory):
     "layout", [pytest.param(name, marks=() if name == "2x2x2" else pytest.mark.slow) for name in LAYOUTS]
 )
 def test_every_layout_trains_like_one_device(layout, one_device, tmp_path):
-    train_and_evaluate(config(LAYOUTS[layout]), tmp_path, progress=False)
+    train_and_evaluate(layout_run_config(LAYOUTS[layout]), tmp_path, progress=False)
     # The same float32 math with sums split across devices and re-associated: ~1e-7 relative
     # per reduction. Adam divides each update by the gradient's own scale, so such differences
     # stay at that relative size through 10 steps instead of growing: 1e-5 leaves a wide margin
     # while a wrong sharding (a missed all-reduce, a mis-split head) moves losses by > 1e-2.
-    np.testing.assert_allclose(losses(tmp_path), losses(one_device), rtol=1e-5)
+    np.testing.assert_allclose(train_losses(tmp_path), train_losses(one_device), rtol=1e-5)
 
 
 @pytest.mark.slow
@@ -53,17 +42,17 @@ def test_the_cpu_speed_settings_train_like_the_plain_step(one_device, tmp_path):
     """The opt-in two-device CPU layout (JAX_NUM_CPU_DEVICES=2) with configs/tiny.py's dots
     rematerialisation and microbatches split across the data axis reorders float32 sums and
     changes nothing else: the same tolerance as above."""
-    c = config(dict(data=2), microbatches=2)
+    c = layout_run_config(dict(data=2), microbatches=2)
     c.model.remat = "dots"
     train_and_evaluate(c, tmp_path, progress=False)
-    np.testing.assert_allclose(losses(tmp_path), losses(one_device), rtol=1e-5)
+    np.testing.assert_allclose(train_losses(tmp_path), train_losses(one_device), rtol=1e-5)
 
 
 def trainer_for(mesh: dict) -> Trainer:
     from jaxgpt.job import setup
 
     workdir, say = Path(tempfile.mkdtemp()), lambda message: None
-    resolved = setup.resolve_run(config(mesh), workdir, progress=False, verify_data=False)
+    resolved = setup.resolve_run(layout_run_config(mesh), workdir, progress=False, verify_data=False)
     return Trainer(resolved, setup.place_run(resolved, say), workdir, say)
 
 
@@ -112,7 +101,7 @@ def test_a_batch_the_mesh_cannot_split_is_a_clear_error_proposing_what_would(tmp
     with pytest.raises(
         UserError, match="train.batch_size=12 .* does not split over the 8 data-parallel devices"
     ) as refused:
-        train_and_evaluate(config(dict(data=8), batch_size=12), tmp_path, progress=False)
+        train_and_evaluate(layout_run_config(dict(data=8), batch_size=12), tmp_path, progress=False)
     assert str(refused.value).endswith("(--config.train.batch_size=8 or 16) or --config.mesh.data=4")
 
 
@@ -120,10 +109,10 @@ def test_a_batch_the_mesh_cannot_split_is_a_clear_error_proposing_what_would(tmp
     "first, second", [(dict(data=1), dict(data=1, fsdp=8)), (dict(data=2, fsdp=2, tensor=2), dict(data=1))]
 )
 def test_a_checkpoint_restores_onto_another_layout(first, second, one_device, tmp_path):
-    train_and_evaluate(config(first), tmp_path, progress=False, stop_at=5)
-    train_and_evaluate(config(second), tmp_path, progress=False)
+    train_and_evaluate(layout_run_config(first), tmp_path, progress=False, stop_at=5)
+    train_and_evaluate(layout_run_config(second), tmp_path, progress=False)
     # Steps 6-10 ran on another layout: the same reduction-order tolerance as above.
-    np.testing.assert_allclose(losses(tmp_path), losses(one_device), rtol=1e-5)
+    np.testing.assert_allclose(train_losses(tmp_path), train_losses(one_device), rtol=1e-5)
 
 
 def free_port() -> int:
@@ -166,5 +155,5 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(tmp_path)
         assert process.returncode == 0, err
     # data=8 both ways; the all-reduce crosses processes through gloo instead of shared memory,
     # which may re-associate the sums: the reduction-order tolerance of the layouts above.
-    np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
-    assert len(losses(tmp_path / "two")) == 10  # one writer: no line doubled by process 1
+    np.testing.assert_allclose(train_losses(tmp_path / "two"), train_losses(tmp_path / "one"), rtol=1e-5)
+    assert len(train_losses(tmp_path / "two")) == 10  # one writer: no line doubled by process 1

@@ -70,26 +70,30 @@ def expert_loads(records: list[dict]) -> dict[str, tuple[list[int], list[list[fl
 
 
 def draw_expert_load(workdirs: list[Path]):
-    """One panel per MoE layer of each run: every expert's load against steps."""
-    panels = [
-        (workdir, layer, curve) for workdir in workdirs for layer, curve in expert_loads(read_metrics(workdir)).items()
-    ]
-    if not panels:
+    """A row of panels per run, one per MoE layer: every expert's load against steps."""
+    runs = [(workdir, expert_loads(read_metrics(workdir))) for workdir in workdirs]
+    runs = [(workdir, layers) for workdir, layers in runs if layers]
+    if not runs:
         raise UserError(
             f"no expert loads in the metrics of {', '.join(map(str, workdirs))}; train a config with model.moe"
         )
+    columns = max(len(layers) for _, layers in runs)
+    names = [w.name for w in workdirs]
     figure, axes = plt.subplots(
-        1, len(panels), figsize=(max(4 * len(panels), SIZE_INCHES[0]), SIZE_INCHES[1]), dpi=DPI, squeeze=False
-    )
-    for ax, (workdir, layer, (steps, loads)) in zip(axes[0], panels, strict=True):
-        experts = len(loads[0])
-        for e in range(experts):
-            ax.plot(steps, [load[e] for load in loads], color=f"C{e % 10}", label=f"expert {e}")
-        ax.axhline(1 / experts, color="black", linestyle="--", linewidth=1, label="even share")
-        ax.set_title(f"{workdir.name} {layer}", fontsize="small")
-        ax.set_xlabel("step")
-        ax.set_ylabel("share of assignments")
-        ax.grid(alpha=0.3)
+        len(runs), columns, figsize=(max(3 * columns, SIZE_INCHES[0]), SIZE_INCHES[1] * len(runs)), dpi=DPI,
+        squeeze=False,
+    )  # fmt: skip
+    for row, (workdir, layers) in zip(axes, runs, strict=True):
+        name = f"{workdir.parent.name}/{workdir.name}" if names.count(workdir.name) > 1 else workdir.name
+        for ax, (layer, (steps, loads)) in zip(row, layers.items(), strict=False):
+            experts = len(loads[0])
+            for e in range(experts):
+                ax.plot(steps, [load[e] for load in loads], color=f"C{e % 10}", label=f"expert {e}")
+            ax.axhline(1 / experts, color="black", linestyle="--", linewidth=1, label="even share")
+            ax.set_title(f"{name} {layer}", fontsize="small")
+            ax.set_xlabel("step")
+            ax.set_ylabel("share of assignments")
+            ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="x-small")
     return figure
 
