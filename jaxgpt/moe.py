@@ -119,7 +119,7 @@ class MixtureOfExpertsLayer(nn.Module):
         if m.shared_experts:
             shared = c.replace(mlp_hidden=m.shared_experts * c.expert_hidden, moe=None)
             mixed = mixed + MLP(shared, name="shared")(x)
-        self.sow("router", "dropped", 1.0 - kept.mean())
+        self.sow("router", "dropped", jnp.mean(~kept))  # a count over a count: exactly 0 when none is
         for name, value in router_losses(logits, chosen, m.experts).items():
             self.sow("router", name, value)
         return mixed

@@ -23,6 +23,7 @@ from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import create_train_state, gradients, train_step
 
 D, T, BATCH = 16, 10, 3
+initialised = jax.jit(init_params, static_argnums=0)  # compiled: eager, a mixture's init dispatches op by op
 
 
 def model_config(**moe) -> ModelConfig:
@@ -91,8 +92,8 @@ def _flat(tree, prefix=""):
 
 def run_layer(config: ModelConfig, x, params=None):
     layer = MixtureOfExpertsLayer(config)
-    params = params if params is not None else layer.init(jax.random.key(1), x)["params"]
-    y, sown = layer.apply({"params": params}, x, mutable=["router"])
+    params = params if params is not None else jax.jit(layer.init)(jax.random.key(1), x)["params"]
+    y, sown = jax.jit(partial(layer.apply, mutable=["router"]))({"params": params}, x)
     return params, np.asarray(y), {k: np.asarray(v[0]) for k, v in sown["router"].items()}
 
 
@@ -155,7 +156,7 @@ def test_parameters_and_flops_per_token_have_closed_forms():
     router, experts = 32 * 4, 4 * (32 * 48 + 48 * 32)
     total = 64 * 32 + 2 * (attention + norms) + dense_mlp + router + experts + 32  # + the final norm
     active = total - experts // 2
-    params = init_params(c, jax.random.key(0))
+    params = initialised(c, jax.random.key(0))
     assert count_params(params) == total
     assert active_params(c) == active
     assert flops_per_token(c) == 6 * active + 12 * 2 * 32 * 8
@@ -164,12 +165,12 @@ def test_parameters_and_flops_per_token_have_closed_forms():
 
 def test_the_objective_adds_the_router_losses_and_the_loss_logged_is_the_cross_entropy():
     config = model_config(capacity_factor=1.25, aux_loss=0.5, z_loss=0.25)
-    params = init_params(config, jax.random.key(0))
+    params = initialised(config, jax.random.key(0))
     windows = jax.random.randint(jax.random.key(1), (BATCH, T + 1), 0, 32)
     model = GPT(config)
-    measured, grads = gradients(params, windows, jax.random.key(2), model=model)
+    measured, grads = jax.jit(partial(gradients, model=model))(params, windows, jax.random.key(2))
     loss = measured["loss"]
-    logits, sown = model.apply({"params": params}, windows[:, :-1], mutable=["router"])
+    logits, sown = jax.jit(partial(model.apply, mutable=["router"]))({"params": params}, windows[:, :-1])
     log_p = jax.nn.log_softmax(logits)
     cross_entropy = -jnp.take_along_axis(log_p, windows[:, 1:, None], -1).mean()
     np.testing.assert_allclose(loss, cross_entropy, rtol=1e-6)
@@ -178,27 +179,21 @@ def test_the_objective_adds_the_router_losses_and_the_loss_logged_is_the_cross_e
     z = np.mean([layer["z_loss"][0] for layer in layers])
 
     def objective(p):  # written out again from the rule: the cross-entropy, then each router loss's share
+        logits, sown = model.apply({"params": p}, windows[:, :-1], mutable=["router"])
+        log_p = jax.nn.log_softmax(logits)
+        layers = [sown["router"][f"block_{i}"]["moe"] for i in range(2)]
+        mean = lambda name: jnp.mean(jnp.stack([layer[name][0] for layer in layers]))  # noqa: E731
         return (
-            cross_entropy_of(model, p, windows)
-            + 0.5 * router_loss_of(model, p, windows, "aux_loss")
-            + 0.25 * router_loss_of(model, p, windows, "z_loss")
+            -jnp.take_along_axis(log_p, windows[:, 1:, None], -1).mean()
+            + 0.5 * mean("aux_loss")
+            + 0.25 * mean("z_loss")
         )
 
-    want = jax.grad(objective)(params)
+    want = jax.jit(jax.grad(objective))(params)
     for got, expected in zip(jax.tree.leaves(grads), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-7)
     assert float(jnp.abs(grads["block_0"]["moe"]["router"]["kernel"]).max()) > 0
     assert aux > 0 and z > 0
-
-
-def cross_entropy_of(model, params, windows):
-    logits = model.apply({"params": params}, windows[:, :-1])
-    return -jnp.take_along_axis(jax.nn.log_softmax(logits), windows[:, 1:, None], -1).mean()
-
-
-def router_loss_of(model, params, windows, name):
-    _, sown = model.apply({"params": params}, windows[:, :-1], mutable=["router"])
-    return jnp.mean(jnp.stack([sown["router"][f"block_{i}"]["moe"][name][0] for i in range(2)]))
 
 
 def test_microbatches_and_scanned_layers_give_the_same_step():
@@ -335,7 +330,7 @@ def test_capture_gives_each_tokens_experts_and_the_table_prints_them():
     from jaxgpt.capture import capture, expert_table
 
     config = model_config(capacity_factor=1.0)
-    params = init_params(config, jax.random.key(0))
+    params = initialised(config, jax.random.key(0))
     tokens = np.arange(T)[None] % 32
     captured = capture(config, params, tokens)
     assert captured.experts.shape == captured.expert_weights.shape == (2, 1, T, 2)
@@ -347,5 +342,5 @@ def test_capture_gives_each_tokens_experts_and_the_table_prints_them():
     assert table[0].split() == ["token", "block_0", "block_1"] and len(table) == T + 1
     e, w = captured.experts[1, 0, 3], captured.expert_weights[1, 0, 3]
     assert f"{e[0]}:{w[0]:.2f} {e[1]}:{w[1]:.2f}" in table[4]
-    dense = capture(config.replace(moe=None), init_params(config.replace(moe=None), jax.random.key(0)), tokens)
+    dense = capture(config.replace(moe=None), initialised(config.replace(moe=None), jax.random.key(0)), tokens)
     assert dense.experts.shape == (0, 1, T, 0)
