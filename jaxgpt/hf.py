@@ -277,6 +277,43 @@ def _llama_weights(c: ModelConfig, params: dict) -> dict:
 
 
 def _llama_hf_config(c: ModelConfig) -> dict:
+    """config.json of the Llama-family model `c` is: Llama, Mistral (a sliding window) or
+    Mixtral (experts)."""
+    family = "mixtral" if c.moe else "mistral" if c.attention_window else "llama"
+    config = {
+        "model_type": family,
+        "architectures": [
+            {"mixtral": "MixtralForCausalLM", "mistral": "MistralForCausalLM"}.get(family, "LlamaForCausalLM")
+        ],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "intermediate_size": c.expert_hidden,  # the MLP's width, or each expert's
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "num_key_value_heads": c.n_kv_head,
+        "head_dim": c.head_dim,
+        "max_position_embeddings": c.block_size,
+        "hidden_act": "silu",
+        "rms_norm_eps": c.norm_eps,
+        "rope_theta": c.rope_theta,
+        "rope_parameters": _rope_parameters(c),
+        "attention_bias": c.bias,
+        "mlp_bias": c.bias,
+        "tie_word_embeddings": c.tie_embeddings,
+    }
+    if family != "llama":
+        config["sliding_window"] = c.attention_window or None
+    if c.moe:
+        config |= {
+            "num_local_experts": c.moe.experts,
+            "num_experts_per_tok": c.moe.top_k,
+            "router_aux_loss_coef": c.moe.aux_loss,
+            "router_jitter_noise": 0.0,
+        }
+    return config
+
+
+def _rope_parameters(c: ModelConfig) -> dict:
     rope = {"rope_theta": c.rope_theta, "rope_type": "default"}
     if c.rope_scaling is not None:
         s = c.rope_scaling
@@ -287,42 +324,7 @@ def _llama_hf_config(c: ModelConfig) -> dict:
                 "low_freq_factor": s.low_freq_factor,
                 "high_freq_factor": s.high_freq_factor,
             }
-    mistral = c.attention_window > 0
-    family = "mixtral" if c.moe else "mistral" if mistral else "llama"
-    experts = {}
-    if c.moe:
-        experts = {
-            "num_local_experts": c.moe.experts,
-            "num_experts_per_tok": c.moe.top_k,
-            "router_aux_loss_coef": c.moe.aux_loss,
-            "router_jitter_noise": 0.0,
-            "sliding_window": c.attention_window or None,
-        }
-    return (
-        {
-            "model_type": family,
-            "architectures": [
-                {"mixtral": "MixtralForCausalLM", "mistral": "MistralForCausalLM"}.get(family, "LlamaForCausalLM")
-            ],
-            "vocab_size": c.vocab_size,
-            "hidden_size": c.d_model,
-            "intermediate_size": c.expert_hidden,
-            "num_hidden_layers": c.n_layer,
-            "num_attention_heads": c.n_head,
-            "num_key_value_heads": c.n_kv_head,
-            "head_dim": c.head_dim,
-            "max_position_embeddings": c.block_size,
-            "hidden_act": "silu",
-            "rms_norm_eps": c.norm_eps,
-            "rope_theta": c.rope_theta,
-            "rope_parameters": rope,
-            "attention_bias": c.bias,
-            "mlp_bias": c.bias,
-            "tie_word_embeddings": c.tie_embeddings,
-        }
-        | ({"sliding_window": c.attention_window} if mistral else {})
-        | experts
-    )
+    return rope
 
 
 FAMILIES = {
