@@ -229,6 +229,21 @@ def test_the_scale_keeps_unit_variance_scores_from_saturating_the_softmax():
         assert init[scaling]["entropy"] > 0.98 * math.log(512)
 
 
+def test_check_sizes_a_model_too_large_for_this_machine_before_refusing_it():
+    """The texts' exercise: a 32-layer, 4096-wide GPT counted on a laptop. Its size row is
+    printed (from shapes, nothing allocated), then the memory refusal. By hand, per block: qkv
+    and out 4 d^2 + 4 d, the MLP 8 d^2 + 5 d, two LayerNorms 4 d; then the token table (the
+    corpus's 103 characters), 128 learned positions and the final norm."""
+    d = 4096
+    params = 32 * (12 * d * d + 13 * d) + (103 + 128 + 2) * d
+    result = run_script("jaxgpt.check", "--config", "configs/tiny.py", "--config.model.n_layer=32",
+                        f"--config.model.d_model={d}", "--config.model.n_head=32", devices=2)  # fmt: skip
+    refusal = result.stderr.strip().splitlines()[-1]  # after the fake devices' own warning
+    assert result.returncode == 2 and refusal.startswith("error: train.batch_size=12"), result.stderr
+    size = next(line for line in result.stdout.splitlines() if line.startswith("INFO  size"))
+    assert f"{params:,} parameters" in size and "kv cache" in result.stdout
+
+
 @pytest.mark.slow
 def test_check_fails_a_too_large_init_and_names_the_row():
     result = run_script("jaxgpt.check", *CHECK_FAST, "--config.model.init_std=1.0", devices=2)

@@ -31,6 +31,7 @@ import numpy as np
 from jaxgpt import data, sharding
 from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
+from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
 from jaxgpt.model import active_params, count_params, describe_parameters, flops_per_token
 from jaxgpt.train_step import gradient_norms, per_layer
@@ -57,7 +58,12 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     layout, create = state_layout(run, mesh)
-    memory.check_fits(run, mesh, layout)  # as training does, before any state or batch exists
+    sized = [size_row(layout.params, run.model), kv_cache_row(run.model)]  # from shapes: nothing allocated
+    try:
+        memory.check_fits(run, mesh, layout)  # as training does, before any state or batch exists
+    except UserError:
+        print_table(sized)  # what the model is, even where it cannot train (a 7B model's count on a laptop)
+        raise
     # The step this run trains with here (per CPU core, or over the mesh), with its microbatches:
     # the memory row measures that program.
     run, step, _ = choose_step(run, mesh, layout)
@@ -87,9 +93,9 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     state, overfit = overfit_row(learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr)
     return rows + [
         overfit,
-        size_row(state.params, run.model),
+        sized[0],
         memory_check,
-        kv_cache_row(run.model),
+        sized[1],
         *score_scale_rows(run.model),
     ]
 
