@@ -132,6 +132,22 @@ def test_norms(kind, bias):
     np.testing.assert_allclose(got, norm(c, f64(x), f64(params)), rtol=TOLERANCE, atol=TOLERANCE)
 
 
+@pytest.mark.parametrize("kind", ["layernorm", "rmsnorm"])
+def test_norms_at_the_models_own_scale_feel_their_epsilon(kind):
+    """At unit scale epsilon vanishes; at the 0.02 std of a fresh residual stream mean(x^2) is
+    4e-4, so eps = 1e-5 moves every output by about 1.2%. The norm must match the reference
+    with its epsilon, and the reference without it must differ by far more than the tolerance:
+    a norm that dropped or misplaced epsilon fails here."""
+    c = config(norm=kind, bias=False)
+    module = make_norm(c, "norm")
+    x = inputs(0, scale=0.02)
+    params = module.init(jax.random.key(0), x)["params"]
+    got = np.asarray(jax.jit(module.apply)({"params": params}, x))
+    np.testing.assert_allclose(got, norm(c, f64(x), f64(params)), rtol=TOLERANCE, atol=TOLERANCE)
+    without = norm(c.replace(norm_eps=1e-30), f64(x), f64(params))  # no epsilon to speak of (0 is refused)
+    assert np.abs(got - without).max() > 100 * TOLERANCE
+
+
 @pytest.mark.parametrize("activation", ["gelu", "gelu_exact", "relu", "relu2", "swiglu"])
 def test_mlps(activation):
     c = config(activation=activation)

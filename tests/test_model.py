@@ -286,3 +286,19 @@ def test_dropout_only_in_training():
     c = apply({"params": params}, tokens, train=True, rngs={"dropout": jax.random.key(2)})
     np.testing.assert_array_equal(a, b)  # reproducible from the rng
     assert not np.allclose(a, c)
+
+
+def test_without_positions_or_mask_attention_is_permutation_equivariant():
+    """With no positional information and no causal mask, nothing in the model knows the
+    order: shuffling the tokens shuffles the logits the same way (the sums inside attention are
+    reordered, so float32's 1e-6 relative is the tolerance). Learned positions break it, which
+    shows the check can fail."""
+    config = ModelConfig(vocab_size=40, block_size=12, n_layer=2, n_head=2, d_model=32, position="none", causal=False)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 40, (2, 12)))
+    order = np.random.default_rng(1).permutation(12)
+    for position, equivariant in (("none", True), ("learned", False)):
+        c = config.replace(position=position)
+        logits = jax.jit(GPT(c).apply)
+        params = jax.jit(init_params, static_argnums=0)(c, jax.random.key(0))
+        shuffled, original = logits({"params": params}, tokens[:, order]), logits({"params": params}, tokens)[:, order]
+        assert np.allclose(shuffled, original, rtol=1e-5, atol=1e-6) == equivariant, position
