@@ -257,3 +257,19 @@ def test_cache_bytes_are_the_cache_sampling_allocates(changes):
     assert sum(a.nbytes for a in arrays) == cache_bytes(config, tokens=64, batch_size=3)
     # and by hand for MHA: 2 x 3 layers x 4 heads x 8 dims x 4 bytes per token
     assert cache_bytes(config.replace(n_kv_head=4, dtype="float32"), tokens=1) == 768
+
+
+@pytest.mark.parametrize("temperature", [0.5, 2.0])
+def test_sampled_frequencies_follow_the_tempered_softmax(temperature):
+    """Temperature T samples token i with probability softmax(logits / T)_i. 200,000 draws of a
+    5-token distribution: each frequency's standard error is at most sqrt(0.25 / 2e5) = 0.0011,
+    so 0.006 is over 5 sigma; the untempered softmax is further than that from the tempered one
+    at both temperatures, so a sampler that ignored T would fail."""
+    logits = jnp.asarray([[2.0, 1.0, 0.5, -1.0, 0.0]])
+    draws = 200_000
+    keys = jax.random.split(jax.random.key(0), draws)
+    tokens = jax.jit(jax.vmap(lambda k: sample_token(logits, k, SamplingConfig(temperature=temperature))))(keys)
+    frequencies = np.bincount(np.asarray(tokens).ravel(), minlength=5) / draws
+    expected = np.asarray(jax.nn.softmax(logits[0] / temperature))
+    np.testing.assert_allclose(frequencies, expected, atol=0.006)
+    assert np.abs(np.asarray(jax.nn.softmax(logits[0])) - expected).max() > 0.05
