@@ -140,3 +140,38 @@ def test_runs_are_named_by_as_much_of_their_path_as_tells_them_apart():
     assert evaluate.run_names(runs) == ["position=rope/seed0", "position=alibi/seed0"]
     assert evaluate.run_names([Path("runs/tiny"), Path("runs/llama_tiny")]) == ["tiny", "llama_tiny"]
     assert evaluate.run_names([Path("a/x"), Path("a/x")]) == ["a/x", "a/x"]  # the same run twice
+
+
+def test_pruning_greedily_removes_first_the_head_whose_removal_costs_least(trained_small_run, capsys):
+    """The first head pruned is the argmin of --mask_heads' single-head losses (computed
+    head by head, not as a set), with the same loss; a removed set's loss is the one printed."""
+    from jaxgpt.job.checkpoint import load_latest
+
+    run, params, _, _ = load_latest(trained_small_run)
+    tokens = TEXT % run.model.vocab_size
+    budget = 4 * run.model.block_size
+    full, single = evaluate.without_each_head(run.model, params, tokens, budget)
+    pruned = evaluate.prune_greedily(run.model, params, tokens, budget, 0.5)  # 2 of the 4 heads
+    first = np.unravel_index(np.argmin(single), single.shape)
+    assert len(pruned) == 2 and pruned[0][0] == tuple(int(i) for i in first)
+    assert pruned[0][1] == pytest.approx(single[first], rel=1e-6)
+    both = [head for head, _ in pruned]
+    assert pruned[1][1] == pytest.approx(evaluate.without_heads(run.model, params, tokens, budget, both), rel=1e-6)
+    evaluate.main(["--workdir", str(trained_small_run), "--prune", "0.5", "--tokens", "256"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"{trained_small_run.name}: pruned 2 of 4 heads, the least useful first: ")
+    assert printed[1].startswith(f"{trained_small_run.name}: loss ") and " without them (" in printed[1]
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--remove_heads", "2.0"], "--remove_heads 2.0: the model has layers 0-1 of heads 0-1"),
+        (["--remove_heads", "x"], "--remove_heads 'x' is not LAYER.HEAD"),
+        (["--prune", "1.5"], "--prune 1.5 is not a share of the heads; give one between 0 and 1"),
+    ],
+)
+def test_a_bad_head_set_is_one_line(trained_small_run, capsys, args, message):
+    with pytest.raises(SystemExit) as exit:
+        evaluate.main(["--workdir", str(trained_small_run), "--tokens", "256", *args])
+    assert exit.value.code == 2 and message in capsys.readouterr().err

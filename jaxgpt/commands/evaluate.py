@@ -5,6 +5,8 @@ Examples:
       --out docs/images/loss_by_position.png
   python -m jaxgpt evaluate --workdir runs/llama_tiny --workdir runs/llama_tiny_yarn512 --lengths 128,512
   python -m jaxgpt evaluate --workdir runs/tiny --mask_heads
+  python -m jaxgpt evaluate --workdir runs/tiny --remove_heads 0.1,3.2
+  python -m jaxgpt evaluate --workdir runs/tiny --prune 0.25
 
 The same stretch of each run's validation text (its first --tokens tokens) is cut into
 back-to-back windows of each length, and each window is scored in one forward pass: the loss
@@ -20,6 +22,9 @@ colour per run.
 
 --mask_heads instead scores windows of block_size once with every attention head and once
 with each head removed (its output zeroed), and prints the loss increase per layer and head.
+--remove_heads LAYER.HEAD,... scores them with that set removed at once; --prune FRACTION
+removes that share of the heads greedily, each time the one whose removal raises the loss
+least, and prints the order and the loss before and after.
 """
 
 from __future__ import annotations
@@ -116,6 +121,65 @@ def without_each_head(model: ModelConfig, params, tokens: np.ndarray, budget: in
         keep[layer, head] = 0
         losses[layer, head] = losses_by_position(model, params, tokens, model.block_size, budget, keep).mean()
     return full, losses
+
+
+def without_heads(model: ModelConfig, params, tokens: np.ndarray, budget: int, removed) -> float:
+    """The loss over windows of block_size with the heads `removed` ((layer, head) pairs) zeroed."""
+    keep = np.ones((model.n_layer, model.n_head), np.float32)
+    for layer, head in removed:
+        keep[layer, head] = 0
+    return float(losses_by_position(model, params, tokens, model.block_size, budget, keep).mean())
+
+
+def prune_greedily(model: ModelConfig, params, tokens: np.ndarray, budget: int, fraction: float) -> list[tuple]:
+    """Remove round(fraction x heads) heads one at a time, each time the one whose removal
+    (beside those already removed) raises the loss least: [((layer, head), loss after), ...]."""
+    removed: list[tuple] = []
+    for _ in range(round(fraction * model.n_layer * model.n_head)):
+        left = [h for h in np.ndindex(model.n_layer, model.n_head) if h not in [r for r, _ in removed]]
+        scored = [(h, without_heads(model, params, tokens, budget, [r for r, _ in removed] + [h])) for h in left]
+        removed.append(min(scored, key=lambda item: item[1]))
+    return removed
+
+
+def parse_heads(text: str, model: ModelConfig) -> list[tuple[int, int]]:
+    """'0.1,3.2' -> [(0, 1), (3, 2)], or one line naming what is wrong."""
+    heads = []
+    for item in filter(None, text.split(",")):
+        layer, dot, head = item.partition(".")
+        if not (dot and layer.isdigit() and head.isdigit()):
+            raise UserError(f"--remove_heads {item!r} is not LAYER.HEAD (e.g. 0.1 for layer 0's head 1)")
+        if int(layer) >= model.n_layer or int(head) >= model.n_head:
+            raise UserError(
+                f"--remove_heads {item}: the model has layers 0-{model.n_layer - 1} of heads 0-{model.n_head - 1}"
+            )
+        heads.append((int(layer), int(head)))
+    if not heads:
+        raise UserError("--remove_heads names no head; give LAYER.HEAD,... (e.g. 0.1,3.2)")
+    return heads
+
+
+def removal_lines(name: str, workdir: Path, f) -> list[str]:
+    """--remove_heads or --prune on one run, as printed."""
+    run, params, _, val = load_run(workdir, f.step, budget=f.tokens)
+    if reason := refusal(run.model, run.model.block_size, len(val)):
+        raise UserError(f"{workdir}: {reason}")
+    full = without_heads(run.model, params, val, f.tokens, [])
+    if f.remove_heads is not None:
+        heads = parse_heads(f.remove_heads, run.model)
+        loss = without_heads(run.model, params, val, f.tokens, heads)
+        named = ", ".join(f"{layer}.{head}" for layer, head in heads)
+        return [f"{name}: loss {full:.4f} with every head, {loss:.4f} without {named} ({loss - full:+.4f})"]
+    if not 0 < f.prune < 1:
+        raise UserError(f"--prune {f.prune} is not a share of the heads; give one between 0 and 1 (e.g. 0.25)")
+    pruned = prune_greedily(run.model, params, val, f.tokens, f.prune)
+    total = run.model.n_layer * run.model.n_head
+    order = ", ".join(f"{layer}.{head} ({loss - full:+.4f})" for (layer, head), loss in pruned)
+    after = pruned[-1][1] if pruned else full
+    return [
+        f"{name}: pruned {len(pruned)} of {total} heads, the least useful first: {order}",
+        f"{name}: loss {full:.4f} with every head -> {after:.4f} without them ({after - full:+.4f})",
+    ]
 
 
 def head_table(name: str, full: float, losses: np.ndarray) -> list[str]:
@@ -241,6 +305,12 @@ def _evaluate(argv: list[str] | None) -> None:
     flags.DEFINE_bool(
         "mask_heads", False, "Instead: the loss at block_size with each attention head removed.", flag_values=f
     )
+    flags.DEFINE_string(
+        "remove_heads", None, "Instead: the loss with these heads removed, LAYER.HEAD,...", flag_values=f
+    )
+    flags.DEFINE_float(
+        "prune", None, "Instead: remove this share of the heads greedily, least useful first.", flag_values=f
+    )
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
@@ -248,6 +318,10 @@ def _evaluate(argv: list[str] | None) -> None:
     if f.mask_heads:
         for name, workdir in zip(names, workdirs, strict=True):
             print("\n".join(head_table(name, *heads_of_run(workdir, f.tokens, f.step))))
+        return
+    if f.remove_heads is not None or f.prune is not None:
+        for name, workdir in zip(names, workdirs, strict=True):
+            print("\n".join(removal_lines(name, workdir, f)))
         return
     rows, drawn = [], []
     for name, workdir in zip(names, workdirs, strict=True):
