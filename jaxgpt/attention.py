@@ -166,14 +166,18 @@ class CausalSelfAttention(nn.Module):
         c = self.config
         # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
         # group's queries next to their keys when the head axis is split over devices.
-        qkv = nn.DenseGeneral(
-            features=(c.n_kv_head, c.group_size + 2, c.head_dim),
-            use_bias=c.bias,
-            kernel_init=nn.initializers.normal(c.init_std),
-            name="qkv",
-            **dtypes(c),
-        )(x)
-        q, k, v = split_qkv(qkv, c.group_size)
+        if c.qkv_projections:
+            qkv = nn.DenseGeneral(
+                features=(c.n_kv_head, c.group_size + 2, c.head_dim),
+                use_bias=c.bias,
+                kernel_init=nn.initializers.normal(c.init_std),
+                name="qkv",
+                **dtypes(c),
+            )(x)
+            q, k, v = split_qkv(qkv, c.group_size)
+        else:  # the ablation: each head's slice of the input is its query, key and value
+            heads = x.reshape(*x.shape[:2], c.n_head, c.head_dim)
+            q, k, v = heads[:, :, :, None, :], heads, heads
         if c.qk_norm:  # over each head's head_dim features, with a learned scale per feature
             norm = dict(epsilon=c.norm_eps, **dtypes(c))
             q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)

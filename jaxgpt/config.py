@@ -199,6 +199,9 @@ class ModelConfig:
     uniform_attention: every query weighs each key it may see equally, 1/t over t keys: what
         attention does if it learns nothing about where to look (the scores are ignored).
     rope_pairing: "half" (GPT-NeoX / Llama) or "interleaved" (the RoPE paper, GPT-J).
+    qkv_projections: the learned query, key and value projections. Off, each head's slice of
+        the input is its query, its key and its value at once (q = k = v): attention can then
+        only weigh tokens by how alike they already are; it needs n_kv_head = n_head.
 
     moe: a `MixtureOfExperts` in place of the MLP, or None for dense MLPs.
     """
@@ -236,6 +239,7 @@ class ModelConfig:
     mlp: bool = True
     uniform_attention: bool = False
     rope_pairing: str = "half"
+    qkv_projections: bool = True
     moe: MixtureOfExperts | None = None
 
     def __post_init__(self):
@@ -321,6 +325,11 @@ def _check_model(c: ModelConfig) -> None:
             "position",
             "is 'alibi', which biases the scores that uniform_attention ignores; choose another position or "
             "uniform_attention=False",
+        )
+    if not c.qkv_projections and c.n_kv_head != c.n_head:
+        problems.add(
+            "qkv_projections",
+            f"off makes every head its own key, but n_kv_head={c.n_kv_head}; set n_kv_head={c.n_head}",
         )
     if not 0.0 <= c.dropout < 1.0:
         problems.add("dropout", "must be in [0, 1)")

@@ -162,3 +162,26 @@ def test_pallas_tpu_flash_attention_matches_the_xla_kernel_with_gradients():
     np.testing.assert_allclose(flash, xla, atol=1e-5)
     for got, want in zip(flash_grads, xla_grads, strict=True):
         np.testing.assert_allclose(got, want, atol=1e-5)
+
+
+def test_attention_without_projections_weighs_tokens_by_their_own_likeness():
+    """qkv_projections=False: each head's slice x_h of the input is its query, key and value, so
+    head h computes softmax(causal(x_h x_h^T / sqrt(d))) x_h, then the output projection mixes
+    the heads. Against that formula in float64 (float32 sums of 8 products: 1e-5)."""
+    c = ModelConfig(vocab_size=8, block_size=6, n_layer=1, n_head=2, d_model=16, position="none", qkv_projections=False)
+    x = jnp.asarray(np.random.default_rng(0).standard_normal((2, 6, 16)), jnp.float32)
+    layer = CausalSelfAttention(c)
+    params = layer.init(jax.random.key(0), x, jnp.arange(6), None)["params"]
+    assert set(params) == {"out"}  # no query, key or value weights to learn
+    got = layer.apply({"params": params}, x, jnp.arange(6), None)
+    heads = np.asarray(x, np.float64).reshape(2, 6, 2, 8)
+    scores = np.einsum("bqhd,bkhd->bhqk", heads, heads) / math.sqrt(8)
+    scores = np.where(np.tril(np.ones((6, 6), bool)), scores, -np.inf)
+    weights = np.exp(scores - scores.max(-1, keepdims=True))
+    weights /= weights.sum(-1, keepdims=True)
+    mixed = np.einsum("bhqk,bkhd->bqhd", weights, heads)  # (b, t, heads, head_dim)
+    kernel = np.asarray(params["out"]["kernel"], np.float64).reshape(2, 8, 16)  # (heads, head_dim, d_model)
+    want = np.einsum("bqhd,hde->bqe", mixed, kernel) + np.asarray(params["out"]["bias"], np.float64)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    with pytest.raises(ValueError, match="qkv_projections"):
+        c.replace(n_kv_head=1)

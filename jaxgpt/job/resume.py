@@ -41,6 +41,7 @@ ARCHITECTURE_FIELDS = (
     "bias",
     "tie_embeddings",
     "qk_norm",
+    "qkv_projections",
     "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
 )
 
