@@ -175,3 +175,18 @@ def test_a_bad_head_set_is_one_line(trained_small_run, capsys, args, message):
     with pytest.raises(SystemExit) as exit:
         evaluate.main(["--workdir", str(trained_small_run), "--tokens", "256", *args])
     assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_the_command_prints_each_heads_induction_score(trained_small_run, capsys):
+    from jaxgpt.capture import model_induction_scores
+    from jaxgpt.job.checkpoint import load_latest
+
+    run, params, _, _ = load_latest(trained_small_run)
+    scores = model_induction_scores(run.model, params)
+    evaluate.main(["--workdir", str(trained_small_run), "--induction"])
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0].startswith(f"{trained_small_run.name}: induction score per head on 16 random tokens repeated")
+    table = np.array([[float(x) for x in line.split()[1:]] for line in printed[2:4]])
+    np.testing.assert_allclose(table, scores, atol=5e-4)  # printed to 3 decimals
+    layer, head = np.unravel_index(np.argmax(scores), scores.shape)
+    assert printed[4] == f"strongest: layer {layer} head {head}, {scores[layer, head]:.3f}"

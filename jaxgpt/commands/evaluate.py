@@ -7,6 +7,7 @@ Examples:
   python -m jaxgpt evaluate --workdir runs/tiny --mask_heads
   python -m jaxgpt evaluate --workdir runs/tiny --remove_heads 0.1,3.2
   python -m jaxgpt evaluate --workdir runs/tiny --prune 0.25
+  python -m jaxgpt evaluate --workdir runs/tiny --induction
 
 The same stretch of each run's validation text (its first --tokens tokens) is cut into
 back-to-back windows of each length, and each window is scored in one forward pass: the loss
@@ -24,7 +25,10 @@ colour per run.
 with each head removed (its output zeroed), and prints the loss increase per layer and head.
 --remove_heads LAYER.HEAD,... scores them with that set removed at once; --prune FRACTION
 removes that share of the heads greedily, each time the one whose removal raises the loss
-least, and prints the order and the loss before and after.
+least, and prints the order and the loss before and after. --induction prints each head's
+induction score (jaxgpt/capture.py): on random tokens repeated twice, the attention each token of
+the second copy pays to the token after its first occurrence; 1 is a perfect induction head,
+chance about ln(2) / half the length.
 """
 
 from __future__ import annotations
@@ -157,6 +161,24 @@ def parse_heads(text: str, model: ModelConfig) -> list[tuple[int, int]]:
     if not heads:
         raise UserError("--remove_heads names no head; give LAYER.HEAD,... (e.g. 0.1,3.2)")
     return heads
+
+
+def induction_lines(name: str, workdir: Path, step: int | None) -> list[str]:
+    """Each head's induction score, a row per layer, and the strongest head."""
+    from jaxgpt.capture import model_induction_scores
+    from jaxgpt.job.checkpoint import load_latest
+
+    run, params, _, _ = load_latest(workdir, step=step)
+    scores = model_induction_scores(run.model, params)
+    half = min(run.model.block_size // 2, 64)
+    layer, head = np.unravel_index(np.argmax(scores), scores.shape)
+    chance = np.log(2) / half
+    lines = [
+        f"{name}: induction score per head on {half} random tokens repeated (1: perfect; chance about {chance:.3f})"
+    ]
+    lines.append("layer " + "".join(f"{f'head {h}':>9}" for h in range(scores.shape[1])))
+    lines += [f"{i:>5} " + "".join(f"{x:>9.3f}" for x in row) for i, row in enumerate(scores)]
+    return lines + [f"strongest: layer {layer} head {head}, {scores[layer, head]:.3f}"]
 
 
 def removal_lines(name: str, workdir: Path, f) -> list[str]:
@@ -311,6 +333,9 @@ def _evaluate(argv: list[str] | None) -> None:
     flags.DEFINE_float(
         "prune", None, "Instead: remove this share of the heads greedily, least useful first.", flag_values=f
     )
+    flags.DEFINE_bool(
+        "induction", False, "Instead: each head's induction score on repeated random tokens.", flag_values=f
+    )
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
@@ -318,6 +343,10 @@ def _evaluate(argv: list[str] | None) -> None:
     if f.mask_heads:
         for name, workdir in zip(names, workdirs, strict=True):
             print("\n".join(head_table(name, *heads_of_run(workdir, f.tokens, f.step))))
+        return
+    if f.induction:
+        for name, workdir in zip(names, workdirs, strict=True):
+            print("\n".join(induction_lines(name, workdir, f.step)))
         return
     if f.remove_heads is not None or f.prune is not None:
         for name, workdir in zip(names, workdirs, strict=True):
