@@ -399,3 +399,22 @@ def test_wandb_asked_for_but_missing_is_one_clear_error(tmp_path, monkeypatch):
     with pytest.raises(UserError, match="needs wandb; pip install wandb"):
         train_and_evaluate(small_run_config(steps=10, wandb_project="p"), tmp_path / "run", progress=False)
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize(
+    "norms, passed, detail",
+    [
+        ({"wte": 3.0, "block_0": 4.0, "block_1": 12.0}, True, "global norm 13; smallest wte 3, largest block_1 12"),
+        ({"wte": 3.0, "block_0": 0.0, "block_1": 12.0}, False, "zero in block_0; global norm 12.4"),
+        ({"wte": 3.0, "block_0": math.nan, "block_1": 12.0}, False, "not finite in block_0; "),
+        ({"wte": 60.0, "block_0": 80.0, "block_1": 1.0}, False, "exploding (limit 100); global norm 100"),
+    ],
+    ids=["healthy", "frozen", "non-finite", "exploding"],
+)
+def test_the_gradients_row_names_a_frozen_a_non_finite_or_an_exploding_gradient(norms, passed, detail):
+    """The global norm is the root of the squares' sum (3-4-12-13 by hand; 60-80-1 gives
+    100.005, just past the limit of 100); a layer whose gradient is exactly zero is frozen."""
+    from jaxgpt.commands.preflight import gradients_row
+
+    row = gradients_row(norms)
+    assert row.passed is passed and row.detail.startswith(detail), row.detail
