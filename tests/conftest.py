@@ -117,6 +117,14 @@ def layout_run_config(mesh: dict, steps: int = 10, **train):
     return config
 
 
+def trained(workdir: Path, config) -> Path:
+    """`workdir` after training `config` in it to its last step, quietly."""
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    train_and_evaluate(config, workdir, progress=False)
+    return workdir
+
+
 def train_losses(workdir) -> np.ndarray:
     """Every logged training loss of a run, in order."""
     return np.array([json.loads(line)["train_loss"] for line in (workdir / "metrics.jsonl").read_text().splitlines()])

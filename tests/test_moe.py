@@ -9,7 +9,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import layout_run_config, small_run_config, train_losses
+from conftest import layout_run_config, small_run_config, train_losses, trained
 
 from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
@@ -261,9 +261,7 @@ def moe_run_config(mesh: dict, **train):
 
 @pytest.fixture(scope="module")
 def moe_on_one_device(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("moe_one_device")
-    train_and_evaluate(moe_run_config(dict(data=1)), workdir, progress=False)
-    return workdir
+    return trained(tmp_path_factory.mktemp("moe_one_device"), moe_run_config(dict(data=1)))
 
 
 @pytest.mark.parametrize(

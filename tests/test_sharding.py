@@ -7,7 +7,7 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from conftest import layout_run_config, run_script, train_losses
+from conftest import layout_run_config, run_script, train_losses, trained
 
 from jaxgpt.config import ConfigError, MeshConfig
 from jaxgpt.errors import UserError
@@ -19,9 +19,7 @@ LAYOUTS = {"data=8": dict(data=8), "fsdp=8": dict(data=1, fsdp=8), "2x2x2": dict
 
 @pytest.fixture(scope="module")
 def one_device(tmp_path_factory):
-    workdir = tmp_path_factory.mktemp("one_device")
-    train_and_evaluate(layout_run_config(dict(data=1)), workdir, progress=False)
-    return workdir
+    return trained(tmp_path_factory.mktemp("one_device"), layout_run_config(dict(data=1)))
 
 
 # 2x2x2 holds every axis, so it is the quick set's; the whole-axis layouts are the slow set's.
