@@ -169,7 +169,7 @@ class CausalSelfAttention(nn.Module):
         if c.qkv_projections:
             qkv = nn.DenseGeneral(
                 features=(c.n_kv_head, c.group_size + 2, c.head_dim),
-                use_bias=c.bias,
+                use_bias=c.bias or c.qkv_bias,
                 kernel_init=nn.initializers.normal(c.init_std),
                 name="qkv",
                 **dtypes(c),
@@ -183,7 +183,7 @@ class CausalSelfAttention(nn.Module):
             q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)
 
         if c.position == "rope":
-            inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling)
+            inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, c.block_size)
             interleaved = c.rope_pairing == "interleaved"
             q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
             k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)

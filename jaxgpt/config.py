@@ -20,7 +20,7 @@ ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu")
 NORMS = ("layernorm", "rmsnorm", "none")
 NORM_POSITIONS = ("pre", "post")
 POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
-ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3")
+ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3", "longrope")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -82,12 +82,20 @@ class RopeScaling:
             wavelength is shorter than original_block_size / high_freq_factor keep their
             frequency, those longer than original_block_size / low_freq_factor are divided by
             `factor`, and the ones between blend the two smoothly.
+          "longrope" — LongRoPE (Ding et al. 2024; Phi-3): each pair's frequency divided by its
+            own searched factor, long_factor for a model whose block_size is past
+            original_block_size and short_factor otherwise, and cos and sin multiplied by
+            sqrt(1 + ln(factor) / ln(original_block_size)).
     factor: how many times longer the new context is than the original (> 1 stretches).
     original_block_size: the context length the model was trained with; YaRN and llama3 need
         it to decide which frequencies complete a full rotation inside that window.
     beta_fast, beta_slow: YaRN's ramp bounds in rotations per original window (paper: 32, 1).
     low_freq_factor, high_freq_factor: llama3's bounds, also in rotations per original window
         (Llama 3.1: 1 and 4).
+    long_factor, short_factor: longrope's per-pair divisors, head_dim / 2 of each. One set
+        serves the whole model (the one for its block_size), so a KV cache's keys and its
+        queries are always rotated alike; transformers instead switches from short to long
+        factors once a sequence passes original_block_size.
     """
 
     kind: str
@@ -97,6 +105,13 @@ class RopeScaling:
     beta_slow: float = 1.0
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
+    long_factor: tuple[float, ...] | None = None
+    short_factor: tuple[float, ...] | None = None
+
+    def __post_init__(self):
+        for field in ("long_factor", "short_factor"):  # lists from a file; a config must hash
+            if isinstance(getattr(self, field), list):
+                object.__setattr__(self, field, tuple(getattr(self, field)))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -165,6 +180,8 @@ class ModelConfig:
     rope_theta: RoPE base; frequencies are theta ** (-2i / head_dim).
     rope_scaling: a `RopeScaling`, or None for plain RoPE.
     bias: whether linear layers and LayerNorm have biases.
+    qkv_bias: biases on the query, key and value projection even where `bias` is off (Qwen2:
+        the Llama recipe plus these three biases).
     tie_embeddings: whether the LM head reuses the token embedding matrix (Press & Wolf 2017).
     dropout: dropout rate on embeddings and on each residual branch (0 disables it).
     dtype: compute dtype ("float32", "bfloat16", "float16"); softmax and the returned logits
@@ -221,6 +238,7 @@ class ModelConfig:
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
     bias: bool = True
+    qkv_bias: bool = False
     tie_embeddings: bool = True
     dropout: float = 0.0
     dtype: str = "float32"
@@ -331,6 +349,8 @@ def _check_model(c: ModelConfig) -> None:
             "qkv_projections",
             f"off makes every head its own key, but n_kv_head={c.n_kv_head}; set n_kv_head={c.n_head}",
         )
+    if c.qkv_bias and not c.qkv_projections:
+        problems.add("qkv_bias", "needs the projections it biases; set qkv_projections=True or qkv_bias=False")
     if not 0.0 <= c.dropout < 1.0:
         problems.add("dropout", "must be in [0, 1)")
     problems.positive("rope_theta", "norm_eps", "init_std")
@@ -353,7 +373,7 @@ def _check_rope_scaling(c: ModelConfig, problems: Problems) -> None:
         problems.found.append(f"model.rope_scaling.kind={s.kind!r} is not one of {allowed}")
     if not s.factor > 0:
         problems.found.append(f"model.rope_scaling.factor={s.factor!r} must be positive")
-    if s.kind in ("yarn", "llama3") and not (s.original_block_size or 0) > 0:
+    if s.kind in ("yarn", "llama3", "longrope") and not (s.original_block_size or 0) > 0:
         problems.found.append(
             f"model.rope_scaling.original_block_size={s.original_block_size!r}: {s.kind} needs the positive "
             "context length the model was trained with"
@@ -363,6 +383,14 @@ def _check_rope_scaling(c: ModelConfig, problems: Problems) -> None:
             f"model.rope_scaling.low_freq_factor={s.low_freq_factor!r}, high_freq_factor={s.high_freq_factor!r}: "
             "llama3 needs 0 < low_freq_factor < high_freq_factor (Llama 3.1: 1 and 4)"
         )
+    if s.kind == "longrope":
+        for field in ("long_factor", "short_factor"):
+            factors = getattr(s, field)
+            if factors is None or len(factors) != c.head_dim // 2 or not all(f > 0 for f in factors):
+                problems.found.append(
+                    f"model.rope_scaling.{field}={factors!r}: longrope needs head_dim / 2 = {c.head_dim // 2} "
+                    "positive factors, one per rotary pair"
+                )
 
 
 def _check_moe(c: ModelConfig, problems: Problems) -> None:

@@ -58,7 +58,9 @@ def base_config() -> ml_collections.ConfigDict:
     # kind "" means no scaling.
     config.model.rope_scaling = ml_collections.ConfigDict(
         {
-            f.name: ml_collections.config_dict.placeholder(int) if f.default is None else f.default
+            f.name: ml_collections.config_dict.placeholder(tuple if f.type.startswith("tuple") else int)
+            if f.default is None
+            else f.default
             for f in dataclasses.fields(RopeScaling)
         }
         | {"kind": "", "factor": 1.0}

@@ -1,5 +1,6 @@
-"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 RoPE scaling included),
-MistralForCausalLM (Llama with a sliding window) and MixtralForCausalLM (Mistral with a mixture of
+"""Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 and LongRoPE
+scaling included), MistralForCausalLM (Llama with a sliding window), Qwen2ForCausalLM (Llama with
+biases on the query, key and value projections) and MixtralForCausalLM (Mistral with a mixture of
 experts in every block: dropless top-k routing, renormalised, jaxgpt/moe.py).
 
     config, params = load_pretrained("path/to/dir")     # or a Hub name such as "gpt2", online
@@ -137,8 +138,31 @@ def _rope(hf: dict) -> tuple[float, RopeScaling | None]:
             low_freq_factor=rope["low_freq_factor"],
             high_freq_factor=rope["high_freq_factor"],
         )
+    if kind == "longrope":
+        return rope["rope_theta"], _longrope(hf, rope)
     raise UserError(
-        f"config.json {field}.rope_type={kind!r} is not supported; jaxgpt converts 'default', 'linear' and 'llama3'"
+        f"config.json {field}.rope_type={kind!r} is not supported; jaxgpt converts 'default', 'linear', 'llama3' "
+        "and 'longrope'"
+    )
+
+
+def _longrope(hf: dict, rope: dict) -> RopeScaling:
+    """LongRoPE as Phi-3 writes it: the original window beside the section or in it, and the
+    stretch `factor` left out when it is max_position_embeddings / original window."""
+    original = rope.get("original_max_position_embeddings") or hf.get("original_max_position_embeddings")
+    if not original:
+        raise UserError("config.json longrope scaling has no original_max_position_embeddings; add the trained window")
+    if rope.get("attention_factor") is not None:
+        raise UserError(
+            f"config.json longrope attention_factor={rope['attention_factor']!r}: jaxgpt derives it from the stretch "
+            "(sqrt(1 + ln factor / ln original window)); remove it to convert"
+        )
+    return RopeScaling(
+        "longrope",
+        rope.get("factor") or hf["max_position_embeddings"] / original,
+        original_block_size=original,
+        long_factor=tuple(rope["long_factor"]),
+        short_factor=tuple(rope["short_factor"]),
     )
 
 
@@ -183,12 +207,19 @@ def _llama_params(c: ModelConfig, w: dict) -> dict:
         q = w[p + "self_attn.q_proj.weight"].T.reshape(D, K, G, hd)  # query head h = k * G + g
         k = w[p + "self_attn.k_proj.weight"].T.reshape(D, K, 1, hd)
         v = w[p + "self_attn.v_proj.weight"].T.reshape(D, K, 1, hd)
+        qkv = {"kernel": np.concatenate([q, k, v], axis=2)}
+        if c.qkv_bias:  # Qwen2
+            qkv["bias"] = np.concatenate(
+                [
+                    w[p + "self_attn.q_proj.bias"].reshape(K, G, hd),
+                    w[p + "self_attn.k_proj.bias"].reshape(K, 1, hd),
+                    w[p + "self_attn.v_proj.bias"].reshape(K, 1, hd),
+                ],
+                axis=1,
+            )
         feed_forward = _mixtral_experts(c, w, p) if c.moe else _llama_mlp(w, p)
         return feed_forward | {
-            "attn": {
-                "qkv": {"kernel": np.concatenate([q, k, v], axis=2)},
-                "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)},
-            },
+            "attn": {"qkv": qkv, "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)}},
             "norm_1": {"scale": w[p + "input_layernorm.weight"]},
             "norm_2": {"scale": w[p + "post_attention_layernorm.weight"]},
         }
@@ -230,6 +261,17 @@ def _mixtral_experts(c: ModelConfig, w: dict, p: str) -> dict:
     }
 
 
+def _qwen2_config(hf: dict) -> ModelConfig:
+    """Qwen2: Llama's recipe with biases on the query, key and value projections. Its
+    config.json names a sliding window that applies only where use_sliding_window is set."""
+    if hf.get("use_sliding_window"):
+        raise UserError(
+            "config.json use_sliding_window=true: Qwen2's window covers only the layers past max_window_layers, "
+            "and jaxgpt's attention_window is the same in every layer; convert a model with it off"
+        )
+    return _llama_config(hf | {"sliding_window": None}).replace(qkv_bias=True)
+
+
 def _mixtral_config(hf: dict) -> ModelConfig:
     """Mistral's attention with a dropless top-k mixture of experts in every block."""
     if hf.get("router_jitter_noise"):
@@ -260,6 +302,11 @@ def _llama_weights(c: ModelConfig, params: dict) -> dict:
         w[p + "self_attn.k_proj.weight"] = qkv[:, :, G].reshape(D, K * hd).T
         w[p + "self_attn.v_proj.weight"] = qkv[:, :, G + 1].reshape(D, K * hd).T
         w[p + "self_attn.o_proj.weight"] = b["attn"]["out"]["kernel"].reshape(K * G * hd, D).T
+        if c.qkv_bias:
+            bias = b["attn"]["qkv"]["bias"]  # (K, G + 2, hd)
+            w[p + "self_attn.q_proj.bias"] = bias[:, :G].reshape(K * G * hd)
+            w[p + "self_attn.k_proj.bias"] = bias[:, G].reshape(K * hd)
+            w[p + "self_attn.v_proj.bias"] = bias[:, G + 1].reshape(K * hd)
         if c.moe:  # the Hub's Mixtral layout
             moe, q = b["moe"], p + "block_sparse_moe."
             w[q + "gate.weight"] = moe["router"]["kernel"].T
@@ -277,14 +324,12 @@ def _llama_weights(c: ModelConfig, params: dict) -> dict:
 
 
 def _llama_hf_config(c: ModelConfig) -> dict:
-    """config.json of the Llama-family model `c` is: Llama, Mistral (a sliding window) or
-    Mixtral (experts)."""
-    family = "mixtral" if c.moe else "mistral" if c.attention_window else "llama"
+    """config.json of the Llama-family model `c` is: Llama, Mistral (a sliding window), Qwen2
+    (query, key and value biases) or Mixtral (experts)."""
+    family = _family_of(c)
     config = {
         "model_type": family,
-        "architectures": [
-            {"mixtral": "MixtralForCausalLM", "mistral": "MistralForCausalLM"}.get(family, "LlamaForCausalLM")
-        ],
+        "architectures": [ARCHITECTURES[family]],
         "vocab_size": c.vocab_size,
         "hidden_size": c.d_model,
         "intermediate_size": c.expert_hidden,  # the MLP's width, or each expert's
@@ -301,8 +346,10 @@ def _llama_hf_config(c: ModelConfig) -> dict:
         "mlp_bias": c.bias,
         "tie_word_embeddings": c.tie_embeddings,
     }
-    if family != "llama":
+    if family in ("mistral", "mixtral"):
         config["sliding_window"] = c.attention_window or None
+    if family == "qwen2":
+        config |= {"use_sliding_window": False, "sliding_window": None}
     if c.moe:
         config |= {
             "num_local_experts": c.moe.experts,
@@ -324,6 +371,12 @@ def _rope_parameters(c: ModelConfig) -> dict:
                 "low_freq_factor": s.low_freq_factor,
                 "high_freq_factor": s.high_freq_factor,
             }
+        if s.kind == "longrope":
+            rope |= {
+                "original_max_position_embeddings": s.original_block_size,
+                "long_factor": list(s.long_factor),
+                "short_factor": list(s.short_factor),
+            }
     return rope
 
 
@@ -331,7 +384,15 @@ FAMILIES = {
     "gpt2": (_gpt2_config, _gpt2_params, _gpt2_weights, _gpt2_hf_config),
     "llama": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),
     "mistral": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),  # same weights as Llama
+    "qwen2": (_qwen2_config, _llama_params, _llama_weights, _llama_hf_config),  # Llama with q, k, v biases
     "mixtral": (_mixtral_config, _llama_params, _llama_weights, _llama_hf_config),  # Mistral with experts
+}
+ARCHITECTURES = {
+    "gpt2": "GPT2LMHeadModel",
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
 }
 
 
@@ -348,7 +409,7 @@ def _family_of(c: ModelConfig) -> str:
         return _mixtral_family(c)
     switched = [f for f in WORKBENCH_FIELDS if getattr(c, f) != getattr(ModelConfig, f)]
     llama_recipe = (c.position, c.norm, c.activation, c.norm_position) == ("rope", "rmsnorm", "swiglu", "pre")
-    if llama_recipe and switched == ["attention_window"]:
+    if llama_recipe and switched == ["attention_window"] and not c.qkv_bias:
         switched = []  # Mistral: Llama with a sliding window
     if switched:
         raise UserError(
@@ -358,13 +419,15 @@ def _family_of(c: ModelConfig) -> str:
     if (c.position, c.norm, c.activation, c.norm_position, c.bias) == ("learned", "layernorm", "gelu", "pre", True):
         if c.n_kv_head == c.n_head:
             return "gpt2"
-    if llama_recipe and (c.rope_scaling is None or c.rope_scaling.kind in ("linear", "llama3")):
-        return "mistral" if c.attention_window else "llama"
-    if llama_recipe:
+    if llama_recipe and not (c.rope_scaling is None or c.rope_scaling.kind in ("linear", "llama3", "longrope")):
         raise UserError(
             f"model.rope_scaling.kind={c.rope_scaling.kind!r} has no Hugging Face counterpart jaxgpt writes; "
-            "export a model with rope_scaling 'linear', 'llama3' or none"
+            "export a model with rope_scaling 'linear', 'llama3', 'longrope' or none"
         )
+    if llama_recipe and c.qkv_bias and not c.bias:
+        return "qwen2"
+    if llama_recipe and not c.qkv_bias:
+        return "mistral" if c.attention_window else "llama"
     raise UserError(
         "this model is neither GPT-2 (learned positions, LayerNorm, GELU, biases, multi-head) nor Llama (RoPE, "
         "RMSNorm, SwiGLU): Hugging Face has no matching architecture to export it to"
@@ -383,7 +446,9 @@ def _mixtral_family(c: ModelConfig) -> str:
     for field, value, wanted, why in differences:
         if value != wanted:
             raise UserError(f"model.moe.{field}={value!r} has no counterpart in Hugging Face's Mixtral ({why})")
-    if (c.position, c.norm, c.activation, c.norm_position, c.bias) != ("rope", "rmsnorm", "swiglu", "pre", False):
+    if (c.position, c.norm, c.activation, c.norm_position, c.bias, c.qkv_bias) != (
+        "rope", "rmsnorm", "swiglu", "pre", False, False
+    ):  # fmt: skip
         raise UserError(
             "a mixture of experts exports as Mixtral, which is the Llama recipe (RoPE, RMSNorm, SwiGLU experts, no "
             "biases); this model is not"
@@ -444,17 +509,24 @@ def pretrained_tokenizer(path_or_name: str, family: str):
     return HuggingFaceTokenizer(_local_directory(path_or_name))
 
 
-def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
-    """(config, params, family) from a Hugging Face directory (or Hub name, online)."""
-    directory = _local_directory(path_or_name)
-    hf = json.loads((directory / "config.json").read_text())
+def pretrained_config(config_json: str | Path) -> tuple[ModelConfig, str]:
+    """(config, family) that a Hugging Face config.json describes, without its weights: how to
+    read a real model's config, and count its parameters with `jax.eval_shape`."""
+    hf = json.loads(Path(config_json).read_text())
     family = hf.get("model_type")
     if family not in FAMILIES:
         raise UserError(
-            f"{directory}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral and mixtral"
+            f"{config_json}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral, qwen2 "
+            "and mixtral"
         )
-    to_config, to_params, _, _ = FAMILIES[family]
-    config = to_config(hf)
+    return FAMILIES[family][0](hf), family
+
+
+def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
+    """(config, params, family) from a Hugging Face directory (or Hub name, online)."""
+    directory = _local_directory(path_or_name)
+    config, family = pretrained_config(directory / "config.json")
+    to_params = FAMILIES[family][1]
     weights = {k: np.asarray(v, np.float32) for k, v in _read_weights(directory).items()}
     try:
         params = to_params(config, weights)

@@ -15,12 +15,15 @@ import numpy as np
 from jaxgpt.config import RopeScaling
 
 
-def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = None) -> tuple[np.ndarray, float]:
+def rope_frequencies(
+    head_dim: int, theta: float, scaling: RopeScaling | None = None, block_size: int | None = None
+) -> tuple[np.ndarray, float]:
     """RoPE's rotation frequencies and the logit scale that goes with them.
 
     Returns (inv_freq, attention_scale): inv_freq[i] is the angle per position step of the
     i-th pair of dimensions, theta ** (-2i / head_dim), adjusted by `scaling`; the scale
-    multiplies cos and sin (so q.k by its square) and is 1 except for YaRN.
+    multiplies cos and sin (so q.k by its square) and is 1 except for YaRN and LongRoPE.
+    block_size: the model's context, which picks LongRoPE's long or short factors.
     """
     exponents = np.arange(0, head_dim, 2, dtype=np.float64) / head_dim  # (head_dim/2,)
     inv_freq = theta**-exponents
@@ -35,6 +38,8 @@ def rope_frequencies(head_dim: int, theta: float, scaling: RopeScaling | None = 
         return _yarn(inv_freq, head_dim, theta, scaling)
     if scaling.kind == "llama3":
         return _llama3(inv_freq, scaling).astype(np.float32), 1.0
+    if scaling.kind == "longrope":
+        return _longrope(exponents, theta, scaling, block_size)
     raise ValueError(f"unknown rope_scaling.kind {scaling.kind!r}")
 
 
@@ -72,6 +77,21 @@ def _llama3(inv_freq: np.ndarray, scaling: RopeScaling) -> np.ndarray:
     low, high = scaling.low_freq_factor, scaling.high_freq_factor
     keep = np.clip((rotations - low) / (high - low), 0.0, 1.0)  # 1: keep, 0: interpolate
     return inv_freq * keep + inv_freq / scaling.factor * (1.0 - keep)
+
+
+def _longrope(exponents: np.ndarray, theta: float, scaling: RopeScaling, block_size: int | None):
+    """LongRoPE (Ding et al. 2024): pair i turns at 1 / (factor_i * theta ** (2i / head_dim)),
+    its factor found by search rather than by a rule, one set for contexts within the original
+    window and one for those past it. The attention scale sqrt(1 + ln s / ln L) (s the
+    stretch, L the original window) offsets the flatter softmax of a longer context."""
+    original = scaling.original_block_size
+    long = block_size is not None and block_size > original
+    factors = np.asarray(scaling.long_factor if long else scaling.short_factor, np.float32)
+    # float32 throughout, as transformers computes these, so imported models agree to the bit.
+    inv_freq = 1.0 / (factors * np.float32(theta) ** exponents.astype(np.float32))
+    s = scaling.factor
+    scale = 1.0 if s <= 1.0 else math.sqrt(1 + math.log(s) / math.log(original))
+    return inv_freq.astype(np.float32), scale
 
 
 def apply_rope(

@@ -67,6 +67,15 @@ def test_rope_scaling_accepts_a_plain_dict():
             dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0, 64, low_freq_factor=4, high_freq_factor=1)),
             "llama3 needs 0 < low_freq_factor < high_freq_factor",
         ),
+        (  # the default d_model 128 over 4 heads: head_dim 32, so 16 rotary pairs
+            dict(
+                position="rope",
+                rope_scaling=RopeScaling("longrope", 4.0, 64, long_factor=(1.0,) * 15, short_factor=(1.0,) * 16),
+            ),
+            "rope_scaling.long_factor=(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0): "
+            "longrope needs head_dim / 2 = 16 positive factors",
+        ),
+        (dict(qkv_projections=False, qkv_bias=True), "qkv_bias=True needs the projections it biases"),
     ],
 )
 def test_bad_config_names_field_and_value(changes, message):

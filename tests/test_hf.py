@@ -62,6 +62,19 @@ LLAMA_31_ROPE = {
 }
 
 
+# LongRoPE as Phi-3 writes it, on Llama: per-pair divisors for the 4 rotary pairs, unlike each
+# other so a pair read in the wrong place shows; a 4-token original window stretched to 32, so the
+# 16-token inputs and 5-token prompts are past it and transformers uses the long factors from the
+# first token on, as jaxgpt does for a 32-token block_size.
+LONGROPE = {
+    "rope_type": "longrope",
+    "rope_theta": 500.0,
+    "original_max_position_embeddings": 4,
+    "long_factor": [1.0, 1.9, 4.7, 7.3],
+    "short_factor": [1.0, 1.2, 1.5, 2.1],
+}
+
+
 def reference_model(kind: str):
     """A small random transformers model."""
     if kind == "gpt2":
@@ -75,6 +88,12 @@ def reference_model(kind: str):
     if kind == "llama3.1":
         config = transformers.LlamaConfig(**LLAMA | {"max_position_embeddings": 128}, rope_parameters=LLAMA_31_ROPE)
         return with_visible_weights(transformers.LlamaForCausalLM(config))
+    if kind == "longrope":
+        config = transformers.LlamaConfig(**LLAMA, rope_parameters=LONGROPE)
+        return with_visible_weights(transformers.LlamaForCausalLM(config))
+    if kind == "qwen2":  # Llama plus biases on the query, key and value projections
+        config = transformers.Qwen2Config(**LLAMA, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
+        return with_visible_weights(transformers.Qwen2ForCausalLM(config))
     if kind == "mixtral":  # Mistral's attention with 4 experts, each token routed to 2
         config = transformers.MixtralConfig(**LLAMA, num_local_experts=4, num_experts_per_tok=2, rope_theta=500.0)
         return with_visible_weights(transformers.MixtralForCausalLM(config))
@@ -87,7 +106,7 @@ def tokens(shape=(2, 16), seed=0):
     return np.random.default_rng(seed).integers(0, VOCAB, shape)
 
 
-@pytest.fixture(scope="module", params=["gpt2", "llama", "llama3.1", "mistral", "mixtral"])
+@pytest.fixture(scope="module", params=["gpt2", "llama", "llama3.1", "longrope", "mistral", "qwen2", "mixtral"])
 def saved(request, tmp_path_factory):
     model = reference_model(request.param)
     directory = tmp_path_factory.mktemp(request.param)
@@ -109,7 +128,11 @@ def test_logits_equal_transformers(saved):
 
 @pytest.mark.parametrize(
     "kind, without, config_field",
-    [("llama3.1", {"rope_scaling": None}, "rope scaling"), ("mistral", {"attention_window": 0}, "sliding window")],
+    [
+        ("llama3.1", {"rope_scaling": None}, "rope scaling"),
+        ("longrope", {"rope_scaling": None}, "rope scaling"),
+        ("mistral", {"attention_window": 0}, "sliding window"),
+    ],
 )
 def test_the_parity_depends_on_the_feature_under_test(kind, without, config_field, tmp_path):
     """Without the scaling or the window the same weights give other logits (by whole units),
@@ -119,6 +142,37 @@ def test_the_parity_depends_on_the_feature_under_test(kind, without, config_fiel
     ids = jnp.asarray(tokens())
     logits = lambda c: np.asarray(GPT(c).apply({"params": params}, ids))  # noqa: E731
     assert np.abs(logits(config) - logits(config.replace(**without))).max() > 0.1, config_field
+
+
+def test_qwen2s_parity_depends_on_its_query_key_value_biases(tmp_path):
+    """The biases are read, and placed where they act: without them the logits move by whole units."""
+    reference_model("qwen2").save_pretrained(tmp_path)
+    config, params, _ = load_pretrained(str(tmp_path))
+    assert config.qkv_bias and not config.bias
+    unbiased = jax.tree_util.tree_map_with_path(
+        lambda path, a: np.zeros_like(a) if "qkv" in str(path) and "bias" in str(path) else a, params
+    )
+    ids = jnp.asarray(tokens())
+    logits = lambda p: np.asarray(GPT(config).apply({"params": p}, ids))  # noqa: E731
+    assert np.abs(logits(params) - logits(unbiased)).max() > 0.1
+
+
+@pytest.mark.parametrize("block_size, which", [(32, "long_factor"), (4, "short_factor")])
+def test_longrope_frequencies_equal_transformers(block_size, which):
+    """Past the original window the long factors, within it the short ones; and the attention
+    scale sqrt(1 + ln 8 / ln 4) for the 8-fold stretch, whichever set."""
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    from jaxgpt.positions import rope_frequencies
+
+    hf = transformers.LlamaConfig(**LLAMA, rope_parameters=LONGROPE)
+    theirs, their_scale = ROPE_INIT_FUNCTIONS["longrope"](hf, "cpu", seq_len=block_size)
+    scaling = RopeScaling("longrope", 8.0, original_block_size=4, long_factor=(1.0, 1.9, 4.7, 7.3),
+                          short_factor=(1.0, 1.2, 1.5, 2.1))  # fmt: skip
+    ours, scale = rope_frequencies(8, 500.0, scaling, block_size)
+    np.testing.assert_allclose(ours, theirs.numpy(), rtol=1e-6)
+    np.testing.assert_allclose(ours * np.asarray(LONGROPE[which]), 500.0 ** -(np.arange(0, 8, 2) / 8), rtol=1e-6)
+    assert scale == pytest.approx(their_scale) and scale == pytest.approx(np.sqrt(1 + np.log(8) / np.log(4)))
 
 
 def test_llama_31s_config_as_the_hub_writes_it_loads_with_its_scaling(tmp_path):

@@ -1,6 +1,7 @@
 """The decoder as a whole: sanity losses, causality, the KV cache, layer scanning and
 rematerialisation, parameter counts, initialisation and mixed precision."""
 
+import json
 import math
 from functools import partial
 
@@ -13,6 +14,7 @@ import pytest
 from conftest import matrix
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.hf import pretrained_config
 from jaxgpt.model import GPT, count_params, flops_per_token, init_cache, init_params, stack_blocks, unstack_blocks
 
 GPT2_STYLE = dict()  # the defaults: MHA, learned positions, LayerNorm, GELU, biases, tied
@@ -302,3 +304,41 @@ def test_without_positions_or_mask_attention_is_permutation_equivariant():
         params = jax.jit(init_params, static_argnums=0)(c, jax.random.key(0))
         shuffled, original = logits({"params": params}, tokens[:, order]), logits({"params": params}, tokens)[:, order]
         assert np.allclose(shuffled, original, rtol=1e-5, atol=1e-6) == equivariant, position
+
+
+# Qwen2-0.5B's config.json as published (fields that do not shape the model left out).
+QWEN2_05B = {
+    "model_type": "qwen2",
+    "architectures": ["Qwen2ForCausalLM"],
+    "vocab_size": 151936,
+    "hidden_size": 896,
+    "intermediate_size": 4864,
+    "num_hidden_layers": 24,
+    "num_attention_heads": 14,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 131072,
+    "rope_theta": 1000000.0,
+    "rms_norm_eps": 1e-6,
+    "hidden_act": "silu",
+    "tie_word_embeddings": True,
+    "use_sliding_window": False,
+    "sliding_window": 131072,
+    "max_window_layers": 24,
+}
+
+
+def test_a_real_models_config_reads_to_its_published_parameter_count(tmp_path):
+    """The texts' exercise: read Qwen2-0.5B's config and count its parameters, no weights needed.
+    By hand, with head_dim 896 / 14 = 64 and 2 key/value heads of 128 features:
+      per layer  q 896x896 + 896 bias, k and v 896x128 + 128 each, o 896x896 (no bias),
+                 SwiGLU 3 x 896 x 4864, two RMSNorm scales of 896          = 14,912,384
+      24 layers                                                             = 357,897,216
+      tied embedding 151,936 x 896 = 136,134,656, final norm 896
+      total                                                                 = 494,032,768
+    the "0.49B" Qwen publish."""
+    (tmp_path / "config.json").write_text(json.dumps(QWEN2_05B))
+    config, family = pretrained_config(tmp_path / "config.json")
+    assert family == "qwen2" and config.qkv_bias and not config.bias and config.attention_window == 0
+    assert (config.head_dim, config.group_size, config.tie_embeddings) == (64, 7, True)
+    shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    assert count_params(shapes) == 494_032_768

@@ -39,6 +39,7 @@ ARCHITECTURE_FIELDS = (
     "rope_theta",
     "rope_scaling",
     "bias",
+    "qkv_bias",
     "tie_embeddings",
     "qk_norm",
     "qkv_projections",
