@@ -216,6 +216,10 @@ class ModelConfig:
     uniform_attention: every query weighs each key it may see equally, 1/t over t keys: what
         attention does if it learns nothing about where to look (the scores are ignored).
     rope_pairing: "half" (GPT-NeoX / Llama) or "interleaved" (the RoPE paper, GPT-J).
+    scale_embeddings: token embeddings multiplied by sqrt(d_model) before positions are added
+        (Vaswani et al. 2017, section 3.4): at the 0.02 init a token's embedding has entries
+        of 0.02, a sinusoidal position's up to 1; scaled, the token carries std 0.02 sqrt(d).
+        The LM head, tied or not, reads the residual stream unscaled.
     qkv_projections: the learned query, key and value projections. Off, each head's slice of
         the input is its query, its key and its value at once (q = k = v): attention can then
         only weigh tokens by how alike they already are; it needs n_kv_head = n_head.
@@ -257,6 +261,7 @@ class ModelConfig:
     mlp: bool = True
     uniform_attention: bool = False
     rope_pairing: str = "half"
+    scale_embeddings: bool = False
     qkv_projections: bool = True
     moe: MixtureOfExperts | None = None
 
@@ -424,7 +429,8 @@ def _check_moe(c: ModelConfig, problems: Problems) -> None:
 class DataConfig:
     """Where text comes from and how it becomes tokens.
 
-    source: builtin:python-docs | text:PATH | hf:NAME[:CONFIG] (see the module docstring).
+    source: builtin:python-docs | builtin:repeated-random | text:PATH | hf:NAME[:CONFIG] (see
+        jaxgpt/data/sources.py).
     tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base.
     val_fraction: share of the token stream, taken from its end, held out for validation.
     text_column: the column holding text in .jsonl/.parquet files and Hub datasets.

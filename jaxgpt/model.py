@@ -81,7 +81,10 @@ class GPT(nn.Module):
         c = self.config
         positions, cache_index = self._positions(tokens.shape[1], decode)
         wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **dtypes(c), name="wte")
-        x = self._add_positions(wte(tokens), positions)  # (batch, seq, d_model)
+        x = wte(tokens)  # (batch, seq, d_model)
+        if c.scale_embeddings:
+            x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
+        x = self._add_positions(x, positions)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x, residuals = self._blocks(x, positions, cache_index, train=train)
         readout = self._readout(wte)

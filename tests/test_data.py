@@ -23,6 +23,34 @@ def test_builtin_corpus_prepares_offline_into_a_char_stream():
     assert dataset.train.dtype == np.uint16 and int(dataset.train.max()) < tok.vocab_size
 
 
+def smallest_period(text: str) -> int:
+    return next(p for p in range(1, len(text) + 1) if text[p:] == text[:-p])
+
+
+def test_repeated_random_documents_can_be_predicted_only_by_copying():
+    """Each document repeats a random string whose length is drawn from 4 to 16: its smallest
+    period is that length (or, rarely, a divisor of it, when the random string happens to
+    repeat itself), every period from 4 to 16 occurs, the letters cover the 32 of the
+    alphabet about evenly, and the documents are the same on every call."""
+    docs = sources.repeated_random_documents()
+    assert len(docs) == 20_000 and {len(d) for d in docs} == {64}
+    periods = np.array([smallest_period(d) for d in docs])
+    assert periods.max() == 16 and set(range(4, 17)) <= set(periods.tolist())
+    assert (periods < 4).mean() < 0.01  # a 4-letter string of period 1 or 2: (1/32)**2 or so
+    letters, counts = np.unique(list("".join(docs)), return_counts=True)
+    assert "".join(letters) == "".join(sorted(sources.REPEATED_ALPHABET))
+    assert counts.min() > 0.9 * counts.mean()  # 40,000 expected each; binomial spread ~1%
+    assert docs == sources.repeated_random_documents()
+
+
+def test_repeated_random_source_prepares_into_a_32_letter_char_stream():
+    dataset = data.prepare(DataConfig(source="builtin:repeated-random"), progress=False)
+    text = dataset.tokenizer.decode(dataset.train[: 65 * 3])  # three documents, each ended by "\n"
+    assert text.split("\n")[:3] == sources.repeated_random_documents()[:3]
+    assert dataset.tokenizer.vocab_size == 33  # the 32 letters and the separator
+    assert set(dataset.tokenizer.decode(dataset.train[:10_000])) <= set(sources.REPEATED_ALPHABET) | {"\n"}
+
+
 def test_text_file_round_trips_through_preparation(tmp_path):
     text = "hello world, " * 50
     (tmp_path / "corpus.txt").write_text(text)

@@ -342,3 +342,19 @@ def test_a_real_models_config_reads_to_its_published_parameter_count(tmp_path):
     assert (config.head_dim, config.group_size, config.tie_embeddings) == (64, 7, True)
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
     assert count_params(shapes) == 494_032_768
+
+
+@pytest.mark.parametrize("position", ["sinusoidal", "learned"])
+def test_scaled_embeddings_are_the_embedding_table_times_sqrt_d_model(position):
+    """scale_embeddings multiplies what the token lookup returns by sqrt(d_model) = sqrt(32),
+    and nothing else: the same model with the table itself scaled (untied, so the head keeps
+    its own matrix) gives the same logits, and positions are not scaled. Not to the bit: XLA
+    fuses the multiply differently in the two programs, which moves float32 logits of O(0.1)
+    by a few ulps (1e-7 measured), far inside 1e-6; a wrong scale moves them by 1e-3 or more."""
+    scaled = tiny(position=position, tie_embeddings=False, scale_embeddings=True)
+    params = params_for(scaled)
+    tokens = random_tokens(scaled, (2, 16))
+    table_scaled = params | {"wte": {"embedding": params["wte"]["embedding"] * np.float32(math.sqrt(32))}}
+    plain = scaled.replace(scale_embeddings=False)
+    np.testing.assert_allclose(forward(scaled, params, tokens), forward(plain, table_scaled, tokens), atol=1e-6)
+    assert np.abs(forward(scaled, params, tokens) - forward(plain, params, tokens)).max() > 1e-3

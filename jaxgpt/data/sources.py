@@ -2,6 +2,9 @@
 
 builtin:python-docs  the Python language reference shipped inside CPython (`pydoc_data`),
                      ~465 KB of English: the offline default.
+builtin:repeated-random  random text made to be copied: 20,000 documents of 64 characters,
+                     each a random string of 4 to 16 letters (32 letters to draw from)
+                     repeated; what forms induction heads (`repeated_random_documents`).
 text:PATH            a file, a directory, or a glob: .jsonl and .parquet files are read as
                      records, any other file as UTF-8 text (one document per file), with
                      `datasets`' local builders.
@@ -19,6 +22,8 @@ import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
+
 from jaxgpt.config import DataConfig
 from jaxgpt.errors import UserError
 
@@ -35,14 +40,38 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
 
         docs = [topics[name] for name in sorted(topics)]
         return docs, len(docs)
+    if kind == "builtin" and rest == "repeated-random":
+        docs = repeated_random_documents()
+        return docs, len(docs)
     if kind == "text" and rest:
         return _read_local(rest, config.text_column, progress)
     if kind == "hf" and rest:
         return _read_hub(rest, config.text_column), None
     raise UserError(
-        f"unknown data.source {config.source!r}; use builtin:python-docs, text:PATH (file, directory or glob) "
-        "or hf:NAME[:CONFIG]"
+        f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, text:PATH (file, "
+        "directory or glob) or hf:NAME[:CONFIG]"
     )
+
+
+REPEATED_ALPHABET = "abcdefghijklmnopqrstuvwxyzABCDEF"  # 32 letters
+
+
+def repeated_random_documents(
+    count: int = 20_000, length: int = 64, periods: tuple[int, int] = (4, 16), seed: int = 0
+) -> list[str]:
+    """Documents in which only copying helps: each is a random string of a random period (4
+    to 16 letters, uniformly) repeated to `length` letters. Nothing in the first period can be
+    predicted (ln 32 = 3.47 nats a letter); every later letter is the one a period back, so a
+    model that learns to find the earlier copy of the current letter and read what followed
+    it (an induction head, Olsson et al. 2022) predicts it exactly. The period varies, so no
+    fixed offset does the job. Seeded: the same documents every time."""
+
+    rng = np.random.default_rng(seed)
+    letters = np.frombuffer(REPEATED_ALPHABET.encode(), np.uint8)
+    docs = []
+    for period in rng.integers(periods[0], periods[1] + 1, count):
+        docs.append(np.resize(rng.choice(letters, period), length).tobytes().decode())
+    return docs
 
 
 def local_files(pattern: str) -> list[Path]:

@@ -43,6 +43,7 @@ ARCHITECTURE_FIELDS = (
     "tie_embeddings",
     "qk_norm",
     "qkv_projections",
+    "scale_embeddings",
     "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
 )
 
