@@ -23,6 +23,7 @@ POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3", "longrope")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
+OBJECTIVES = ("next_token", "masked")
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -225,6 +226,12 @@ class ModelConfig:
         only weigh tokens by how alike they already are; it needs n_kv_head = n_head.
 
     moe: a `MixtureOfExperts` in place of the MLP, or None for dense MLPs.
+
+    objective: what the model is trained to predict. "next_token": each token from those
+        before it (a decoder). "masked": hidden tokens from both sides (an encoder, BERT's
+        masked-token prediction; needs causal=False; jaxgpt/masked.py): the last id of the
+        vocabulary is the mask token.
+    mask_rate: the share of positions the masked objective hides and scores (BERT: 0.15).
     """
 
     vocab_size: int = 256
@@ -264,6 +271,8 @@ class ModelConfig:
     scale_embeddings: bool = False
     qkv_projections: bool = True
     moe: MixtureOfExperts | None = None
+    objective: str = "next_token"
+    mask_rate: float = 0.15
 
     def __post_init__(self):
         # Resolve the derived defaults first so validation sees the numbers the model uses.
@@ -325,6 +334,7 @@ def _check_model(c: ModelConfig) -> None:
     problems.one_of("attention", ATTENTION_KERNELS)
     problems.one_of("remat", REMAT_POLICIES)
     problems.one_of("rope_pairing", ROPE_PAIRINGS)
+    problems.one_of("objective", OBJECTIVES)
     problems.one_of("dtype", DTYPES)
     problems.one_of("param_dtype", DTYPES)
     problems.raise_if_any()  # the divisibility checks below assume positive integers
@@ -356,6 +366,8 @@ def _check_model(c: ModelConfig) -> None:
         )
     if c.qkv_bias and not c.qkv_projections:
         problems.add("qkv_bias", "needs the projections it biases; set qkv_projections=True or qkv_bias=False")
+    if c.objective == "masked":
+        _check_masked(c, problems)
     if not 0.0 <= c.dropout < 1.0:
         problems.add("dropout", "must be in [0, 1)")
     problems.positive("rope_theta", "norm_eps", "init_std")
@@ -365,6 +377,17 @@ def _check_model(c: ModelConfig) -> None:
     _check_rope_scaling(c, problems)
     _check_moe(c, problems)
     problems.raise_if_any()
+
+
+def _check_masked(c: ModelConfig, problems: Problems) -> None:
+    if c.causal:
+        problems.add(
+            "objective", "predicts hidden tokens from both sides, which the causal mask forbids; set causal=False"
+        )
+    if not 0.0 < c.mask_rate < 1.0:
+        problems.add("mask_rate", "must be between 0 and 1 (exclusive); BERT hides 0.15")
+    if c.moe is not None:
+        problems.add("objective", "is not available with model.moe yet; train a dense encoder (moe.experts=0)")
 
 
 def _check_rope_scaling(c: ModelConfig, problems: Problems) -> None:

@@ -117,7 +117,12 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     model["vocab_size"] = model.get("vocab_size") or VOCAB_FROM_TOKENIZER
     mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
     model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
-    if not model.causal and notes is not None:
+    if model.objective == "masked" and notes is not None:
+        notes.append(
+            f"model.objective=masked: an encoder, scored on the {model.mask_rate:.0%} of tokens it hides "
+            "(val_loss and val_accuracy); not comparable with a next-token loss"
+        )
+    elif not model.causal and notes is not None:
         notes.append(
             "model.causal=false: training sees the token each position predicts, so val_loss is not a language "
             "model's loss; every evaluation also scores the weights from the past alone (val_loss_past_only, as "
@@ -128,13 +133,16 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
 
 
 def with_tokenizer_vocab(run: RunConfig, vocab_size: int) -> RunConfig:
-    """`run` with the tokenizer's `vocab_size` where its config left model.vocab_size unset; a
-    configured size smaller than the tokenizer's vocabulary is an error."""
+    """`run` with the tokenizer's `vocab_size` where its config left model.vocab_size unset (one
+    more for the masked objective's mask token, jaxgpt/masked.py); a configured size smaller
+    than that is an error."""
+    needed = vocab_size + (run.model.objective == "masked")
     if run.model.vocab_size == VOCAB_FROM_TOKENIZER:
-        return dataclasses.replace(run, model=run.model.replace(vocab_size=vocab_size))
-    if run.model.vocab_size < vocab_size:
+        return dataclasses.replace(run, model=run.model.replace(vocab_size=needed))
+    if run.model.vocab_size < needed:
+        extra = " and the mask token" if needed > vocab_size else ""
         raise ConfigError(
-            f"model.vocab_size={run.model.vocab_size} is smaller than the tokenizer's {vocab_size} tokens; "
+            f"model.vocab_size={run.model.vocab_size} is smaller than the tokenizer's {vocab_size} tokens{extra}; "
             "leave it unset or raise it"
         )
     return run

@@ -9,6 +9,7 @@ per CPU core (core_parallel.py), chosen in step_choice.py.
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any
 
 import flax.struct
@@ -18,7 +19,10 @@ import numpy as np
 import optax
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.masked import masked_token_loss
 from jaxgpt.model import GPT, init_params
+
+EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
 
 
 @flax.struct.dataclass
@@ -98,7 +102,8 @@ def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]
 def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microbatches: int = 1):
     """(what was measured, mean gradient) over a batch of windows (batch, seq + 1); measured is
     {"loss": the mean cross-entropy}, and for a mixture of experts its router statistics too
-    (mixture_of_experts_objective: the gradient is then the objective's, with the router losses).
+    (mixture_of_experts_objective: the gradient is then the objective's, with the router losses);
+    for the masked objective the loss and accuracy on the hidden tokens (jaxgpt/masked.py).
 
     With microbatches > 1 the batch is split and gradients are averaged over the pieces in a
     scan: the same result as the whole batch (up to float32 summation order), with the
@@ -106,7 +111,14 @@ def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microba
     parallelism every device keeps its own rows in every piece (contiguous pieces would each
     sit on one device, and XLA would move rows between devices for every piece).
     """
-    if model.config.moe is None:
+    if model.config.objective == "masked":
+
+        def measured_and_grads(p, w, r):
+            (_, measured), grads = jax.value_and_grad(partial(masked_token_loss, train=True), argnums=1, has_aux=True)(
+                model, p, w, r
+            )
+            return measured, grads
+    elif model.config.moe is None:
         loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
 
         def measured_and_grads(p, w, r):
@@ -196,10 +208,13 @@ def train_step(
 
 
 def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]:
-    """{"loss": the mean loss}, and for a model trained without the causal mask (which sees
+    """{"loss": the mean loss}; for the masked objective its "accuracy" too (jaxgpt/masked.py).
+    For a model trained without the causal mask (which sees
     the token it predicts) "past_only_loss": the same weights under the causal mask, each
     position predicted from the tokens before it alone, as in generation (the KV-cache
     decode, where no later token is written yet, computes the same)."""
+    if model.config.objective == "masked":  # the same hidden positions at every evaluation
+        return masked_token_loss(model, params, windows, jax.random.key(EVALUATION_MASKS))[1]
     losses = {"loss": cross_entropy(model, params, windows)}
     if not model.config.causal:
         losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, windows)

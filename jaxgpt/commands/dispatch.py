@@ -20,6 +20,7 @@ COMMANDS = {
     "plot": ("plot", "draw runs' training curves"),
     "attention-maps": ("attention_maps", "draw what every attention head looks at"),
     "logit-lens": ("logit_lens", "what the model would predict after each layer"),
+    "fill": ("fill", "fill in [MASK] blanks with an encoder (model.objective=masked)"),
     "hellaswag": ("hellaswag", "score a model on multiple-choice questions"),
 }
 

@@ -27,6 +27,7 @@ TAGS = {
     "val_perplexity": "loss/val_perplexity",
     "val_loss_past_only": "loss/val_past_only",
     "val_bpb_past_only": "loss/val_bits_per_byte_past_only",
+    "val_accuracy": "loss/val_masked_accuracy",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "tokens_per_sec": "speed/tokens_per_sec",

@@ -52,6 +52,17 @@ from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.train_step import per_layer
 
 
+def describe_val(record: dict) -> str:
+    """The validation loss as what it is: with bits per byte for a next-token loss (and the
+    past-only loss of a model trained without the causal mask), with the accuracy on the hidden
+    tokens for the masked objective; "nan" before the first evaluation."""
+    loss = f"{record.get('val_loss', float('nan')):.4f}"
+    if "val_accuracy" in record:
+        return f"{loss} (masked-token loss; {record['val_accuracy']:.1%} of hidden tokens right)"
+    past_only = f", past-only {record['val_loss_past_only']:.4f}" if "val_loss_past_only" in record else ""
+    return f"{loss} ({record.get('val_bpb', float('nan')):.4f} bits/byte){past_only}"
+
+
 def train_and_evaluate(
     config,
     workdir: str | Path,
@@ -224,11 +235,7 @@ class Trainer:
             last = self._record(done, interval.losses, fetched, seconds, elapsed)
             if evals:
                 last |= self.evaluate()
-                self.say(
-                    f"step {done}: train {last['eval_train_loss']:.4f}, val {last['val_loss']:.4f} "
-                    f"({last['val_bpb']:.4f} bits/byte)"
-                    + (f", past-only {last['val_loss_past_only']:.4f}" if "val_loss_past_only" in last else "")
-                )
+                self.say(f"step {done}: train {last['eval_train_loss']:.4f}, val {describe_val(last)}")
             if asks:
                 last |= self.ask_questions(done)
             log.write(last)
@@ -251,8 +258,7 @@ class Trainer:
         tokens_per_sec = steps * self.placed.tokens_per_step / interval.training_seconds
         mfu = model_flops_utilisation(tokens_per_sec * self.placed.flops_per_token, self.placed.peak_flops)
         return (
-            f"done: step {last['step']}, val loss {last.get('val_loss', float('nan')):.4f} "
-            f"({last.get('val_bpb', float('nan')):.4f} bits/byte), {last['elapsed_sec']:.0f} s; "
+            f"done: step {last['step']}, val loss {describe_val(last)}, {last['elapsed_sec']:.0f} s; "
             f"averaged over the {steps} steps trained here: {tokens_per_sec:,.0f} tokens/s, "
             f"{describe_mfu(mfu)}; checkpoints in {self.checkpoints.directory}"
         )
@@ -276,6 +282,8 @@ class Trainer:
             self.config.train.eval_batches,
         )
         val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
+        if self.config.model.objective == "masked":  # not a rate of compression: no bits per byte
+            return {"val_loss": val["loss"], "val_accuracy": val["accuracy"], "eval_train_loss": train["loss"]}
         bits_per_byte = v.target_tokens / v.target_bytes / math.log(2)
         record = {
             "val_loss": val["loss"],
