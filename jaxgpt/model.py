@@ -62,6 +62,45 @@ class Block(nn.Module):
         return norm_2(skip(x) + dropout(mlp(x)))
 
 
+def embedding_init(config: ModelConfig):
+    return nn.initializers.normal(config.init_std)
+
+
+def token_positions(
+    module: nn.Module, config: ModelConfig, seq: int, decode: bool
+) -> tuple[jnp.ndarray, jnp.ndarray | None]:
+    """The positions of a call's `seq` tokens (seq,), and, when decoding, the cache index: how
+    many tokens the KV cache already holds (the `module`'s cache "index" is advanced by seq)."""
+    if not decode:
+        if config.position == "learned" and seq > config.block_size:
+            raise ValueError(
+                f"sequence of {seq} tokens is longer than block_size={config.block_size}, the size of the "
+                "learned position table; shorten the input or use rope/alibi/sinusoidal positions"
+            )
+        return jnp.arange(seq), None
+    index = module.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
+    cache_index = index.value
+    index.value = cache_index + seq
+    return jnp.arange(seq) + cache_index, cache_index
+
+
+def input_embeddings(config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
+    """What the first block reads: the tokens' embeddings (times sqrt(d_model) with
+    scale_embeddings) plus, for absolute positions, their position's; rope and alibi act inside
+    attention instead. Called inside a module's compact method: a learned table is that
+    module's "wpe"."""
+    c = config
+    x = wte(tokens)
+    if c.scale_embeddings:
+        x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
+    if c.position == "learned":
+        wpe = nn.Embed(c.block_size, c.d_model, embedding_init=embedding_init(c), **dtypes(c), name="wpe")
+        return x + wpe(positions)
+    if c.position == "sinusoidal":
+        return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
+    return x
+
+
 def _scan_step(block: Block, x, positions, cache_index):
     return block(x, positions, cache_index), None
 
@@ -79,12 +118,9 @@ class GPT(nn.Module):
         decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
         """
         c = self.config
-        positions, cache_index = self._positions(tokens.shape[1], decode)
-        wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=self._embed_init, **dtypes(c), name="wte")
-        x = wte(tokens)  # (batch, seq, d_model)
-        if c.scale_embeddings:
-            x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
-        x = self._add_positions(x, positions)
+        positions, cache_index = token_positions(self, c, tokens.shape[1], decode)
+        wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=embedding_init(c), **dtypes(c), name="wte")
+        x = input_embeddings(c, wte, tokens, positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x, residuals = self._blocks(x, positions, cache_index, train=train)
         readout = self._readout(wte)
@@ -101,7 +137,7 @@ class GPT(nn.Module):
         if c.tie_embeddings:
             head = wte.attend
         else:
-            head = nn.Dense(c.vocab_size, use_bias=False, kernel_init=self._embed_init, **dtypes(c), name="lm_head")
+            head = nn.Dense(c.vocab_size, use_bias=False, kernel_init=embedding_init(c), **dtypes(c), name="lm_head")
 
         def readout(x):
             logits = head(norm_f(x)).astype(jnp.float32)
@@ -110,36 +146,6 @@ class GPT(nn.Module):
             return logits
 
         return readout
-
-    @property
-    def _embed_init(self):
-        return nn.initializers.normal(self.config.init_std)
-
-    def _positions(self, seq: int, decode: bool) -> tuple[jnp.ndarray, jnp.ndarray | None]:
-        """The positions of this call's tokens (seq,), and, when decoding, the cache index:
-        how many tokens the KV cache already holds (the cache's "index" is advanced by seq)."""
-        if not decode:
-            if self.config.position == "learned" and seq > self.config.block_size:
-                raise ValueError(
-                    f"sequence of {seq} tokens is longer than block_size={self.config.block_size}, the size of the "
-                    "learned position table; shorten the input or use rope/alibi/sinusoidal positions"
-                )
-            return jnp.arange(seq), None
-        index = self.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
-        cache_index = index.value
-        index.value = cache_index + seq
-        return jnp.arange(seq) + cache_index, cache_index
-
-    def _add_positions(self, x: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
-        """Absolute positions are added to the embeddings here; rope and alibi act inside
-        attention instead."""
-        c = self.config
-        if c.position == "learned":
-            wpe = nn.Embed(c.block_size, c.d_model, embedding_init=self._embed_init, **dtypes(c), name="wpe")
-            return x + wpe(positions)
-        if c.position == "sinusoidal":
-            return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
-        return x
 
     def _blocks(self, x, positions, cache_index, *, train: bool) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
         """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one

@@ -137,3 +137,30 @@ def test_blank_probabilities_are_the_models_softmax_without_the_mask_token():
     np.testing.assert_allclose(p.sum(-1), 1.0, rtol=1e-6)
     for row, position in zip(p, (1, 4), strict=True):
         np.testing.assert_allclose(row[10] / row[20], np.exp(logits[position, 10] - logits[position, 20]), rtol=1e-5)
+
+
+def test_sample_and_evaluate_send_an_encoder_to_fill(tmp_path, capsys):
+    """An encoder has no next token to write or score: both commands exit 2 with one line
+    naming fill, and fill on a decoder says it never saw a blank."""
+    from jaxgpt.commands import evaluate, fill, sample
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    config = {
+        "model": dict(n_layer=1, n_head=2, d_model=16, block_size=16, causal=False, objective="masked"),
+        "train": dict(steps=2, batch_size=8, eval_every=2, eval_batches=1, checkpoint_every=2, warmup_steps=0),
+    }
+    record = train_and_evaluate(config, tmp_path / "encoder", progress=False)
+    assert 0 <= record["val_accuracy"] <= 1 and "val_bpb" not in record
+    for command, argv in (
+        (sample, ["--workdir", str(tmp_path / "encoder"), "--prompt", "x"]),
+        (evaluate, ["--workdir", str(tmp_path / "encoder"), "--lengths", "16"]),
+    ):
+        with pytest.raises(SystemExit) as stop:
+            command.main(argv)
+        assert stop.value.code == 2
+        assert "python -m jaxgpt fill" in capsys.readouterr().err
+    decoder = config | {"model": dict(n_layer=1, n_head=2, d_model=16, block_size=16)}
+    train_and_evaluate(decoder, tmp_path / "decoder", progress=False)
+    with pytest.raises(SystemExit) as stop:
+        fill.main(["--workdir", str(tmp_path / "decoder"), "--prompt", f"a{BLANK}"])
+    assert stop.value.code == 2 and "fill needs a run trained with model.objective=masked" in capsys.readouterr().err

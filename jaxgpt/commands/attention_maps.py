@@ -43,8 +43,20 @@ def attention_maps(config: ModelConfig, params, tokens: np.ndarray, scores: bool
     return (captured.scores if scores else captured.weights)[:, 0]
 
 
-def draw(maps: np.ndarray, labels: list[str] | None, first_layer: int, out: Path, scores: bool = False) -> Path:
-    layers, heads, t, _ = maps.shape
+def draw(
+    maps: np.ndarray,
+    labels: list[str] | None,
+    first_layer: int,
+    out: Path,
+    scores: bool = False,
+    key_labels: list[str] | None = None,
+    kind: str = "",
+) -> Path:
+    """A panel per layer and head of maps (layers, heads, queries, keys), queries down and keys
+    across, labelled by `labels` (and `key_labels` where the keys are another sequence, as in
+    cross-attention; titles then start with `kind`)."""
+    layers, heads, t, s = maps.shape
+    key_labels = labels if key_labels is None else key_labels
     figure, grid = plt.subplots(
         layers, heads, figsize=(PANEL_INCHES * heads, PANEL_INCHES * layers), dpi=DPI, squeeze=False
     )
@@ -57,9 +69,9 @@ def draw(maps: np.ndarray, labels: list[str] | None, first_layer: int, out: Path
             axes = grid[layer, head]
             axes.imshow(shown[layer, head], interpolation="nearest", **colours)
             what = "scores" if scores else "weights"
-            axes.set_title(f"layer {first_layer + layer} head {head} {what}", fontsize=7)
+            axes.set_title(f"{kind}layer {first_layer + layer} head {head} {what}", fontsize=7)
             if labels is not None:
-                axes.set_xticks(range(t), labels, rotation=90, fontsize=5)
+                axes.set_xticks(range(s), key_labels, rotation=90, fontsize=5)
                 axes.set_yticks(range(t), labels, fontsize=5)
             else:
                 axes.tick_params(labelsize=5)
