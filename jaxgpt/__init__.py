@@ -1,4 +1,5 @@
-"""jaxgpt: decoder-only transformers (GPT- and Llama-style) in JAX/Flax, built to be read.
+"""jaxgpt: transformers in JAX/Flax, built to be read: decoders (GPT- and Llama-style, dense or
+mixture of experts), encoders trained by masked-token prediction, and the encoder–decoder.
 
 The model names below load on first use, so `import jaxgpt` (and the scripts' flag parsing,
 `--help` and bad-flag errors) never waits for JAX and Flax to import.
@@ -34,7 +35,10 @@ class _EarlierCommandNames:
     old name, and nothing here imports the commands. (find_spec is all a finder needs;
     importlib.abc would cost `import jaxgpt` 14 ms.)"""
 
-    NAMES = ("attention_maps", "check", "compare", "evaluate", "hellaswag", "logit_lens", "plot", "prepare")
+    NAMES = (
+        "attention_maps", "check", "compare", "evaluate", "fill", "hellaswag", "logit_lens", "plot", "prepare",
+        "seq2seq",
+    )  # fmt: skip
 
     def find_spec(self, fullname, path, target=None):
         package, _, name = fullname.partition(".")

@@ -1,4 +1,4 @@
-"""The encoder–decoder (jaxgpt/encoder_decoder.py) and its digit tasks (jaxgpt/seq2seq.py): what
+"""The encoder–decoder (jaxgpt/encoder_decoder.py) and its digit tasks (jaxgpt/seq2seq_tasks.py): what
 each half may see, decoding with the caches against the full forward pass, and learning."""
 
 import jax
@@ -6,7 +6,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from jaxgpt import seq2seq
+from jaxgpt import seq2seq_tasks as seq2seq
 from jaxgpt.config import ModelConfig
 from jaxgpt.encoder_decoder import EncoderDecoder
 

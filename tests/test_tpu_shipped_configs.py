@@ -24,8 +24,10 @@ SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "_
 V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"
 # Where each shipped config is compiled here. A new config must be added (the test below says so).
 GENERATIONS = {
+    "encoder_tiny": (V5E,),  # the masked objective's program
     "finetune_gpt2": (V5E,),
     "gpt2_124m": (V6E,),  # and on a v5e-8: the guide's command below, which must print that it fits
+    "induction": (V6E,),
     "llama_tiny": (V6E,),
     "moe_tiny": (V5E,),  # experts replicated on every chip, tokens split over the data axis
     "shakespeare_char": (V5E,),

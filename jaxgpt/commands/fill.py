@@ -2,8 +2,8 @@
 python -m jaxgpt fill --workdir DIR --prompt "TEXT WITH [MASK] IN IT" [--top 5] [--step N | --init]
 
 Examples:
-  python -m jaxgpt fill --workdir runs/encoder --prompt "def __init__(se[MASK]f, x):"
-  python -m jaxgpt fill --workdir runs/encoder --prompt "The [MASK][MASK][MASK] statement" --top 3
+  python -m jaxgpt fill --workdir runs/encoder_tiny --prompt "def __init__(se[MASK]f, x):"
+  python -m jaxgpt fill --workdir runs/encoder_tiny --prompt "The [MASK][MASK][MASK] statement" --top 3
 
 Each [MASK] in the prompt is one hidden token: the model reads the whole prompt, both sides of
 every blank, and predicts every blank at once and independently of the others (as BERT's

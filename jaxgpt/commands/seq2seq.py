@@ -7,7 +7,7 @@ Examples:
   python -m jaxgpt seq2seq --task reverse --position sinusoidal --scale_embeddings
 
 The original Transformer's shape (jaxgpt/encoder_decoder.py) on a task generated on the spot
-(jaxgpt/seq2seq.py): the encoder reads --length digits, the decoder writes the answer. It is
+(jaxgpt/seq2seq_tasks.py): the encoder reads --length digits, the decoder writes the answer. It is
 trained with teacher forcing on fresh examples every step, then decodes --examples held-out
 sources greedily with its caches (the source encoded once, the cross-attention's keys and
 values computed at the first step, the self-attention's KV cache growing a digit a step), and
@@ -30,11 +30,9 @@ from jaxgpt.errors import UserError
 
 
 def define_flags(f: flags.FlagValues) -> None:
-    from jaxgpt import seq2seq
+    from jaxgpt import seq2seq_tasks as tasks
 
-    flags.DEFINE_enum(
-        "task", "reverse", seq2seq.TASKS, "What the decoder writes from the source digits.", flag_values=f
-    )
+    flags.DEFINE_enum("task", "reverse", tasks.TASKS, "What the decoder writes from the source digits.", flag_values=f)
     flags.DEFINE_integer("length", 8, "Digits in each source and answer.", flag_values=f)
     flags.DEFINE_integer("steps", 400, "Optimizer steps.", flag_values=f)
     flags.DEFINE_integer("batch_size", 64, "Examples per step.", flag_values=f)
@@ -61,12 +59,12 @@ def _seq2seq(argv: list[str] | None) -> None:
     for name in ("length", "steps", "batch_size", "examples"):
         if getattr(f, name) < 1:
             raise UserError(f"--{name} {getattr(f, name)}: must be at least 1")
-    from jaxgpt import seq2seq
+    from jaxgpt import seq2seq_tasks as tasks
     from jaxgpt.config import ModelConfig
     from jaxgpt.model import count_params
 
     config = ModelConfig(
-        vocab_size=seq2seq.VOCAB,
+        vocab_size=tasks.VOCAB,
         block_size=f.length,
         n_layer=f.n_layer,
         n_head=f.n_head,
@@ -75,7 +73,7 @@ def _seq2seq(argv: list[str] | None) -> None:
         scale_embeddings=f.scale_embeddings,
     )
     started = time.perf_counter()
-    shapes = seq2seq.init(config, f.seed, f.length)
+    shapes = tasks.init(config, f.seed, f.length)
     print(
         f"encoder-decoder: {f.n_layer} + {f.n_layer} blocks, {f.n_head} heads, d_model {f.d_model}, {f.position} "
         f"positions; {count_params(shapes):,} parameters; task {f.task}, {f.length} digits"
@@ -86,12 +84,12 @@ def _seq2seq(argv: list[str] | None) -> None:
             f"step {step}/{f.steps}: teacher-forced loss {loss:.4f}, {time.perf_counter() - started:.0f} s", flush=True
         )
 
-    params = seq2seq.train(
+    params = tasks.train(
         config, f.task, steps=f.steps, length=f.length, batch_size=f.batch_size, lr=f.lr, seed=f.seed, report=report
     )
-    source, target = seq2seq.held_out(f.task, f.length, f.examples, f.seed)
-    decoded = np.asarray(seq2seq.greedy_decode(config, params, source, f.length))
-    score = seq2seq.accuracy(decoded, target)
+    source, target = tasks.held_out(f.task, f.length, f.examples, f.seed)
+    decoded = np.asarray(tasks.greedy_decode(config, params, source, f.length))
+    score = tasks.accuracy(decoded, target)
     print(
         f"held-out accuracy, greedy decoding with the caches: {score.sequences:.1%} of {f.examples:,} answers right "
         f"in full, {score.tokens:.1%} of digits"
@@ -103,7 +101,7 @@ def _seq2seq(argv: list[str] | None) -> None:
     if f.maps:
         from jaxgpt.commands.attention_maps import draw
 
-        weights = seq2seq.cross_attention_weights(config, params, source[:1], target[:1])[:, 0]
+        weights = tasks.cross_attention_weights(config, params, source[:1], target[:1])[:, 0]
         out = draw(
             weights,
             ["BOS", *map(str, target[0, :-1])],
