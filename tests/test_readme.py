@@ -241,6 +241,15 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
         skipped = re.findall(r"^(\S+): lengths ([\d, ]+) skipped: ", printed, flags=re.M)
         skipped = {(Path(run).name, n) for run, lengths in skipped for n in lengths.split(", ")}
         assert scored | skipped == asked and not scored & skipped, printed
+    elif name == "fill":
+        blanks = value["--prompt"].count("[MASK]")
+        assert printed.startswith("filled (") and len(re.findall(r"^blank \d+ ", printed, flags=re.M)) == blanks, (
+            printed
+        )
+    elif name == "seq2seq":
+        assert re.search(r"held-out accuracy, greedy decoding with the caches: [\d.]+% of", printed), printed
+        if "--maps" in value:
+            assert f"wrote {value['--maps']}" in printed and (home / value["--maps"]).read_bytes()[:4] == b"\x89PNG"
     elif name == "compare":
         varied = [b.split("=", 1)[1].split(",") for a, b in itertools.pairwise(args) if a == "--vary"]
         rows = [line for line in printed.splitlines() if line.startswith("| ") and "=" in line.split("|")[1]]
