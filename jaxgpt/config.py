@@ -227,6 +227,13 @@ class ModelConfig:
 
     moe: a `MixtureOfExperts` in place of the MLP, or None for dense MLPs.
 
+    embedding_norm: a norm over the embeddings (token plus position) before the first block
+        (BERT's embedding LayerNorm).
+    head_transform: BERT's prediction head: between the last block and the readout a d_model
+        dense layer, the activation and a norm, and the logits get a bias per token.
+    mask_token: the masked objective's mask token id; None: the last of the vocabulary
+        (jaxgpt/masked.py). Imported BERT weights set their tokenizer's [MASK].
+
     objective: what the model is trained to predict. "next_token": each token from those
         before it (a decoder). "masked": hidden tokens from both sides (an encoder, BERT's
         masked-token prediction; needs causal=False; jaxgpt/masked.py): the last id of the
@@ -271,6 +278,9 @@ class ModelConfig:
     scale_embeddings: bool = False
     qkv_projections: bool = True
     moe: MixtureOfExperts | None = None
+    embedding_norm: bool = False
+    head_transform: bool = False
+    mask_token: int | None = None
     objective: str = "next_token"
     mask_rate: float = 0.15
 
@@ -368,6 +378,12 @@ def _check_model(c: ModelConfig) -> None:
         problems.add("qkv_bias", "needs the projections it biases; set qkv_projections=True or qkv_bias=False")
     if c.objective == "masked":
         _check_masked(c, problems)
+    if c.mask_token is not None and not (isinstance(c.mask_token, int) and 0 <= c.mask_token < c.vocab_size):
+        problems.add("mask_token", f"must be a token id below vocab_size={c.vocab_size}, or None for the last one")
+    if c.head_transform and c.activation == "swiglu":
+        problems.add(
+            "head_transform", "applies an elementwise activation, and swiglu is gated; choose gelu, gelu_exact or relu"
+        )
     if not 0.0 <= c.dropout < 1.0:
         problems.add("dropout", "must be in [0, 1)")
     problems.positive("rope_theta", "norm_eps", "init_std")

@@ -1,7 +1,8 @@
 """Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 and LongRoPE
 scaling included), MistralForCausalLM (Llama with a sliding window), Qwen2ForCausalLM (Llama with
-biases on the query, key and value projections) and MixtralForCausalLM (Mistral with a mixture of
-experts in every block: dropless top-k routing, renormalised, jaxgpt/moe.py).
+biases on the query, key and value projections), MixtralForCausalLM (Mistral with a mixture of
+experts in every block: dropless top-k routing, renormalised, jaxgpt/moe.py) and the encoder
+BertForMaskedLM (model.objective=masked).
 
     config, params = load_pretrained("path/to/dir")     # or a Hub name such as "gpt2", online
     save_pretrained(config, params, "out/dir")          # safetensors + config.json for transformers
@@ -380,12 +381,171 @@ def _rope_parameters(c: ModelConfig) -> dict:
     return rope
 
 
+# ----------------------------------------------------------------------------- BERT
+
+BERT_ACTIVATIONS = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
+
+
+def _bert_config(hf: dict) -> ModelConfig:
+    """BertForMaskedLM: post-norm blocks without the causal mask, learned positions, a LayerNorm
+    over the embeddings, and the prediction head's dense layer, activation, LayerNorm and bias.
+    Its segment (token type) embeddings are folded into the position table: every token is
+    segment 0, as in one-sentence masked-token prediction."""
+    if hf.get("hidden_act", "gelu") not in BERT_ACTIVATIONS:
+        raise UserError(f"config.json hidden_act={hf['hidden_act']!r}: jaxgpt converts {', '.join(BERT_ACTIVATIONS)}")
+    if hf.get("position_embedding_type", "absolute") != "absolute":
+        raise UserError(
+            f"config.json position_embedding_type={hf['position_embedding_type']!r}: jaxgpt converts BERT's "
+            "'absolute' (learned) positions only"
+        )
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["max_position_embeddings"],
+        n_layer=hf["num_hidden_layers"],
+        n_head=hf["num_attention_heads"],
+        d_model=hf["hidden_size"],
+        mlp_hidden=hf["intermediate_size"],
+        activation=BERT_ACTIVATIONS[hf.get("hidden_act", "gelu")],
+        norm_position="post",
+        norm_eps=hf.get("layer_norm_eps", 1e-12),
+        position="learned",
+        tie_embeddings=hf.get("tie_word_embeddings", True),
+        causal=False,
+        objective="masked",
+        embedding_norm=True,
+        head_transform=True,
+        mask_token=hf.get("_mask_token_id"),
+    )
+
+
+def _layer_norm(w: dict, name: str) -> dict:
+    """A LayerNorm's two weights, under today's names or the original BERT's gamma and beta."""
+    scale = w[f"{name}.weight"] if f"{name}.weight" in w else w[f"{name}.gamma"]
+    return {"scale": scale, "bias": w[f"{name}.bias"] if f"{name}.bias" in w else w[f"{name}.beta"]}
+
+
+def _dense(w: dict, name: str, shape: tuple[int, ...] | None = None) -> dict:
+    """A torch Linear as a flax kernel (in, out), reshaped to `shape` with its bias to match."""
+    kernel, bias = w[f"{name}.weight"].T, w[f"{name}.bias"]
+    if shape is None:
+        return {"kernel": kernel, "bias": bias}
+    return {"kernel": kernel.reshape(shape), "bias": bias.reshape(shape[1:])}
+
+
+def _bert_params(c: ModelConfig, w: dict) -> dict:
+    H, hd, D = c.n_head, c.head_dim, c.d_model
+
+    def layer(i):
+        p = f"bert.encoder.layer.{i}."
+        q, k, v = (_dense(w, p + f"attention.self.{n}", (D, H, 1, hd)) for n in ("query", "key", "value"))
+        out = _dense(w, p + "attention.output.dense")
+        return {
+            "attn": {
+                "qkv": {name: np.concatenate([q[name], k[name], v[name]], axis=-2) for name in ("kernel", "bias")},
+                "out": {"kernel": out["kernel"].reshape(H, 1, hd, D), "bias": out["bias"]},
+            },
+            "mlp": {"up": _dense(w, p + "intermediate.dense"), "down": _dense(w, p + "output.dense")},
+            "norm_1": _layer_norm(w, p + "attention.output.LayerNorm"),
+            "norm_2": _layer_norm(w, p + "output.LayerNorm"),
+        }
+
+    segment_0 = w["bert.embeddings.token_type_embeddings.weight"][0]
+    params = {f"block_{i}": layer(i) for i in range(c.n_layer)}
+    params["wte"] = {"embedding": w["bert.embeddings.word_embeddings.weight"]}
+    params["wpe"] = {"embedding": w["bert.embeddings.position_embeddings.weight"] + segment_0}
+    params["norm_embeddings"] = _layer_norm(w, "bert.embeddings.LayerNorm")
+    params["head_dense"] = _dense(w, "cls.predictions.transform.dense")
+    params["head_norm"] = _layer_norm(w, "cls.predictions.transform.LayerNorm")
+    bias = "cls.predictions.bias" if "cls.predictions.bias" in w else "cls.predictions.decoder.bias"
+    params["head_bias"] = w[bias]
+    if not c.tie_embeddings:
+        params["lm_head"] = {"kernel": w["cls.predictions.decoder.weight"].T}
+    return params
+
+
+def _bert_weights(c: ModelConfig, params: dict) -> dict:
+    D = c.d_model
+
+    def linear(p: dict, name: str) -> dict:
+        return {
+            f"{name}.weight": p["kernel"].reshape(-1, p["kernel"].shape[-1]).T,
+            f"{name}.bias": p["bias"].reshape(-1),
+        }
+
+    def layer_norm(p: dict, name: str) -> dict:
+        return {f"{name}.weight": p["scale"], f"{name}.bias": p["bias"]}
+
+    w = {
+        "bert.embeddings.word_embeddings.weight": params["wte"]["embedding"],
+        "bert.embeddings.position_embeddings.weight": params["wpe"]["embedding"],
+        "bert.embeddings.token_type_embeddings.weight": np.zeros((2, D), np.float32),  # segment 0 is in the table
+        "cls.predictions.bias": params["head_bias"],
+    }
+    w |= layer_norm(params["norm_embeddings"], "bert.embeddings.LayerNorm")
+    w |= linear(params["head_dense"], "cls.predictions.transform.dense")
+    w |= layer_norm(params["head_norm"], "cls.predictions.transform.LayerNorm")
+    if not c.tie_embeddings:
+        w["cls.predictions.decoder.weight"] = params["lm_head"]["kernel"].T
+    for i in range(c.n_layer):
+        b, p = params[f"block_{i}"], f"bert.encoder.layer.{i}."
+        qkv = b["attn"]["qkv"]  # kernel (D, H, 3, hd), bias (H, 3, hd)
+        for j, name in enumerate(("query", "key", "value")):
+            w[f"{p}attention.self.{name}.weight"] = qkv["kernel"][:, :, j].reshape(D, D).T
+            w[f"{p}attention.self.{name}.bias"] = qkv["bias"][:, j].reshape(D)
+        w |= linear(b["attn"]["out"], p + "attention.output.dense")
+        w |= linear(b["mlp"]["up"], p + "intermediate.dense") | linear(b["mlp"]["down"], p + "output.dense")
+        w |= layer_norm(b["norm_1"], p + "attention.output.LayerNorm") | layer_norm(b["norm_2"], p + "output.LayerNorm")
+    return w
+
+
+def _bert_hf_config(c: ModelConfig) -> dict:
+    activation = {ours: theirs for theirs, ours in BERT_ACTIVATIONS.items() if theirs != "gelu_pytorch_tanh"}
+    return {
+        "model_type": "bert",
+        "architectures": ["BertForMaskedLM"],
+        "vocab_size": c.vocab_size,
+        "hidden_size": c.d_model,
+        "num_hidden_layers": c.n_layer,
+        "num_attention_heads": c.n_head,
+        "intermediate_size": c.mlp_hidden,
+        "hidden_act": activation[c.activation],
+        "max_position_embeddings": c.block_size,
+        "type_vocab_size": 2,
+        "layer_norm_eps": c.norm_eps,
+        "position_embedding_type": "absolute",
+        "tie_word_embeddings": c.tie_embeddings,
+        "pad_token_id": 0,
+    }
+
+
+def _bert_family(c: ModelConfig) -> str:
+    """ "bert" for an encoder BertForMaskedLM can describe; else one line naming what it lacks."""
+    recipe = dict(
+        position="learned", norm="layernorm", norm_position="post", bias=True, causal=False, embedding_norm=True,
+        head_transform=True, qkv_projections=True, scale_attention=True, residual=True, mlp=True,
+    )  # fmt: skip
+    differences = [f"{field}={getattr(c, field)!r}" for field, want in recipe.items() if getattr(c, field) != want]
+    if c.activation not in ("gelu", "gelu_exact", "relu"):
+        differences.append(f"activation={c.activation!r}")
+    if c.n_kv_head != c.n_head:
+        differences.append(f"n_kv_head={c.n_kv_head!r}")
+    if differences:
+        raise UserError(
+            f"model.{differences[0]}: a masked-token encoder exports as BertForMaskedLM (learned positions, post-norm "
+            "LayerNorm blocks with biases, a norm over the embeddings, head_transform, multi-head attention)"
+        )
+    return "bert"
+
+
+# ----------------------------------------------------------------------------- families
+
 FAMILIES = {
     "gpt2": (_gpt2_config, _gpt2_params, _gpt2_weights, _gpt2_hf_config),
     "llama": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),
     "mistral": (_llama_config, _llama_params, _llama_weights, _llama_hf_config),  # same weights as Llama
     "qwen2": (_qwen2_config, _llama_params, _llama_weights, _llama_hf_config),  # Llama with q, k, v biases
     "mixtral": (_mixtral_config, _llama_params, _llama_weights, _llama_hf_config),  # Mistral with experts
+    "bert": (_bert_config, _bert_params, _bert_weights, _bert_hf_config),  # an encoder
 }
 ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
@@ -393,18 +553,21 @@ ARCHITECTURES = {
     "mistral": "MistralForCausalLM",
     "qwen2": "Qwen2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
+    "bert": "BertForMaskedLM",
 }
 
 
 # Switches and ablations GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).
 WORKBENCH_FIELDS = (
     "qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
-    "mlp", "uniform_attention", "qkv_projections", "scale_embeddings",
+    "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform",
 )  # fmt: skip
 
 
 def _family_of(c: ModelConfig) -> str:
     """Which Hugging Face architecture a jaxgpt config is, if any."""
+    if c.objective == "masked":
+        return _bert_family(c)
     if c.moe is not None:
         return _mixtral_family(c)
     switched = [f for f in WORKBENCH_FIELDS if getattr(c, f) != getattr(ModelConfig, f)]
@@ -514,12 +677,27 @@ def pretrained_config(config_json: str | Path) -> tuple[ModelConfig, str]:
     read a real model's config, and count its parameters with `jax.eval_shape`."""
     hf = json.loads(Path(config_json).read_text())
     family = hf.get("model_type")
+    if family == "bert":
+        hf["_mask_token_id"] = _token_id(Path(config_json).parent, "[MASK]")
     if family not in FAMILIES:
         raise UserError(
-            f"{config_json}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral, qwen2 "
-            "and mixtral"
+            f"{config_json}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral, qwen2, "
+            "mixtral and bert"
         )
     return FAMILIES[family][0](hf), family
+
+
+def _token_id(directory: Path, token: str) -> int | None:
+    """The id of a special token in the directory's tokenizer.json or vocab.txt, if either says."""
+    if (directory / "tokenizer.json").exists():
+        added = json.loads((directory / "tokenizer.json").read_text()).get("added_tokens", [])
+        if found := [t["id"] for t in added if t.get("content") == token]:
+            return found[0]
+    if (directory / "vocab.txt").exists():
+        lines = (directory / "vocab.txt").read_text(encoding="utf-8").splitlines()
+        if token in lines:
+            return lines.index(token)
+    return None
 
 
 def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:

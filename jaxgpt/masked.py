@@ -9,9 +9,9 @@ token). The loss is the cross-entropy at the chosen positions alone, and it is n
 with a next-token loss: the model sees both sides of each blank, and only 15% of the tokens
 are scored.
 
-The mask token is the last id of the model's vocabulary (model.vocab_size - 1): a run whose
-vocab_size comes from the tokenizer gets one id more than the tokenizer has, which no text
-encodes to.
+The mask token is the last id of the model's vocabulary (model.vocab_size - 1) unless
+model.mask_token names another (an imported BERT's [MASK]): a run whose vocab_size comes from
+the tokenizer gets one id more than the tokenizer has, which no text encodes to.
 """
 
 from __future__ import annotations
@@ -27,8 +27,9 @@ MASK_SHARE, RANDOM_SHARE = 0.8, 0.1
 
 
 def mask_token(config: ModelConfig) -> int:
-    """The id that stands for a hidden token: the vocabulary's last."""
-    return config.vocab_size - 1
+    """The id that stands for a hidden token: config.mask_token (an imported BERT's [MASK]),
+    else the vocabulary's last."""
+    return config.vocab_size - 1 if config.mask_token is None else config.mask_token
 
 
 def mask_tokens(tokens: jax.Array, rng: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
@@ -38,7 +39,9 @@ def mask_tokens(tokens: jax.Array, rng: jax.Array, config: ModelConfig) -> tuple
     choose, kind, random = jax.random.split(rng, 3)
     chosen = jax.random.bernoulli(choose, config.mask_rate, tokens.shape)
     u = jax.random.uniform(kind, tokens.shape)
-    replacements = jax.random.randint(random, tokens.shape, 0, mask_token(config), tokens.dtype)
+    # any id but the mask token: draw from one fewer and step over it
+    replacements = jax.random.randint(random, tokens.shape, 0, config.vocab_size - 1, tokens.dtype)
+    replacements = jnp.where(replacements >= mask_token(config), replacements + 1, replacements)
     kept_or_random = jnp.where(u < MASK_SHARE + RANDOM_SHARE, replacements, tokens)
     corrupted = jnp.where(u < MASK_SHARE, mask_token(config), kept_or_random)
     return jnp.where(chosen, corrupted, tokens), chosen

@@ -16,7 +16,7 @@ import jax.numpy as jnp
 
 from jaxgpt.attention import CausalSelfAttention
 from jaxgpt.config import ModelConfig
-from jaxgpt.layers import MLP, dtypes, make_norm
+from jaxgpt.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
 from jaxgpt.moe import MixtureOfExpertsLayer
 from jaxgpt.positions import sinusoidal_embedding
 
@@ -86,19 +86,19 @@ def token_positions(
 
 def input_embeddings(config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
     """What the first block reads: the tokens' embeddings (times sqrt(d_model) with
-    scale_embeddings) plus, for absolute positions, their position's; rope and alibi act inside
-    attention instead. Called inside a module's compact method: a learned table is that
-    module's "wpe"."""
+    scale_embeddings) plus, for absolute positions, their position's (rope and alibi act inside
+    attention instead), normalised with embedding_norm. Called inside a module's compact
+    method: a learned table is that module's "wpe"."""
     c = config
     x = wte(tokens)
     if c.scale_embeddings:
         x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
     if c.position == "learned":
         wpe = nn.Embed(c.block_size, c.d_model, embedding_init=embedding_init(c), **dtypes(c), name="wpe")
-        return x + wpe(positions)
-    if c.position == "sinusoidal":
-        return x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
-    return x
+        x = x + wpe(positions)
+    elif c.position == "sinusoidal":
+        x = x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
+    return make_norm(c, "norm_embeddings")(x) if c.embedding_norm else x
 
 
 def _scan_step(block: Block, x, positions, cache_index):
@@ -131,16 +131,25 @@ class GPT(nn.Module):
 
     def _readout(self, wte: nn.Embed):
         """The function from the residual stream to float32 logits: the final norm (pre-norm
-        models; post-norm blocks already end normalised), the LM head, the soft cap."""
+        models; post-norm blocks already end normalised), with head_transform BERT's dense,
+        activation and norm, the LM head (and BERT's bias per token), the soft cap."""
         c = self.config
         norm_f = make_norm(c, "norm_f") if c.norm_position == "pre" else (lambda x: x)
         if c.tie_embeddings:
             head = wte.attend
         else:
             head = nn.Dense(c.vocab_size, use_bias=False, kernel_init=embedding_init(c), **dtypes(c), name="lm_head")
+        transform, bias = lambda x: x, None
+        if c.head_transform:
+            dense = nn.Dense(c.d_model, kernel_init=embedding_init(c), use_bias=c.bias, name="head_dense", **dtypes(c))
+            norm = make_norm(c, "head_norm")
+            transform = lambda x: norm(ACTIVATION_FUNCTIONS[c.activation](dense(x)))  # noqa: E731
+            bias = self.param("head_bias", nn.initializers.zeros, (c.vocab_size,), jnp.dtype(c.param_dtype))
 
         def readout(x):
-            logits = head(norm_f(x)).astype(jnp.float32)
+            logits = head(transform(norm_f(x))).astype(jnp.float32)
+            if bias is not None:
+                logits = logits + bias.astype(jnp.float32)
             if c.logit_softcap:
                 logits = c.logit_softcap * jnp.tanh(logits / c.logit_softcap)
             return logits

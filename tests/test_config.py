@@ -76,6 +76,8 @@ def test_rope_scaling_accepts_a_plain_dict():
             "longrope needs head_dim / 2 = 16 positive factors",
         ),
         (dict(qkv_projections=False, qkv_bias=True), "qkv_bias=True needs the projections it biases"),
+        (dict(head_transform=True, activation="swiglu"), "head_transform=True applies an elementwise activation"),
+        (dict(mask_token=256), "mask_token=256 must be a token id below vocab_size=256"),
     ],
 )
 def test_bad_config_names_field_and_value(changes, message):

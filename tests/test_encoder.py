@@ -40,6 +40,20 @@ def test_corruption_follows_berts_rates():
     assert not np.any((corrupted == mask_token(config)) & ~chosen)
 
 
+def test_a_mask_token_inside_the_vocabulary_is_never_a_random_replacement():
+    """An imported BERT's [MASK] sits among the other ids (model.mask_token). With 3 ids, the
+    mask token 1 and every token 0: of the chosen positions 80% become 1, and the 10% random
+    replacements are drawn from {0, 2} alone, so 5% become 2 and 10% + 5% stay 0. Drawn from
+    all three, 1 would take 83%. (Bounds: 5 sd of 150k binomial draws, 0.005.)"""
+    config = encoder(vocab_size=3, mask_token=1)
+    tokens = jnp.zeros((2000, 512), jnp.int32)
+    corrupted, chosen = mask_tokens(tokens, jax.random.key(5), config)
+    picked = np.asarray(corrupted)[np.asarray(chosen)]
+    assert abs((picked == 1).mean() - 0.8) < 0.005
+    assert abs((picked == 2).mean() - 0.05) < 0.005 and abs((picked == 0).mean() - 0.15) < 0.005
+    assert mask_token(config) == 1 and mask_token(encoder()) == 64
+
+
 def test_the_loss_counts_the_hidden_positions_alone():
     """The loss is the mean cross-entropy over the chosen positions of the model's logits on
     the corrupted input (recomputed here in numpy from those logits), and the accuracy the

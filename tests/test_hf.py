@@ -421,3 +421,103 @@ def test_a_mixture_mixtral_cannot_describe_is_refused_naming_the_setting(moe, me
     with pytest.raises(UserError, match=re.escape(message)):
         save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
+
+
+# ----------------------------------------------------------------------------- BERT
+
+
+def bert_model(seed: int = 0, **changes):
+    """A small random BertForMaskedLM: 2 post-norm layers of 4 heads, every weight visible."""
+    config = transformers.BertConfig(
+        **dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=64,
+               max_position_embeddings=32) | changes
+    )  # fmt: skip
+    return with_visible_weights(transformers.BertForMaskedLM(config), seed)
+
+
+@pytest.fixture(scope="module")
+def bert_directory(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bert")
+    model = bert_model()
+    model.save_pretrained(directory)
+    vocab = [f"[unused{i}]" for i in range(VOCAB)]
+    vocab[5] = "[MASK]"
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    return model, directory
+
+
+def bert_logits(model, ids) -> np.ndarray:
+    with torch.no_grad():
+        return model(torch.tensor(ids)).logits.numpy()
+
+
+def test_bert_logits_equal_transformers(bert_directory):
+    """Every position's masked-token logits, segment embeddings and embedding LayerNorm, post-norm
+    blocks, exact GELU and the prediction head included; the mask token read from vocab.txt."""
+    model, directory = bert_directory
+    config, params, family = load_pretrained(str(directory))
+    assert family == "bert" and config.objective == "masked" and not config.causal and config.mask_token == 5
+    ids = tokens()
+    ours = np.asarray(jax.jit(GPT(config).apply)({"params": params}, jnp.asarray(ids)))
+    theirs = bert_logits(model, ids)
+    assert np.abs(theirs).max() > 1.0
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)  # two float32 implementations, logits of O(10)
+
+
+def test_bert_parity_depends_on_the_segment_embedding_and_the_head(bert_directory):
+    """The same weights without segment 0 folded into the positions, or without the
+    prediction head's bias, give other logits by whole units: each part is read and used."""
+    _, directory = bert_directory
+    config, params, _ = load_pretrained(str(directory))
+    ids = jnp.asarray(tokens())
+    logits = lambda p: np.asarray(GPT(config).apply({"params": p}, ids))  # noqa: E731
+    weights = transformers.BertForMaskedLM.from_pretrained(directory).state_dict()
+    without_segment = params | {"wpe": {"embedding": weights["bert.embeddings.position_embeddings.weight"].numpy()}}
+    without_bias = params | {"head_bias": np.zeros_like(params["head_bias"])}
+    assert np.abs(logits(params) - logits(without_segment)).max() > 0.1
+    assert np.abs(logits(params) - logits(without_bias)).max() > 0.1
+
+
+def test_the_original_berts_gamma_and_beta_names_load_the_same(bert_directory, tmp_path):
+    from safetensors.numpy import load_file, save_file
+
+    _, directory = bert_directory
+    renamed = {
+        k.replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+        for k, v in load_file(directory / "model.safetensors").items()
+    }
+    save_file(renamed, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((directory / "config.json").read_text())
+    _, today, _ = load_pretrained(str(directory))
+    _, original, _ = load_pretrained(str(tmp_path))
+    jax.tree.map(np.testing.assert_array_equal, original, today)
+
+
+def test_an_encoder_exports_as_bert_and_loads_in_transformers_with_the_same_logits(bert_directory, tmp_path):
+    model, directory = bert_directory
+    config, params, _ = load_pretrained(str(directory))
+    save_pretrained(config, params, tmp_path)
+    exported = transformers.AutoModelForMaskedLM.from_pretrained(tmp_path).eval()
+    ids = tokens()
+    np.testing.assert_allclose(bert_logits(exported, ids), bert_logits(model, ids), atol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"hidden_act": "silu"}, "config.json hidden_act='silu'"),
+        ({"position_embedding_type": "relative_key"}, "position_embedding_type='relative_key'"),
+    ],
+)
+def test_an_unsupported_bert_variant_is_refused_naming_the_field(bert_directory, edit, message, tmp_path):
+    _, directory = bert_directory
+    (tmp_path / "config.json").write_text(json.dumps(json.loads((directory / "config.json").read_text()) | edit))
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_pretrained(str(tmp_path))
+
+
+def test_an_encoder_bert_cannot_describe_is_refused_naming_the_setting(tmp_path):
+    config = ModelConfig(vocab_size=VOCAB, block_size=32, n_layer=1, n_head=4, d_model=32, causal=False,
+                         objective="masked", position="rope")  # fmt: skip
+    with pytest.raises(UserError, match="model.position='rope': a masked-token encoder exports as BertForMaskedLM"):
+        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)

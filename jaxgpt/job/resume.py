@@ -44,6 +44,8 @@ ARCHITECTURE_FIELDS = (
     "qk_norm",
     "qkv_projections",
     "scale_embeddings",
+    "embedding_norm",
+    "head_transform",
     "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
 )
 
