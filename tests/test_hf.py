@@ -521,3 +521,25 @@ def test_an_encoder_bert_cannot_describe_is_refused_naming_the_setting(tmp_path)
                          objective="masked", position="rope")  # fmt: skip
     with pytest.raises(UserError, match="model.position='rope': a masked-token encoder exports as BertForMaskedLM"):
         save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+
+
+def test_fill_reads_a_bert_directory_with_its_wordpiece_tokenizer(tmp_path, capsys):
+    """fill --init_from on BERT weights beside a WordPiece tokenizer.json: [MASK] is the
+    tokenizer's (id 4 here, read from tokenizer.json), and each blank gets candidates."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from jaxgpt.commands import fill
+
+    words = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + list("abcdefghijklmnopqrstuvwxyz")
+    vocab = {w: i for i, w in enumerate(words + [f"##{c}" for c in "abcdefghijklmnopqrstuvwxyz"] + ["the", "."])}
+    tokenizer = Tokenizer(models.WordPiece(vocab, unk_token="[UNK]"))
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    tokenizer.add_special_tokens(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"])
+    bert_model().save_pretrained(tmp_path)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    assert load_pretrained(str(tmp_path))[0].mask_token == 4
+    fill.main(["--init_from", str(tmp_path), "--prompt", "[CLS] the [MASK] . [SEP]", "--top", "2"])
+    printed = capsys.readouterr().out
+    assert printed.startswith(f"filled ({tmp_path}): ") and re.search(
+        r"^blank 1 \(token 2\): '\S+' 0\.\d+", printed, re.M
+    )
