@@ -195,6 +195,11 @@ def init_cache(config: ModelConfig, batch_size: int) -> dict:
     """An empty KV cache (the "cache" collection) for `batch_size` sequences of up to block_size."""
     tokens = jnp.zeros((batch_size, 1), jnp.int32)
     shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True))["cache"]
+    return zeros_shaped(shapes)
+
+
+def zeros_shaped(shapes):
+    """Zeros shaped as a tree of jax.eval_shape's answers: the empty caches and sums to fill."""
     return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
 
 

@@ -23,6 +23,7 @@ import optax
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.encoder_decoder import EncoderDecoder
+from jaxgpt.model import zeros_shaped
 
 TASKS = ("reverse", "sort")
 DIGITS = 10
@@ -91,7 +92,7 @@ def _empty_cache(config: ModelConfig, memory: jnp.ndarray, start: jnp.ndarray) -
     the cross-attention's of the memory's length."""
     model = EncoderDecoder(config)
     shapes = jax.eval_shape(lambda: model.init(jax.random.key(0), start, memory, True, method="decode")["cache"])
-    return jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    return zeros_shaped(shapes)
 
 
 def cross_attention_weights(config: ModelConfig, params, source, target) -> np.ndarray:

@@ -20,7 +20,7 @@ import optax
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.masked import masked_token_loss
-from jaxgpt.model import GPT, init_params
+from jaxgpt.model import GPT, init_params, zeros_shaped
 
 EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
 
@@ -141,7 +141,7 @@ def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microba
         return jax.tree.map(jnp.add, total, measured_and_grads(params, piece, jax.random.fold_in(rng, i))), None
 
     shapes = jax.eval_shape(measured_and_grads, params, pieces[0], rng)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), shapes)
+    zeros = zeros_shaped(shapes)
     total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces))
     return jax.tree.map(lambda x: x / microbatches, total)
 
