@@ -178,3 +178,20 @@ def test_sample_and_evaluate_send_an_encoder_to_fill(tmp_path, capsys):
     with pytest.raises(SystemExit) as stop:
         fill.main(["--workdir", str(tmp_path / "decoder"), "--prompt", f"a{BLANK}"])
     assert stop.value.code == 2 and "fill needs a run trained with model.objective=masked" in capsys.readouterr().err
+
+
+def test_the_checks_judge_an_encoder_by_its_own_loss_and_overfit_it_on_fixed_blanks():
+    """check's initial loss is the masked objective's (ln V at init, V the tokenizer's
+    vocabulary and the mask token), and its overfit run hides the same tokens every step, so
+    one batch is learnt: 40 steps take the masked loss below half (measured: 4.57 to 0.005 in
+    100 steps on configs/encoder_tiny.py; with fresh blanks each step only to 2.92)."""
+    from conftest import small_run_config
+
+    from jaxgpt.commands.preflight import run_checks
+
+    config = small_run_config()
+    config.model.update(causal=False, objective="masked")
+    rows = {row.name: row for row in run_checks(config, overfit_steps=40)}
+    assert rows["initial loss"].passed and rows["gradients"].passed
+    assert rows["overfit one batch"].passed, rows["overfit one batch"].detail
+    assert "the same tokens hidden each step" in rows["overfit one batch"].detail

@@ -90,7 +90,9 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
 
     initial, norms = loss_and_norms(state.params, batch)
     rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
-    state, overfit = overfit_row(learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr)
+    state, overfit = overfit_row(
+        learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr, run.model.objective == "masked"
+    )
     return rows + [
         overfit,
         sized[0],
@@ -131,19 +133,25 @@ def gradients_row(norms: dict[str, float]) -> Row:
     )
 
 
-def overfit_row(compiled_step, state, batch, steps: int, lr: float):
-    """(the state after `steps` steps on one batch, the row judging how far its loss fell)."""
+def overfit_row(compiled_step, state, batch, steps: int, lr: float, same_masks: bool = False):
+    """(the state after `steps` steps on one batch, the row judging how far its loss fell).
+    same_masks (the masked objective): every step hides the same positions, drawn from the
+    step number, which is held at its first value (the optimizer counts its own steps), so
+    the one batch is one task to learn rather than a new one each step."""
     start = time.perf_counter()
-    first = None
+    first, step_zero = None, np.asarray(jax.device_get(state.step))
     for _ in range(steps):
+        if same_masks:  # a fresh array each step: the compiled step consumes (donates) its state
+            state = state.replace(step=jax.device_put(step_zero, state.step.sharding))
         state, metrics = compiled_step(state, batch)
         loss = float(metrics["loss"])
         first = first if first is not None else loss
     row = Row(
         "overfit one batch",
         loss < 0.5 * first,
-        f"loss {first:.3f} -> {loss:.3f} in {steps} steps at lr {lr:g} ({time.perf_counter() - start:.1f} s); "
-        "must fall below half",
+        f"loss {first:.3f} -> {loss:.3f} in {steps} steps at lr {lr:g} ({time.perf_counter() - start:.1f} s)"
+        + (", the same tokens hidden each step" if same_masks else "")
+        + "; must fall below half",
     )
     return state, row
 
@@ -239,10 +247,11 @@ def memory_row(compiled_step, state, mesh) -> Row:
 
 
 def _loss(model_config, params, windows):
+    """The loss evaluation reports: the next-token cross-entropy, or the masked objective's."""
     from jaxgpt.model import GPT
-    from jaxgpt.train_step import cross_entropy
+    from jaxgpt.train_step import eval_step
 
-    return cross_entropy(GPT(model_config), params, windows)
+    return eval_step(params, windows, model=GPT(model_config))["loss"]
 
 
 def print_table(rows: list[Row]) -> None:
