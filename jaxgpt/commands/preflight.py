@@ -169,9 +169,11 @@ def kv_cache_row(model_config) -> Row:
     """What sampling keeps per token: the number GQA and MQA exist to shrink."""
     from jaxgpt.kv_cache import cache_bytes
 
+    c = model_config
+    if c.objective == "masked":
+        return Row("kv cache", None, "none: an encoder (model.objective=masked) reads its whole input at once")
     decoding = model_config.replace(dtype="float32")  # as sample.py decodes
     per_token = cache_bytes(decoding, 1)
-    c = model_config
     return Row(
         "kv cache",
         None,
