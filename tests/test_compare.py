@@ -150,3 +150,18 @@ def test_a_varied_key_takes_its_declared_type_even_when_unset():
 
     config = with_values(base_config(), {"model.mlp_hidden": "2048", "model.moe.experts": "8", "model.bias": "false"})
     assert (config.model.mlp_hidden, config.model.moe.experts, config.model.bias) == (2048, 8, False)
+
+
+def test_encoders_are_compared_by_their_masked_loss_without_bits_per_byte(tmp_path):
+    """Two encoders (model.objective=masked) compared: each row marked masked, its loss the
+    masked-token loss of its metrics.jsonl, no bits per byte, and the table says why."""
+    encoder = ["--config.model.causal=false", "--config.model.objective=masked", "--steps=5"]
+    args = [a for a in TINY if a != "--steps=10"] + encoder + ["--vary", "model.mask_rate=0.15,0.3"]
+    result = run_script("jaxgpt.compare", *args, f"--out={tmp_path}", devices=1, timeout=600)
+    assert result.returncode == 0, result.stderr[-3000:]
+    table = (tmp_path / "results.md").read_text()
+    for rate in ("0.15", "0.3"):
+        records = [json.loads(line) for line in (tmp_path / f"mask_rate={rate}" / "seed0" / "metrics.jsonl").open()]
+        loss = [r for r in records if "val_loss" in r][-1]["val_loss"]
+        assert f"| mask_rate={rate} (masked) | 1 | {loss:.4f} ± 0.0000 | - |" in table, table
+    assert "not comparable with a next-token loss" in table

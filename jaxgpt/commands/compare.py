@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import itertools
 import json
+import math
 from pathlib import Path
 
 from absl import flags
@@ -120,11 +121,12 @@ def summarise(rows: list[dict]) -> list[dict]:
 def markdown(summary: list[dict]) -> str:
     columns = "| variant | seeds | val loss | val bits/byte | params | tokens/s* | training s* |"
     head = columns + "\n" + "|---" * 7 + "|\n"
+    marks = {"past-only": " (past-only)", "masked": " (masked)"}
     body = "".join(
-        f"| {s['variant'] + ' (past-only)' * (s['scored'] == 'past-only')} | {s['seeds']} | "
+        f"| {s['variant'] + marks.get(s['scored'], '')} | {s['seeds']} | "
         f"{s['val_loss']:.4f} ± {s['val_loss_spread'] / 2:.4f} | "
-        f"{s['val_bpb']:.4f} ± {s['val_bpb_spread'] / 2:.4f} | {s['params']:,} | {s['tokens_per_sec']:,.0f} | "
-        f"{s['elapsed_sec']:,.0f} |\n"
+        + ("-" if math.isnan(s["val_bpb"]) else f"{s['val_bpb']:.4f} ± {s['val_bpb_spread'] / 2:.4f}")
+        + f" | {s['params']:,} | {s['tokens_per_sec']:,.0f} | {s['elapsed_sec']:,.0f} |\n"
         for s in summary
     )
     notes = (
@@ -136,6 +138,11 @@ def markdown(summary: list[dict]) -> str:
         notes += (
             "(past-only: trained without the causal mask, so its own val loss sees the token it predicts; scored "
             "here under the mask, each token from the tokens before it, as in generation)\n"
+        )
+    if any(s["scored"] == "masked" for s in summary):
+        notes += (
+            "(masked: an encoder's loss on the tokens it hides, read from both sides; not comparable with a "
+            "next-token loss, and not a rate of compression, so no bits per byte)\n"
         )
     return head + body + notes
 
@@ -220,8 +227,12 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
                 "params": params,
                 **{k: final[k] for k in ("step", "tokens_per_sec", "elapsed_sec")},
                 "val_loss": final[loss_key],
-                "val_bpb": final[bpb_key],
-                "scored": "past-only" if loss_key != "val_loss" else "as trained",
+                "val_bpb": final.get(bpb_key, math.nan),  # none for a masked-token loss
+                "scored": "past-only"
+                if loss_key != "val_loss"
+                else "masked"
+                if "val_accuracy" in final
+                else "as trained",
             }
         )
         runs.setdefault(name, []).append(workdir)
