@@ -13,7 +13,10 @@ its own guess, at every position in training).
 
 from __future__ import annotations
 
+import dataclasses
+import json
 from functools import partial
+from pathlib import Path
 from typing import NamedTuple
 
 import jax
@@ -23,6 +26,7 @@ import optax
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.encoder_decoder import EncoderDecoder
+from jaxgpt.errors import UserError
 from jaxgpt.model import zeros_shaped
 
 TASKS = ("reverse", "sort")
@@ -154,3 +158,34 @@ def train(
 def held_out(task: str, length: int, count: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
     """Examples from a stream `train` never draws from."""
     return examples(task, count, length, (seed, HELD_OUT))
+
+
+SAVED_CONFIG, SAVED_PARAMS = "seq2seq.json", "params.msgpack"
+
+
+def save(directory: Path, config: ModelConfig, task: str, params) -> None:
+    """The trained model in `directory`, for `attention-maps --workdir`: its config and task as
+    JSON, its parameters in flax's msgpack serialisation."""
+    from flax import serialization
+
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / SAVED_PARAMS).write_bytes(serialization.to_bytes(jax.device_get(params)))
+    (directory / SAVED_CONFIG).write_text(json.dumps({"task": task, "model": dataclasses.asdict(config)}, indent=2))
+
+
+def is_saved(directory: Path) -> bool:
+    return (Path(directory) / SAVED_CONFIG).is_file()
+
+
+def load(directory: Path) -> tuple[ModelConfig, str, dict]:
+    """(config, task, params) that `save` wrote; one line if they cannot be read."""
+    from flax import serialization
+
+    try:
+        saved = json.loads((directory / SAVED_CONFIG).read_text())
+        config = ModelConfig(**saved["model"])
+        template = init(config, 0, config.block_size)
+        params = serialization.from_bytes(template, (directory / SAVED_PARAMS).read_bytes())
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise UserError(f"{directory} holds no readable seq2seq model ({type(error).__name__}: {error})") from None
+    return config, saved["task"], params

@@ -111,13 +111,27 @@ def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit():
     assert mirrored.mean() > 0.5
 
 
-def test_the_command_prints_its_accuracy_and_draws_the_maps(tmp_path, capsys):
+def test_the_command_prints_its_accuracy_draws_the_maps_and_saves_for_attention_maps(tmp_path, capsys):
+    """seq2seq's own map, and attention-maps on the saved model: the answer it prints is the
+    greedy decode of the reloaded parameters, so the save and load are exact."""
+    from jaxgpt.commands import attention_maps
     from jaxgpt.commands import seq2seq as command
 
-    command.main(["--steps", "20", "--examples", "10", "--maps", str(tmp_path / "cross.png"), "--length", "4"])
+    run = tmp_path / "run"
+    command.main(["--steps", "20", "--examples", "10", "--maps", str(tmp_path / "cross.png"), "--length", "4",
+                  "--workdir", str(run)])  # fmt: skip
     printed = capsys.readouterr().out
     assert "held-out accuracy, greedy decoding with the caches" in printed and "of 10 answers right" in printed
     assert (tmp_path / "cross.png").stat().st_size > 1000
+    c, task, params = seq2seq.load(run)
+    assert task == "reverse" and c.block_size == 4
+    answer = np.asarray(seq2seq.greedy_decode(c, params, jnp.asarray([[3, 1, 4, 1]]), 4))[0]
+    attention_maps.main(["--workdir", str(run), "--prompt", "3141", "--out", str(tmp_path / "saved.png")])
+    printed = capsys.readouterr().out
+    assert f"reverse: 3141 -> {''.join(map(str, answer))}" in printed and (tmp_path / "saved.png").stat().st_size > 1000
+    with pytest.raises(SystemExit) as stop:
+        attention_maps.main(["--workdir", str(run), "--prompt", "31a1"])
+    assert stop.value.code == 2 and "reads exactly 4 digits" in capsys.readouterr().err
     with pytest.raises(SystemExit) as stop:
         command.main(["--length", "0"])
     assert stop.value.code == 2 and "--length 0: must be at least 1" in capsys.readouterr().err

@@ -13,6 +13,9 @@ parameters its seed gives at step 0), or Hugging Face weights (--init_from).
 Patterns worth looking for: a bright first column (an attention sink), a bright diagonal
 just below the main one (a previous-token head), and stripes that jump to the token after an
 earlier copy of the current one (an induction head; try a prompt that repeats itself).
+On an encoder–decoder saved by `python -m jaxgpt seq2seq --workdir DIR`, the prompt is a source
+of digits: the model answers it, and its cross-attention is drawn, answer positions down and
+source digits across.
 """
 
 from __future__ import annotations
@@ -78,6 +81,37 @@ def draw(
     return save_png(figure, out)
 
 
+def draw_cross_attention(config: ModelConfig, params, source: np.ndarray, answer: np.ndarray, out: Path) -> Path:
+    """An encoder–decoder's cross-attention (jaxgpt/encoder_decoder.py) on one source (s,) and
+    the answer (t,) it is read with: rows are the decoder's positions (BOS, then the answer
+    but its last token), columns the source's."""
+    from jaxgpt.seq2seq_tasks import cross_attention_weights
+
+    weights = cross_attention_weights(config, params, np.asarray(source)[None], np.asarray(answer)[None])[:, 0]
+    rows = ["BOS", *map(str, np.asarray(answer)[:-1])]
+    return draw(weights, rows, 0, out, key_labels=list(map(str, np.asarray(source))), kind="cross ")
+
+
+def _draw_seq2seq(f: flags.FlagValues) -> None:
+    """attention-maps on a `seq2seq --workdir` model: the prompt is a source of digits, answered
+    greedily, and the cross-attention is drawn."""
+    import jax.numpy as jnp
+
+    from jaxgpt import seq2seq_tasks as tasks
+
+    workdir = Path(f.workdir)
+    config, task, params = tasks.load(workdir)
+    length = config.block_size
+    if not (f.prompt or "").isdigit() or len(f.prompt) != length:
+        example = "31415926535897932384"[:length]
+        raise UserError(f"--prompt {f.prompt!r}: this {task} model reads exactly {length} digits, e.g. {example}")
+    source = np.array([int(c) for c in f.prompt], np.int32)
+    answer = np.asarray(tasks.greedy_decode(config, params, jnp.asarray(source)[None], length))[0]
+    out = draw_cross_attention(config, params, source, answer, Path(f.out) if f.out else workdir / "attention.png")
+    print(f"{task}: {f.prompt} -> {''.join(map(str, answer))}")
+    print(f"wrote {out} (cross-attention: {config.n_layer} decoder layer(s) x {config.n_head} heads)")
+
+
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
     cli.run(lambda: _draw_maps(argv))
@@ -90,6 +124,10 @@ def _draw_maps(argv: list[str] | None) -> None:
     flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
+    from jaxgpt.seq2seq_tasks import is_saved
+
+    if f.workdir and is_saved(Path(f.workdir)):  # an encoder-decoder saved by seq2seq --workdir
+        return _draw_seq2seq(f)
     config, params, tokenizer, source = inspected.load_model(f)
     if f.layer is not None and not 0 <= f.layer < config.n_layer:
         raise UserError(f"--layer {f.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")

@@ -1,8 +1,8 @@
 """Train an encoder–decoder on a digit task, decode it, and draw its cross-attention:
-python -m jaxgpt seq2seq [--task reverse|sort] [--length 8] [--steps 400] [--maps PNG]
+python -m jaxgpt seq2seq [--task reverse|sort] [--length 8] [--steps 400] [--maps PNG] [--workdir DIR]
 
 Examples:
-  python -m jaxgpt seq2seq --task reverse --maps runs/reverse_cross_attention.png
+  python -m jaxgpt seq2seq --task reverse --workdir runs/reverse --maps runs/reverse/cross_attention.png
   python -m jaxgpt seq2seq --task sort --length 12 --steps 1500
   python -m jaxgpt seq2seq --task reverse --position sinusoidal --scale_embeddings
 
@@ -14,7 +14,8 @@ values computed at the first step, the self-attention's KV cache growing a digit
 prints the share of answers right in full and of digits right, and a few answers. --maps draws
 the cross-attention of every decoder layer and head on the first held-out example: for
 reverse, output digit i reads source digit length - 1 - i, an anti-diagonal.
-Nothing is saved: a run takes seconds to a minute on a CPU.
+--workdir saves the model, and `python -m jaxgpt attention-maps --workdir DIR --prompt DIGITS` then
+draws its cross-attention on any source.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ def define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("seed", 0, "Initialisation and examples.", flag_values=f)
     flags.DEFINE_integer("examples", 1000, "Held-out examples decoded for the accuracy.", flag_values=f)
     flags.DEFINE_string("maps", None, "PNG to draw the cross-attention maps in.", flag_values=f)
+    flags.DEFINE_string(
+        "workdir",
+        None,
+        "Save the trained model here, for attention-maps --workdir (default: not saved).",
+        flag_values=f,
+    )
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -87,6 +94,9 @@ def _seq2seq(argv: list[str] | None) -> None:
     params = tasks.train(
         config, f.task, steps=f.steps, length=f.length, batch_size=f.batch_size, lr=f.lr, seed=f.seed, report=report
     )
+    if f.workdir:
+        tasks.save(Path(f.workdir), config, f.task, params)
+        print(f"saved to {f.workdir}: python -m jaxgpt attention-maps --workdir {f.workdir} --prompt DIGITS")
     source, target = tasks.held_out(f.task, f.length, f.examples, f.seed)
     decoded = np.asarray(tasks.greedy_decode(config, params, source, f.length))
     score = tasks.accuracy(decoded, target)
@@ -99,17 +109,9 @@ def _seq2seq(argv: list[str] | None) -> None:
         mark = "right" if (decoded[i] == target[i]).all() else f"wrong (answer {text(target[i])})"
         print(f"  {text(source[i])} -> {text(decoded[i])}  {mark}")
     if f.maps:
-        from jaxgpt.commands.attention_maps import draw
+        from jaxgpt.commands.attention_maps import draw_cross_attention
 
-        weights = tasks.cross_attention_weights(config, params, source[:1], target[:1])[:, 0]
-        out = draw(
-            weights,
-            ["BOS", *map(str, target[0, :-1])],
-            0,
-            Path(f.maps),
-            key_labels=list(map(str, source[0])),
-            kind="cross ",
-        )
+        out = draw_cross_attention(config, params, source[0], decoded[0], Path(f.maps))
         print(f"wrote {out}: decoder positions (rows, reading BOS then the answer) by source digits (columns)")
 
 
