@@ -152,6 +152,7 @@ def test_a_varied_key_takes_its_declared_type_even_when_unset():
     assert (config.model.mlp_hidden, config.model.moe.experts, config.model.bias) == (2048, 8, False)
 
 
+@pytest.mark.slow  # two runs in a subprocess: 29 s of test time on a Zen 5 core
 def test_encoders_are_compared_by_their_masked_loss_without_bits_per_byte(tmp_path):
     """Two encoders (model.objective=masked) compared: each row marked masked, its loss the
     masked-token loss of its metrics.jsonl, no bits per byte, and the table says why."""
