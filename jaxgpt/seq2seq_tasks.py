@@ -60,6 +60,7 @@ def teacher_forcing_loss(config: ModelConfig, params, source: jnp.ndarray, targe
 
 @partial(jax.jit, static_argnums=(0, 2))
 def init(config: ModelConfig, seed: int, length: int) -> dict:
+    """Fresh parameters (the "params" collection) of the encoder–decoder `config` describes."""
     source = jnp.zeros((1, length), jnp.int32)
     return EncoderDecoder(config).init(jax.random.key(seed), source, source)["params"]
 
@@ -73,7 +74,7 @@ def greedy_decode(config: ModelConfig, params, source: jnp.ndarray, length: int)
     model = EncoderDecoder(config)
     memory = model.apply({"params": params}, source, method="encode")
     start = jnp.full((source.shape[0], 1), BOS, jnp.int32)
-    cache = _empty_cache(config, memory, start)
+    cache = empty_cache(config, memory, start)
     logits, variables = model.apply(
         {"params": params, "cache": cache}, start, memory, True, method="decode", mutable=["cache"]
     )
@@ -91,7 +92,7 @@ def greedy_decode(config: ModelConfig, params, source: jnp.ndarray, length: int)
     return jnp.concatenate([tokens.T, last], axis=1)
 
 
-def _empty_cache(config: ModelConfig, memory: jnp.ndarray, start: jnp.ndarray) -> dict:
+def empty_cache(config: ModelConfig, memory: jnp.ndarray, start: jnp.ndarray) -> dict:
     """Zeroed caches shaped for this batch: the self-attention's of block_size positions and
     the cross-attention's of the memory's length."""
     model = EncoderDecoder(config)

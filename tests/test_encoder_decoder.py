@@ -68,7 +68,7 @@ def test_decoding_with_the_caches_gives_the_full_forward_passs_logits(model):
     full = EncoderDecoder(c).apply({"params": params}, source, inputs)
     m = EncoderDecoder(c)
     memory = m.apply({"params": params}, source, method="encode")
-    cache = seq2seq._empty_cache(c, memory, inputs[:, :1])
+    cache = seq2seq.empty_cache(c, memory, inputs[:, :1])
     steps = []
     for i in range(LENGTH):
         logits, state = m.apply(
