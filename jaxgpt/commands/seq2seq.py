@@ -66,6 +66,8 @@ def _seq2seq(argv: list[str] | None) -> None:
     for name in ("length", "steps", "batch_size", "examples"):
         if getattr(f, name) < 1:
             raise UserError(f"--{name} {getattr(f, name)}: must be at least 1")
+    import jax
+
     from jaxgpt import seq2seq_tasks as tasks
     from jaxgpt.config import ModelConfig
     from jaxgpt.model import count_params
@@ -80,7 +82,7 @@ def _seq2seq(argv: list[str] | None) -> None:
         scale_embeddings=f.scale_embeddings,
     )
     started = time.perf_counter()
-    shapes = tasks.init(config, f.seed, f.length)
+    shapes = jax.eval_shape(lambda: tasks.init(config, f.seed, f.length))  # counted, not allocated
     print(
         f"encoder-decoder: {f.n_layer} + {f.n_layer} blocks, {f.n_head} heads, d_model {f.d_model}, {f.position} "
         f"positions; {count_params(shapes):,} parameters; task {f.task}, {f.length} digits"
