@@ -21,13 +21,20 @@ def machine(monkeypatch, tmp_path):
     monkeypatch.setattr(peak_flops, "physical_cores", lambda: 2)
     monkeypatch.setattr(peak_flops, "cpu_clock_hz", lambda: (2.5e9, "clock in /proc/cpuinfo"))
     measurements = []  # (FLOP/s, idle) per start
-    monkeypatch.setattr(peak_flops, "measure_when_idle", lambda measure: measurements.pop(0))
+
+    def measure_when_idle(measure):
+        start.measured += 1
+        return measurements[-1]
+
+    monkeypatch.setattr(peak_flops, "measure_when_idle", measure_when_idle)
 
     def start(flops: float, idle: bool) -> tuple[float, str]:
+        """A start of a command whose matmul, if it measures one, gives `flops`."""
         measurements.append((flops, idle))
         peak_flops.cpu_peak_flops.cache_clear()
         return peak_flops.cpu_peak_flops()
 
+    start.measured = 0  # how many starts measured
     yield start
     peak_flops.cpu_peak_flops.cache_clear()
 
@@ -44,14 +51,25 @@ def test_the_cpu_peak_is_computed_from_cores_clock_and_flops_per_cycle(machine):
 def test_the_peak_is_the_same_at_every_start_and_an_idle_measurement_is_only_its_check(machine):
     """The first start on a machine (no measurement yet) and every later one divide by the same
     160 GFLOP/s, busy or idle; an idle matmul beating it (a VM hiding its boost clock) is named
-    beside it, and the best idle one is what later starts show."""
+    beside it. Busy starts measure again; once an idle measurement is on record, starts show it
+    and measure no more."""
     first, source = machine(222e9, idle=False)
     assert first == 160e9 and "no idle matmul measurement yet" in source
     peak, source = machine(222e9, idle=True)
     assert peak == 160e9 and "idle matmul measured 222" in source and "faster than this clock" in source
+    assert machine.measured == 2
     assert machine(100e9, idle=False) == (160e9, source)
-    peak, source = machine(150e9, idle=True)
-    assert peak == 160e9 and "idle matmul measured 222" in source
+    peak, source = machine(300e9, idle=True)
+    assert peak == 160e9 and "idle matmul measured 222" in source and machine.measured == 2
+
+
+def test_without_a_computed_peak_the_best_idle_measurement_is_the_peak_and_measured_at_every_start(
+    machine, monkeypatch
+):
+    monkeypatch.setattr(peak_flops, "cpu_clock_hz", lambda: None)
+    assert machine(100e9, idle=True)[0] == 100e9
+    assert machine(300e9, idle=False)[0] == 100e9  # a busy measurement never counts
+    assert machine(150e9, idle=True)[0] == 150e9 and machine.measured == 3
 
 
 @pytest.mark.parametrize(
