@@ -41,7 +41,13 @@ def _write_each_cpu_array_whole() -> None:
     per array, each compiled at its first save (2 s of a small model's 7 s run on 8 CPU devices,
     measured). On CPU one replica writes each array whole; the files are the same."""
     if jax.process_count() == 1 and all(device.platform == "cpu" for device in jax.devices()):
-        whole = ocp.type_handlers.ArrayHandler(use_replica_parallel=False)
+        # orbax's own default handler, but for the split; its metadata store keeps what a plain
+        # array lacks (a PRNG key's type: without it the key restores as uint32 words)
+        from orbax.checkpoint._src.metadata import array_metadata_store  # orbax's default, not exported
+
+        whole = ocp.type_handlers.ArrayHandler(
+            use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()
+        )
         ocp.type_handlers.register_type_handler(jax.Array, whole, override=True)
 
 
