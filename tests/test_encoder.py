@@ -77,6 +77,7 @@ def test_the_loss_counts_the_hidden_positions_alone():
     np.testing.assert_allclose(float(measured["accuracy"]), right[chosen].mean(), rtol=1e-6)
 
 
+@pytest.mark.slow  # 400 steps (10-15 s); the quick set's learning check is check's overfit below
 def test_the_masked_objective_trains_an_encoder_that_reads_both_sides():
     """On windows that repeat a random 8-token string, each hidden token is the one 8 positions
     before or after it, and nothing else predicts it (the tokens are uniform over 64: chance
@@ -153,7 +154,7 @@ def test_blank_probabilities_are_the_models_softmax_without_the_mask_token():
         np.testing.assert_allclose(row[10] / row[20], np.exp(logits[position, 10] - logits[position, 20]), rtol=1e-5)
 
 
-def test_sample_and_evaluate_send_an_encoder_to_fill(tmp_path, capsys):
+def test_sample_and_evaluate_send_an_encoder_to_fill(tmp_path, capsys, trained_small_run):
     """An encoder has no next token to write or score: both commands exit 2 with one line
     naming fill, and fill on a decoder says it never saw a blank."""
     from jaxgpt.commands import evaluate, fill, sample
@@ -173,10 +174,8 @@ def test_sample_and_evaluate_send_an_encoder_to_fill(tmp_path, capsys):
             command.main(argv)
         assert stop.value.code == 2
         assert "python -m jaxgpt fill" in capsys.readouterr().err
-    decoder = config | {"model": dict(n_layer=1, n_head=2, d_model=16, block_size=16)}
-    train_and_evaluate(decoder, tmp_path / "decoder", progress=False)
-    with pytest.raises(SystemExit) as stop:
-        fill.main(["--workdir", str(tmp_path / "decoder"), "--prompt", f"a{BLANK}"])
+    with pytest.raises(SystemExit) as stop:  # a decoder's run
+        fill.main(["--workdir", str(trained_small_run), "--prompt", f"a{BLANK}"])
     assert stop.value.code == 2 and "fill needs a run trained with model.objective=masked" in capsys.readouterr().err
 
 

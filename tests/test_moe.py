@@ -196,26 +196,42 @@ def test_the_objective_adds_the_router_losses_and_the_loss_logged_is_the_cross_e
     assert aux > 0 and z > 0
 
 
-def test_microbatches_and_scanned_layers_give_the_same_step():
-    """Routing per sequence: splitting the batch into microbatches changes only float32
-    summation order (of the gradient's mean), not which tokens are dropped; the scanned layout
-    is the same math."""
+@pytest.fixture(scope="module")
+def one_step():
+    """A capacity-limited MoE model's state, a batch, and the state and metrics of one step on it."""
     config = model_config(capacity_factor=1.0)
     windows = jax.random.randint(jax.random.key(1), (4, T + 1), 0, 32)
     optimizer = make_optimizer_for_test()
     state = create_train_state(config, optimizer, 0)
-    step = partial(train_step, model=GPT(config), optimizer=optimizer)
-    one, metrics_one = jax.jit(step)(state, windows)
-    two, metrics_two = jax.jit(partial(step, microbatches=2))(state, windows)
+    return (
+        config,
+        optimizer,
+        state,
+        windows,
+        jax.jit(partial(train_step, model=GPT(config), optimizer=optimizer))(state, windows),
+    )
+
+
+def test_microbatches_give_the_same_step(one_step):
+    """Routing per sequence: splitting the batch into microbatches changes only float32
+    summation order (of the gradient's mean), not which tokens are dropped."""
+    config, optimizer, state, windows, (one, metrics_one) = one_step
+    step = partial(train_step, model=GPT(config), optimizer=optimizer, microbatches=2)
+    two, metrics_two = jax.jit(step)(state, windows)
     np.testing.assert_allclose(metrics_one["loss"], metrics_two["loss"], rtol=1e-6)
     for a, b in zip(jax.tree.leaves(one.params), jax.tree.leaves(two.params), strict=True):
         np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6)
-    scanned = config.replace(scan_layers=True)
+
+
+@pytest.mark.slow  # a third compile of the MoE step (5 s); tests/test_model.py scans dense blocks in the quick set
+def test_scanned_layers_give_the_same_step(one_step):
     from jaxgpt.model import stack_blocks
 
+    config, optimizer, state, windows, (_, metrics_one) = one_step
     stacked = stack_blocks(state.params, 2)
     scanned_state = state.replace(params=stacked, opt_state=optimizer.init(stacked))
-    _, metrics_scan = jax.jit(partial(train_step, model=GPT(scanned), optimizer=optimizer))(scanned_state, windows)
+    step = partial(train_step, model=GPT(config.replace(scan_layers=True)), optimizer=optimizer)
+    _, metrics_scan = jax.jit(step)(scanned_state, windows)
     np.testing.assert_allclose(metrics_scan["loss"], metrics_one["loss"], rtol=1e-6)
 
 
