@@ -23,6 +23,7 @@ transformers = pytest.importorskip(
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
+from conftest import matrix  # noqa: E402
 from test_hf import VOCAB, reference_model  # noqa: E402  (weights of std 0.3, eval mode: no dropout)
 
 from jaxgpt.config import TrainConfig  # noqa: E402
@@ -131,8 +132,10 @@ def differences(ours: dict, theirs: dict) -> float:
     return max(float(np.max(np.abs(ours[n] - theirs[n])) / (np.max(np.abs(theirs[n])) + 1e-30)) for n in theirs)
 
 
-@pytest.mark.parametrize("decay_embeddings", [False, True], ids=["no-embedding-decay", "embedding-decay"])
-@pytest.mark.parametrize("kind", ["gpt2", "llama"])
+@pytest.mark.parametrize(
+    "kind, decay_embeddings",
+    matrix({"gpt2": "gpt2", "llama": "llama"}, {"no-embedding-decay": False, "embedding-decay": True}),
+)
 def test_ten_training_steps_match_pytorch(kind, decay_embeddings, tmp_path):
     model = reference_model(kind)
     model.save_pretrained(tmp_path)
