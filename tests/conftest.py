@@ -81,11 +81,11 @@ def pytest_configure(config):
         peak_flops.cpu_peak_flops()
 
 
-# Each set's test time (every test's setup, call and teardown, summed) on the slowest 2-core
-# machine CI has met, an Intel Xeon about 1.5 times slower than a Zen 4: with two workers
-# sharing it, the quick set's 900 s is about 8 minutes of wall time there, under the 10 the
-# README promises, and the slow set's 3,000 s about 26, keeping .ci/run under 40. A faster
-# machine shows less; docs/testing.md says how to pay for a new test.
+# Each set's test time (every test's setup, call and teardown, summed) on a slow 2-core machine,
+# an Intel Xeon about 1.5 times slower than a Zen 4: with two workers sharing it, the quick set's
+# 900 s is about 8 minutes of wall time there, under the 10 the README promises, and the slow
+# set's 3,000 s about 26, keeping .ci/run under 40. A faster machine shows less; docs/testing.md
+# says how to pay for a new test.
 TEST_TIME_BUDGET_S = {"quick": 900, "slow": 3000}
 
 
@@ -106,7 +106,7 @@ def pytest_terminal_summary(terminalreporter, config):
         budget = TEST_TIME_BUDGET_S[kind]
         verdict = "within" if total <= budget else "OVER"
         terminalreporter.write_line(
-            f"{verdict} the {kind} set's budget of {budget:,} s on the slowest 2-core CI machine (an Intel Xeon); "
+            f"{verdict} the {kind} set's budget of {budget:,} s of test time on a slow 2-core machine (an Intel Xeon); "
             f"this machine: {describe_cpu()}; docs/testing.md says how to pay for a new test"
         )
 
