@@ -402,8 +402,6 @@ def _check_masked(c: ModelConfig, problems: Problems) -> None:
         )
     if not 0.0 < c.mask_rate < 1.0:
         problems.add("mask_rate", "must be between 0 and 1 (exclusive); BERT hides 0.15")
-    if c.moe is not None:
-        problems.add("objective", "is not available with model.moe yet; train a dense encoder (moe.experts=0)")
 
 
 def _check_rope_scaling(c: ModelConfig, problems: Problems) -> None:

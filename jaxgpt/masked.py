@@ -5,9 +5,10 @@ would be copying it. Instead some tokens are hidden and the model predicts them 
 sides: each position is chosen with probability `rate` (BERT: 15%); a chosen token becomes
 the mask token 80% of the time, a random token 10%, and stays itself 10% (so the model cannot
 learn that only [MASK] positions matter, and must keep a useful representation of every
-token). The loss is the cross-entropy at the chosen positions alone, and it is not comparable
-with a next-token loss: the model sees both sides of each blank, and only 15% of the tokens
-are scored.
+token). The loss is the cross-entropy at the chosen positions alone (jaxgpt/train_step.py's
+objective), and it is not comparable with a next-token loss: the model sees both sides of each
+blank, and only 15% of the tokens are scored. Each example draws its blanks from its own key,
+so they do not depend on how a batch is split into microbatches or over cores.
 
 The mask token is the last id of the model's vocabulary (model.vocab_size - 1) unless
 model.mask_token names another (an imported BERT's [MASK]): a run whose vocab_size comes from
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import optax
 
 from jaxgpt.config import ModelConfig
 
@@ -47,22 +47,26 @@ def mask_tokens(tokens: jax.Array, rng: jax.Array, config: ModelConfig) -> tuple
     return jnp.where(chosen, corrupted, tokens), chosen
 
 
-def masked_token_loss(
-    model, params, windows: jax.Array, rng: jax.Array, *, train: bool = False
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """(mean cross-entropy over the chosen positions, {"loss", "accuracy"}) on windows
-    (batch, seq + 1), whose first seq tokens are the text (the last is there for the next-token
-    objective's targets and is not used). rng draws the masks (and, training, dropout): the
-    training step passes its per-step key, evaluation a fixed one, so every evaluation hides
-    the same positions. Accuracy is the share of chosen positions whose most likely token is
-    the original one."""
-    tokens = windows[:, :-1]
-    mask_rng, dropout_rng = jax.random.split(rng)
-    inputs, chosen = mask_tokens(tokens, mask_rng, model.config)
-    logits = model.apply({"params": params}, inputs, train=train, rngs={"dropout": dropout_rng} if train else None)
-    weights = chosen.astype(jnp.float32)
-    count = jnp.maximum(weights.sum(), 1.0)  # a window with nothing chosen scores nothing
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, tokens)
-    right = (jnp.argmax(logits, axis=-1) == tokens).astype(jnp.float32)
-    loss = (losses * weights).sum() / count
-    return loss, {"loss": loss, "accuracy": (right * weights).sum() / count}
+# fold_in(step key, this) roots the blanks; a step's pieces fold small numbers into the same key
+# for their dropout, so the two streams never meet
+BLANKS_STREAM = 2**30
+
+
+def example_keys(rng: jax.Array, example_ids: jax.Array) -> jax.Array:
+    """Each example's key for its blanks, from the step's key and the example's place in the
+    batch: the blanks of a window do not depend on the microbatch or the core that runs it."""
+    root = jax.random.fold_in(rng, BLANKS_STREAM)
+    return jax.vmap(jax.random.fold_in, in_axes=(None, 0))(root, example_ids)
+
+
+def mask_examples(tokens: jax.Array, keys: jax.Array, config: ModelConfig) -> tuple[jax.Array, jax.Array]:
+    """`mask_tokens` of each row of tokens (rows, seq) with its own key (`example_keys`)."""
+    return jax.vmap(mask_tokens, in_axes=(0, 0, None))(tokens, keys, config)
+
+
+def hidden_count(keys: jax.Array, length: int, config: ModelConfig) -> jax.Array:
+    """How many positions `mask_examples` hides in examples of `length` tokens with these
+    keys: the chosen draws alone (they depend on the key, not on the tokens), so any piece of a
+    batch can count the whole batch's blanks without its rows."""
+    dummy = jnp.zeros((keys.shape[0], length), jnp.int32)
+    return mask_examples(dummy, keys, config)[1].sum()

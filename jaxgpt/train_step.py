@@ -19,7 +19,7 @@ import numpy as np
 import optax
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.masked import masked_token_loss
+from jaxgpt.masked import example_keys, hidden_count, mask_examples
 from jaxgpt.model import GPT, init_params, zeros_shaped
 
 EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
@@ -75,18 +75,85 @@ def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None 
     return token_losses(model, params, windows, rng).mean()
 
 
-def mixture_of_experts_objective(model: GPT, params, windows: jax.Array, rng: jax.Array) -> tuple[jax.Array, dict]:
-    """(the objective a mixture of experts trains on, what it measured): the cross-entropy plus
-    each router loss, averaged over the MoE layers, times its coefficient
-    (config.MixtureOfExperts); measured are the cross-entropy ("loss") and the MoE layers'
-    router statistics ("router": router_statistics)."""
-    inputs, targets = windows[:, :-1], windows[:, 1:]
-    logits, sown = model.apply({"params": params}, inputs, train=True, rngs={"dropout": rng}, mutable=["router"])
-    loss = optax.softmax_cross_entropy_with_integer_labels(logits, targets).mean()
-    router = router_statistics(sown["router"], model.config)
-    moe = model.config.moe
-    objective = loss + moe.aux_loss * router["aux_loss"].mean() + moe.z_loss * router["z_loss"].mean()
-    return objective, {"loss": loss, "router": router}
+def batch_weight(config: ModelConfig, rng: jax.Array, rows: int, length: int) -> jax.Array | float:
+    """How many tokens a batch of `rows` windows of `length` scores: all of them for the
+    next-token objective, the hidden ones for the masked (their draws need only the keys, so
+    every piece of a batch counts the same number without the others' rows)."""
+    if config.objective == "masked":
+        return jnp.maximum(hidden_count(example_keys(rng, jnp.arange(rows)), length, config), 1).astype(jnp.float32)
+    return float(rows * length)
+
+
+def scored(
+    model: GPT,
+    params,
+    windows: jax.Array,
+    rng: jax.Array,
+    *,
+    example_ids: jax.Array | None = None,
+    batch_rows: int | None = None,
+    weight: jax.Array | float | None = None,
+    dropout_rng: jax.Array | None = None,
+) -> tuple[jax.Array, dict]:
+    """(the objective to differentiate, what was measured) of windows (rows, seq + 1), a piece of
+    a batch of `batch_rows` windows (default: the piece is the whole batch) at places
+    `example_ids` in it (default 0, 1, ...) that scores `weight` tokens in all (batch_weight).
+    rng is the step's key (the masked objective's blanks, per example); training, with dropout
+    drawn from dropout_rng, when that is given.
+
+    Every term is the piece's share of the batch's value: a sum over the piece divided by what
+    the whole batch counts. The loss is summed over the tokens scored (every position, or the
+    hidden ones) and divided by the batch's weight; a mixture of experts' router losses, the
+    mean over the piece's sequences of each (jaxgpt/moe.py, averaged over the MoE layers and
+    scaled by its coefficient), count each sequence once. So the shares of every piece
+    (microbatches, CPU cores, devices) add up to the batch's objective whatever the pieces are,
+    and the engine only adds them: a masked batch's gradient does not depend on how it is split
+    (up to float32 summation order), and where every piece scores alike (next-token) the sum is
+    the mean of the pieces' means. Measured: "loss" (the cross-entropy, without the router
+    losses), "accuracy" for the masked objective, "router" for a mixture of experts
+    (router_statistics), each as the same share."""
+    config = model.config
+    rows, length = windows.shape[0], windows.shape[1] - 1
+    batch_rows = rows if batch_rows is None else batch_rows
+    weight = batch_weight(config, rng, batch_rows, length) if weight is None else weight
+    tokens = windows[:, :-1]
+    if config.objective == "masked":
+        ids = jnp.arange(rows) if example_ids is None else example_ids
+        inputs, hidden = mask_examples(tokens, example_keys(rng, ids), config)
+        targets, scores = tokens, hidden.astype(jnp.float32)
+    else:
+        inputs, targets, scores = tokens, windows[:, 1:], None
+    train = dropout_rng is not None
+    apply = partial(
+        model.apply, {"params": params}, inputs, train=train, rngs={"dropout": dropout_rng} if train else None
+    )
+    logits, sown = apply(mutable=["router"]) if config.moe is not None else (apply(), None)
+    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    loss = (losses if scores is None else losses * scores).sum() / weight
+    measured = {"loss": loss}
+    if scores is not None:
+        measured["accuracy"] = ((jnp.argmax(logits, axis=-1) == targets) * scores).sum() / weight
+    objective = loss
+    if sown is not None:
+        share = rows / batch_rows  # of the batch's sequences, each a routing group of its own
+        router = jax.tree.map(lambda x: x * share, router_statistics(sown["router"], config))
+        moe = config.moe
+        objective = objective + moe.aux_loss * router["aux_loss"].mean() + moe.z_loss * router["z_loss"].mean()
+        measured["router"] = router
+    return objective, measured
+
+
+def masked_token_loss(
+    model: GPT, params, windows: jax.Array, rng: jax.Array, *, train: bool = False
+) -> tuple[jax.Array, dict[str, jax.Array]]:
+    """(mean cross-entropy over the hidden positions, {"loss", "accuracy"}) of the masked
+    objective on a whole batch of windows (batch, seq + 1), whose first seq tokens are the text
+    (jaxgpt/masked.py): window e hides the positions its key draws (masked.example_keys(rng, e));
+    training, dropout draws from rng too. Evaluation passes a fixed key, so every evaluation
+    hides the same positions. Accuracy is the share of hidden positions whose most likely token
+    is the original one."""
+    _, measured = scored(model, params, windows, rng, dropout_rng=rng if train else None)
+    return measured["loss"], measured
 
 
 def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]:
@@ -99,51 +166,61 @@ def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]
     return {name: jnp.stack([layer[name][0] for layer in layers]) for name in layers[0]}
 
 
-def gradients(params, windows: jax.Array, rng: jax.Array, *, model: GPT, microbatches: int = 1):
-    """(what was measured, mean gradient) over a batch of windows (batch, seq + 1); measured is
-    {"loss": the mean cross-entropy}, and for a mixture of experts its router statistics too
-    (mixture_of_experts_objective: the gradient is then the objective's, with the router losses);
-    for the masked objective the loss and accuracy on the hidden tokens (jaxgpt/masked.py).
+def gradients(
+    params,
+    windows: jax.Array,
+    rng: jax.Array,
+    *,
+    model: GPT,
+    microbatches: int = 1,
+    example_ids: jax.Array | None = None,
+    batch_rows: int | None = None,
+    dropout_rng: jax.Array | None = None,
+):
+    """(what was measured, gradient) of the objective (`scored`) over windows (rows, seq + 1):
+    the whole batch, or with `example_ids` and `batch_rows` one core's share of it, whose
+    measurements and gradient then add to the other cores' to give the batch's. rng is the
+    step's key; dropout draws from dropout_rng (default rng).
 
-    With microbatches > 1 the batch is split and gradients are averaged over the pieces in a
-    scan: the same result as the whole batch (up to float32 summation order), with the
-    activation memory of one piece. Piece i takes rows i, i + m, i + 2m, ... so that under data
-    parallelism every device keeps its own rows in every piece (contiguous pieces would each
-    sit on one device, and XLA would move rows between devices for every piece).
+    With microbatches > 1 the rows are split and the pieces' shares added in a scan: the same
+    result as the whole (up to float32 summation order), with the activation memory of one
+    piece. The batch's weight is counted once, before the split. Piece i takes rows i, i + m,
+    i + 2m, ... so that under data parallelism every device keeps its own rows in every piece
+    (contiguous pieces would each sit on one device, and XLA would move rows between devices
+    for every piece); its dropout draws from fold_in(dropout_rng, i).
     """
-    if model.config.objective == "masked":
+    rows, length = windows.shape[0], windows.shape[1] - 1
+    batch_rows = rows if batch_rows is None else batch_rows
+    if model.config.objective != "masked":  # what scores a window does not depend on its place
+        example_ids = None
+    elif example_ids is None:
+        example_ids = jnp.arange(rows)
+    dropout_rng = rng if dropout_rng is None else dropout_rng
+    weight = batch_weight(model.config, rng, batch_rows, length)
 
-        def measured_and_grads(p, w, r):
-            (_, measured), grads = jax.value_and_grad(partial(masked_token_loss, train=True), argnums=1, has_aux=True)(
-                model, p, w, r
-            )
-            return measured, grads
-    elif model.config.moe is None:
-        loss_and_grads = jax.value_and_grad(lambda p, w, r: cross_entropy(model, p, w, r))
-
-        def measured_and_grads(p, w, r):
-            loss, grads = loss_and_grads(p, w, r)
-            return {"loss": loss}, grads
-    else:
-
-        def measured_and_grads(p, w, r):
-            (_, measured), grads = jax.value_and_grad(mixture_of_experts_objective, argnums=1, has_aux=True)(
-                model, p, w, r
-            )
-            return measured, grads
+    def measured_and_grads(piece, ids, piece_dropout):
+        objective = partial(scored, model, example_ids=ids, batch_rows=batch_rows, weight=weight)
+        (_, measured), grads = jax.value_and_grad(
+            lambda p: objective(p, piece, rng, dropout_rng=piece_dropout), has_aux=True
+        )(params)
+        return measured, grads
 
     if microbatches == 1:
-        return measured_and_grads(params, windows, rng)
-    pieces = windows.reshape(-1, microbatches, windows.shape[-1]).swapaxes(0, 1)
+        return measured_and_grads(windows, example_ids, dropout_rng)
+
+    def split(x):  # piece i: rows i, i + m, i + 2m, ...
+        return None if x is None else x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
+
+    pieces, piece_ids = split(windows), split(example_ids)
 
     def accumulate(total, xs):
-        i, piece = xs
-        return jax.tree.map(jnp.add, total, measured_and_grads(params, piece, jax.random.fold_in(rng, i))), None
+        i, piece, ids = xs
+        return jax.tree.map(jnp.add, total, measured_and_grads(piece, ids, jax.random.fold_in(dropout_rng, i))), None
 
-    shapes = jax.eval_shape(measured_and_grads, params, pieces[0], rng)
-    zeros = zeros_shaped(shapes)
-    total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces))
-    return jax.tree.map(lambda x: x / microbatches, total)
+    first_ids = None if piece_ids is None else piece_ids[0]
+    zeros = zeros_shaped(jax.eval_shape(measured_and_grads, pieces[0], first_ids, dropout_rng))
+    total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces, piece_ids))
+    return total
 
 
 def gradient_norms(grads) -> dict:

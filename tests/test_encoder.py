@@ -10,9 +10,10 @@ import pytest
 from jaxgpt.commands.fill import BLANK, blank_probabilities, filled, prompt_with_blanks
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
-from jaxgpt.masked import mask_token, mask_tokens, masked_token_loss
+from jaxgpt.masked import example_keys, mask_examples, mask_token, mask_tokens
 from jaxgpt.model import GPT, init_params
 from jaxgpt.tokenizers import make_tokenizer
+from jaxgpt.train_step import masked_token_loss
 
 
 def encoder(**changes) -> ModelConfig:
@@ -64,8 +65,7 @@ def test_the_loss_counts_the_hidden_positions_alone():
     windows = jax.random.randint(jax.random.key(3), (4, config.block_size + 1), 0, 64)
     rng = jax.random.key(4)
     loss, measured = masked_token_loss(GPT(config), params, windows, rng)
-    mask_rng, _ = jax.random.split(rng)
-    inputs, chosen = mask_tokens(windows[:, :-1], mask_rng, config)
+    inputs, chosen = mask_examples(windows[:, :-1], example_keys(rng, jnp.arange(4)), config)
     logits = np.asarray(GPT(config).apply({"params": params}, inputs), np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     targets = np.asarray(windows[:, :-1])

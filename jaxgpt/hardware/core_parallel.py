@@ -8,14 +8,14 @@ the process on a busy machine (jaxgpt/hardware/runtime.py says how). So each cor
 program on its own rows instead, and the host joins them:
 
     params  --copy-->  every other core            (a memcpy; the runtime's, not XLA's)
-    each core: (loss, gradient) of its rows         (`train_step.gradients`, its microbatches)
-    results --copy-->  the first core; averaged there in a fixed order, then the optimizer
+    each core: its share of (loss, gradient)        (`train_step.gradients`, its microbatches)
+    results --copy-->  the first core; added there in a fixed order, then the optimizer
 
 The state lives on the first core, in exactly the layout of a one-device run, so checkpoints
 do not depend on the core count. No thread ever waits for another inside XLA: a starved core
 only makes the step slower. The update equals the one-device step's up to float32 summation
-order (the mean of per-core means of equal-sized shares is the batch mean); dropout draws
-from fold_in(step key, core).
+order (each core's share is its rows' sums over the whole batch's count, train_step.scored);
+dropout draws from fold_in(step key, core).
 """
 
 from __future__ import annotations
@@ -34,20 +34,26 @@ from jaxgpt.optimizer import make_optimizer
 from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
 
 
-def core_gradients(params, key, step, windows, core, *, model, microbatches: int):
-    """One core's (what it measured, mean gradient) over its rows (train_step.gradients)."""
-    rng = jax.random.fold_in(jax.random.fold_in(key, step), core)
-    return gradients(params, windows, rng, model=model, microbatches=microbatches)
+def core_gradients(params, key, step, windows, core, *, model, microbatches: int, batch_rows: int):
+    """One core's share of the step's measurements and gradient (train_step.gradients): its rows
+    are the batch's core * rows, core * rows + 1, ... (the batch is split over the cores in
+    order), and its dropout draws from fold_in(step key, core)."""
+    step_key = jax.random.fold_in(key, step)
+    rows = windows.shape[0]
+    return gradients(
+        params, windows, step_key, model=model, microbatches=microbatches, example_ids=core * rows + jnp.arange(rows),
+        batch_rows=batch_rows, dropout_rng=jax.random.fold_in(step_key, core),
+    )  # fmt: skip
 
 
-def average_and_apply(
+def add_and_apply(
     state: TrainState, per_core: list, *, optimizer, layer_grad_norms: bool = False
 ) -> tuple[TrainState, dict]:
-    """The optimizer step on the mean of the cores' results, summed in core order."""
+    """The optimizer step on the sum of the cores' shares, added in core order."""
     total = per_core[0]
     for result in per_core[1:]:
         total = jax.tree.map(jnp.add, total, result)
-    measured, grads = jax.tree.map(lambda x: x / len(per_core), total)
+    measured, grads = total
     return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
@@ -62,8 +68,10 @@ class CoreParallelStep:
         self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
         self.device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
         model, optimizer = GPT(run.model), make_optimizer(run.train)
-        self._gradients = jax.jit(partial(core_gradients, model=model, microbatches=run.train.microbatches))
-        update = partial(average_and_apply, optimizer=optimizer, layer_grad_norms=run.train.log_layer_grad_norms)
+        self._gradients = jax.jit(
+            partial(core_gradients, model=model, microbatches=run.train.microbatches, batch_rows=run.train.batch_size)
+        )
+        update = partial(add_and_apply, optimizer=optimizer, layer_grad_norms=run.train.log_layer_grad_norms)
         self._apply = jax.jit(update, donate_argnums=0)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self._eval_loss = jax.jit(partial(eval_step, model=model))

@@ -48,7 +48,13 @@ def _write_each_cpu_array_whole() -> None:
         whole = ocp.type_handlers.ArrayHandler(
             use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()
         )
-        ocp.type_handlers.register_type_handler(jax.Array, whole, override=True)
+        absl_logger = logging.getLogger("absl")  # orbax warns of the override it was asked for
+        level = absl_logger.level
+        absl_logger.setLevel(logging.ERROR)
+        try:
+            ocp.type_handlers.register_type_handler(jax.Array, whole, override=True)
+        finally:
+            absl_logger.setLevel(level)
 
 
 class Checkpoints:
