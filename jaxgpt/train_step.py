@@ -285,13 +285,16 @@ def train_step(
 
 
 def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]:
-    """{"loss": the mean loss}; for the masked objective its "accuracy" too (jaxgpt/masked.py).
+    """{"loss": the mean loss}; for the masked objective its "accuracy" too (jaxgpt/masked.py),
+    and "scored", the hidden tokens both are means over, which differ from batch to batch.
     For a model trained without the causal mask (which sees
     the token it predicts) "past_only_loss": the same weights under the causal mask, each
     position predicted from the tokens before it alone, as in generation (the KV-cache
     decode, where no later token is written yet, computes the same)."""
     if model.config.objective == "masked":  # the same hidden positions at every evaluation
-        return masked_token_loss(model, params, windows, jax.random.key(EVALUATION_MASKS))[1]
+        key = jax.random.key(EVALUATION_MASKS)
+        scored_tokens = batch_weight(model.config, key, windows.shape[0], windows.shape[1] - 1)
+        return masked_token_loss(model, params, windows, key)[1] | {"scored": scored_tokens}
     losses = {"loss": cross_entropy(model, params, windows)}
     if not model.config.causal:
         losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, windows)

@@ -194,3 +194,12 @@ def test_the_checks_judge_an_encoder_by_its_own_loss_and_overfit_it_on_fixed_bla
     assert rows["initial loss"].passed and rows["gradients"].passed
     assert rows["overfit one batch"].passed, rows["overfit one batch"].detail
     assert "the same tokens hidden each step" in rows["overfit one batch"].detail
+
+
+def test_the_validation_loss_is_the_mean_over_every_hidden_token_not_over_the_batches():
+    """Two batches hiding 1 and 3 tokens, with mean losses 1 and 3 there: (1 + 3 x 3) / 4."""
+    from jaxgpt.job.trainer import mean_losses
+
+    batches = [{"loss": 1.0, "accuracy": 0.0, "scored": 1.0}, {"loss": 3.0, "accuracy": 1.0, "scored": 3.0}]
+    assert mean_losses(batches) == {"loss": 2.5, "accuracy": 0.75}
+    assert mean_losses([{"loss": 1.0}, {"loss": 3.0}]) == {"loss": 2.0}  # next-token: equal batches

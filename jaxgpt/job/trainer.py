@@ -109,8 +109,12 @@ def train_and_evaluate(
 
 
 def mean_losses(batches: list[dict]) -> dict[str, float]:
-    """Each loss's mean over the batches."""
-    return {key: float(np.mean([b[key] for b in batches])) for key in batches[0]}
+    """Each loss's mean over the batches: over every token scored, where batches score different
+    numbers of tokens ("scored", the masked objective's hidden ones), else over the batches."""
+    if "scored" not in batches[0]:
+        return {key: float(np.mean([b[key] for b in batches])) for key in batches[0]}
+    scored = np.array([float(b["scored"]) for b in batches])
+    return {key: float(np.average([b[key] for b in batches], weights=scored)) for key in batches[0] if key != "scored"}
 
 
 class Due(NamedTuple):
