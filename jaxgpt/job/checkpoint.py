@@ -12,6 +12,7 @@ a bad disk) is skipped for the one before it; the trainer moves it aside to
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import shutil
@@ -48,13 +49,20 @@ def _write_each_cpu_array_whole() -> None:
         whole = ocp.type_handlers.ArrayHandler(
             use_replica_parallel=False, array_metadata_store=array_metadata_store.Store()
         )
-        absl_logger = logging.getLogger("absl")  # orbax warns of the override it was asked for
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR)
-        try:
+        with _orbax_warnings_silenced():  # orbax warns of the override it was asked for
             ocp.type_handlers.register_type_handler(jax.Array, whole, override=True)
-        finally:
-            absl_logger.setLevel(level)
+
+
+@contextlib.contextmanager
+def _orbax_warnings_silenced(silenced: bool = True):
+    """Orbax's warnings (absl's logger) held back inside the block, where they are expected."""
+    absl_logger = logging.getLogger("absl")
+    level = absl_logger.level
+    absl_logger.setLevel(logging.ERROR if silenced else level)
+    try:
+        yield
+    finally:
+        absl_logger.setLevel(level)
 
 
 class Checkpoints:
@@ -78,13 +86,8 @@ class Checkpoints:
 
     def _open(self) -> ocp.CheckpointManager:
         # orbax logs a warning that a read-only folder is read-only: true, and not the user's concern
-        absl_logger = logging.getLogger("absl")
-        level = absl_logger.level
-        absl_logger.setLevel(logging.ERROR if self.read_only else level)
-        try:
+        with _orbax_warnings_silenced(self.read_only):
             return ocp.CheckpointManager(self.directory, options=self._options)
-        finally:
-            absl_logger.setLevel(level)
 
     def save(self, step: int, state, record: dict) -> None:
         """Start writing `state` and `record` for `step`; training goes on while it writes."""
