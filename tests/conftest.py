@@ -106,8 +106,9 @@ def pytest_terminal_summary(terminalreporter, config):
         budget = TEST_TIME_BUDGET_S[kind]
         verdict = "within" if total <= budget else "OVER"
         terminalreporter.write_line(
-            f"{verdict} the {kind} set's budget of {budget:,} s of test time on a slow 2-core machine (an Intel Xeon); "
-            f"this machine: {describe_cpu()}; docs/testing.md says how to pay for a new test"
+            f"{verdict} the {kind} set's budget of {budget:,} s of test time on a slow 2-core machine (an Intel Xeon; "
+            f"a faster one should show less: a Zen 4 about 1.5 times less); this machine: {describe_cpu()}; "
+            "docs/testing.md says how to pay for a new test"
         )
 
 
