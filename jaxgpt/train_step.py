@@ -143,19 +143,6 @@ def scored(
     return objective, measured
 
 
-def masked_token_loss(
-    model: GPT, params, windows: jax.Array, rng: jax.Array, *, train: bool = False
-) -> tuple[jax.Array, dict[str, jax.Array]]:
-    """(mean cross-entropy over the hidden positions, {"loss", "accuracy"}) of the masked
-    objective on a whole batch of windows (batch, seq + 1), whose first seq tokens are the text
-    (jaxgpt/masked.py): window e hides the positions its key draws (masked.example_keys(rng, e));
-    training, dropout draws from rng too. Evaluation passes a fixed key, so every evaluation
-    hides the same positions. Accuracy is the share of hidden positions whose most likely token
-    is the original one."""
-    _, measured = scored(model, params, windows, rng, dropout_rng=rng if train else None)
-    return measured["loss"], measured
-
-
 def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]:
     """What each MoE layer sowed in the "router" collection (jaxgpt/moe.py: its two losses, the
     load per expert, the dropped fraction, the routing entropy), each stacked over the MoE
@@ -199,10 +186,12 @@ def gradients(
     weight = batch_weight(model.config, rng, batch_rows, length)
 
     def measured_and_grads(piece, ids, piece_dropout):
-        objective = partial(scored, model, example_ids=ids, batch_rows=batch_rows, weight=weight)
-        (_, measured), grads = jax.value_and_grad(
-            lambda p: objective(p, piece, rng, dropout_rng=piece_dropout), has_aux=True
-        )(params)
+        def objective(p):
+            return scored(
+                model, p, piece, rng, example_ids=ids, batch_rows=batch_rows, weight=weight, dropout_rng=piece_dropout
+            )
+
+        (_, measured), grads = jax.value_and_grad(objective, has_aux=True)(params)
         return measured, grads
 
     if microbatches == 1:
@@ -293,8 +282,8 @@ def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]
     decode, where no later token is written yet, computes the same)."""
     if model.config.objective == "masked":  # the same hidden positions at every evaluation
         key = jax.random.key(EVALUATION_MASKS)
-        scored_tokens = batch_weight(model.config, key, windows.shape[0], windows.shape[1] - 1)
-        return masked_token_loss(model, params, windows, key)[1] | {"scored": scored_tokens}
+        hidden = batch_weight(model.config, key, windows.shape[0], windows.shape[1] - 1)
+        return scored(model, params, windows, key, weight=hidden)[1] | {"scored": hidden}
     losses = {"loss": cross_entropy(model, params, windows)}
     if not model.config.causal:
         losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, windows)

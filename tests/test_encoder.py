@@ -13,7 +13,7 @@ from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.masked import example_keys, mask_examples, mask_token, mask_tokens
 from jaxgpt.model import GPT, init_params
 from jaxgpt.tokenizers import make_tokenizer
-from jaxgpt.train_step import masked_token_loss
+from jaxgpt.train_step import scored
 
 
 def encoder(**changes) -> ModelConfig:
@@ -64,7 +64,7 @@ def test_the_loss_counts_the_hidden_positions_alone():
     params = init_params(config, jax.random.key(0))
     windows = jax.random.randint(jax.random.key(3), (4, config.block_size + 1), 0, 64)
     rng = jax.random.key(4)
-    loss, measured = masked_token_loss(GPT(config), params, windows, rng)
+    _, measured = scored(GPT(config), params, windows, rng)
     inputs, chosen = mask_examples(windows[:, :-1], example_keys(rng, jnp.arange(4)), config)
     logits = np.asarray(GPT(config).apply({"params": params}, inputs), np.float64)
     log_probs = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -72,7 +72,7 @@ def test_the_loss_counts_the_hidden_positions_alone():
     picked = np.take_along_axis(log_probs, targets[..., None], -1)[..., 0]
     chosen = np.asarray(chosen)
     assert 0.2 < chosen.mean() < 0.4
-    np.testing.assert_allclose(float(loss), -picked[chosen].mean(), rtol=1e-5)  # float32 sums of ~80 terms
+    np.testing.assert_allclose(float(measured["loss"]), -picked[chosen].mean(), rtol=1e-5)  # float32 sums of ~80 terms
     right = logits.argmax(-1) == targets
     np.testing.assert_allclose(float(measured["accuracy"]), right[chosen].mean(), rtol=1e-6)
 
@@ -95,15 +95,15 @@ def test_the_masked_objective_trains_an_encoder_that_reads_both_sides():
 
     @jax.jit
     def step(params, state, windows, rng):
-        (_, measured), grads = jax.value_and_grad(masked_token_loss, argnums=1, has_aux=True)(
-            GPT(config), params, windows, rng, train=True
+        (_, measured), grads = jax.value_and_grad(scored, argnums=1, has_aux=True)(
+            GPT(config), params, windows, rng, dropout_rng=rng
         )
         updates, state = optimizer.update(grads, state)
         return optax.apply_updates(params, updates), state, measured
 
     for i in range(400):
         params, state, measured = step(params, state, windows(i), jax.random.key(1000 + i))
-    _, held_out = masked_token_loss(GPT(config), params, windows(10_000), jax.random.key(0))
+    _, held_out = scored(GPT(config), params, windows(10_000), jax.random.key(0))
     assert float(held_out["accuracy"]) > 0.5
 
 
