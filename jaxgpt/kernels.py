@@ -2,9 +2,9 @@
 
 Each computes exactly what xla_attention computes, with the same arguments (see attention.py;
 `mask` is an attention.Mask) and `fallback`, the readable kernel, for what it cannot run:
-`dot_product` is jax.nn's (cuDNN flash attention on a GPU), `flash_tpu` is Pallas's TPU kernel,
-run once per device under shard_map on a mesh. `kernel_fallback` is the one policy for a kernel
-asked for where it cannot run at all. Nothing here imports attention.py, which picks a kernel
+`dot_product` is jax.nn's (cuDNN flash attention on a GPU, asked for by name), `flash_tpu` is
+Pallas's TPU kernel, run once per device under shard_map on a mesh. `kernel_fallback` is the one
+policy for a kernel asked for where it cannot run at all. Nothing here imports attention.py, which picks a kernel
 from KERNELS by name: the two modules do not import each other.
 """
 
@@ -21,21 +21,55 @@ from jaxgpt.errors import UserError
 
 
 def dot_product_attention(q, k, v, mask, scale: float | None, fallback=None):
-    """`jax.nn.dot_product_attention`: XLA on CPU/TPU, cuDNN flash attention on GPU when it can.
+    """`jax.nn.dot_product_attention`: cuDNN's flash attention on a GPU where it runs, XLA's
+    attention elsewhere.
 
-    It takes grouped-query attention natively (query heads as a multiple of key/value heads,
-    same head order as ours). A plain causal mask is passed as `is_causal`, which lets cuDNN
-    skip the masked blocks; any other mask is passed as a bias.
+    jax.nn picks XLA unless told `implementation="cudnn"` (its automatic choice is XLA at
+    jax 0.10 and 0.11, measured on an H200: no cuDNN call in the compiled step), so this asks for
+    cuDNN by name where it can run: on a GPU, in bfloat16 or float16, over causal self-attention
+    with or without a sliding window (what cuDNN's masks express). jax's own check refuses what
+    this GPU or cuDNN version cannot run (a head width over its limit, say) with
+    NotImplementedError while tracing, and that case, like ALiBi, a KV-cache step and float32,
+    runs XLA's. It takes grouped-query attention natively (query heads as a multiple of
+    key/value heads, same head order as ours). A plain causal mask is passed as `is_causal`,
+    which lets a fused kernel skip the masked blocks; any other mask is passed as a bias.
     """
     b, t, n_kv, group, d = q.shape
     q = q.reshape(b, t, n_kv * group, d)
-    if mask.plain_causal:
-        out = jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
-    else:
-        bias = mask.bias(t, k.shape[1])
-        bias = bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype)
-        out = jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
+    out = cudnn_attention(q, k, v, mask, scale) if cudnn_may_run(q, mask) else None
+    if out is None:
+        out = jax_nn_xla_attention(q, k, v, mask, scale)
     return out.reshape(b, t, n_kv, group, d)
+
+
+def jax_nn_xla_attention(q, k, v, mask, scale: float | None):
+    if mask.plain_causal:
+        return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
+    bias = mask.bias(q.shape[1], k.shape[1])
+    bias = bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype)
+    return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
+
+
+def cudnn_may_run(q, mask) -> bool:
+    """Whether to ask cuDNN: a GPU, half precision, and a mask cuDNN's kernel expresses."""
+    causal_only = mask.cache_index is None and mask.slopes is None and mask.causal
+    return jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and causal_only
+
+
+def cudnn_attention(q, k, v, mask, scale: float | None):
+    """cuDNN's fused attention, or None where jax's check says this GPU cannot run it."""
+    try:
+        return jax.nn.dot_product_attention(
+            q, k, v, scale=scale, is_causal=True, local_window_size=local_window_size(mask), implementation="cudnn"
+        )
+    except NotImplementedError:
+        return None
+
+
+def local_window_size(mask) -> tuple[int, int] | None:
+    """jax.nn's words for our sliding window of w tokens (each query and the w - 1 before it):
+    w - 1 keys to the left, none to the right."""
+    return (mask.window - 1, 0) if mask.window else None
 
 
 FLASH_TPU_BLOCK = 128  # the kernel's smallest block along the sequence

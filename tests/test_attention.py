@@ -14,6 +14,8 @@ from jaxgpt.attention import CausalSelfAttention, attention_weights, causal_scor
 from jaxgpt.config import ModelConfig
 from jaxgpt.positions import alibi_slopes
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 SEQ = 10
 
 
@@ -109,19 +111,38 @@ def random_qkv(dtype=jnp.float32, t=SEQ, s=SEQ):
 
 @pytest.mark.parametrize(
     "case",
-    ["causal", "alibi", "cache"],
+    ["causal", "alibi", "cache", "window"],
 )
 def test_kernels_agree(case):
     q, k, v = random_qkv(s=16 if case == "cache" else SEQ)
-    kw = {}
+    kw, window = {}, 3 if case == "window" else 0  # a window's length is static: it shapes the mask
     if case == "alibi":
         kw["slopes"] = jnp.asarray(alibi_slopes(6)).reshape(2, 3)
     if case == "cache":  # queries at positions 4..13 of a 16-slot cache
         kw["cache_index"] = jnp.asarray(4)
-    xla = jax.jit(partial(attend, kernel="xla"))(q, k, v, **kw)
-    dot = jax.jit(partial(attend, kernel="dot_product"))(q, k, v, **kw)
+    xla = jax.jit(partial(attend, kernel="xla", window=window))(q, k, v, **kw)
+    dot = jax.jit(partial(attend, kernel="dot_product", window=window))(q, k, v, **kw)
     # Same float32 math in a different association order: a few ulps of O(1) values.
     np.testing.assert_allclose(xla, dot, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("window", [1, 3, SEQ - 1])
+def test_a_sliding_window_in_jax_nn_words_is_our_window(window):
+    """cuDNN is told our window as jax.nn's local_window_size with is_causal; jax.nn's XLA
+    implementation reads those arguments the same way (its docs: keys from i - left to i + right),
+    so on a CPU it checks the translation against our own kernel's window mask. Float32 both,
+    different association orders: a few ulps."""
+    from jaxgpt.attention import Mask, xla_attention
+    from jaxgpt.kernels import local_window_size
+
+    q, k, v = random_qkv()
+    mask = Mask(window=window)
+    b, t, n_kv, group, d = q.shape
+    theirs = jax.nn.dot_product_attention(
+        q.reshape(b, t, n_kv * group, d), k, v, is_causal=True, local_window_size=local_window_size(mask)
+    )
+    ours = xla_attention(q, k, v, mask, None)
+    np.testing.assert_allclose(theirs.reshape(ours.shape), ours, atol=1e-5, rtol=1e-5)
 
 
 def test_weights_are_a_causal_distribution():

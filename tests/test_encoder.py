@@ -15,6 +15,8 @@ from jaxgpt.model import GPT, init_params
 from jaxgpt.tokenizers import make_tokenizer
 from jaxgpt.train_step import scored
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 
 def encoder(**changes) -> ModelConfig:
     base = dict(vocab_size=65, block_size=64, n_layer=2, n_head=4, d_model=32, position="rope", causal=False)

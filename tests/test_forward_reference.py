@@ -18,6 +18,8 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.layers import MLP, make_norm
 from jaxgpt.model import Block
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 TOLERANCE = 1e-5
 D_MODEL = 32
 erf = np.vectorize(math.erf)

@@ -17,6 +17,8 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.hf import pretrained_config
 from jaxgpt.model import GPT, count_params, flops_per_token, init_cache, init_params, stack_blocks, unstack_blocks
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 GPT2_STYLE = dict()  # the defaults: MHA, learned positions, LayerNorm, GELU, biases, tied
 LLAMA_STYLE = dict(n_kv_head=2, position="rope", norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False)
 POSITIONS = ["rope", "learned", "sinusoidal", "alibi", "none"]

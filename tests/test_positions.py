@@ -11,6 +11,8 @@ import pytest
 from jaxgpt.config import RopeScaling
 from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies, sinusoidal_embedding
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 HEAD_DIM = 16
 
 

@@ -16,6 +16,8 @@ from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import Checkpoints, load_latest
 from jaxgpt.job.trainer import train_and_evaluate
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 ROOT = Path(__file__).resolve().parents[1]
 # Wall-clock figures differ from run to run.
 TIMING_KEYS = {"tokens_per_sec", "tokens_per_sec_per_device", "mfu", "elapsed_sec"}

@@ -16,6 +16,8 @@ from jaxgpt.kv_cache import cache_bytes
 from jaxgpt.model import GPT, init_cache, init_params
 from jaxgpt.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 ROOT = Path(__file__).resolve().parents[1]
 GREEDY = SamplingConfig(temperature=0.0)
 
@@ -230,7 +232,8 @@ def test_sampling_restores_onto_a_tensor_parallel_mesh(workdir):
     from jaxgpt.job.checkpoint import load_latest
     from jaxgpt.sharding import make_mesh
 
-    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1))  # all 8 fake devices on tensor
+    # all 8 fake CPU devices on tensor, named: on a one-GPU run of the tests they are not the default
+    mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), jax.devices("cpu"))
     run, split, _, _ = load_latest(workdir, mesh)
     _, whole, _, _ = load_latest(workdir)
     up = split["block_0"]["mlp"]["up"]["kernel"]

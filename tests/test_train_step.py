@@ -15,6 +15,8 @@ from jaxgpt.model import GPT
 from jaxgpt.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
 from jaxgpt.train_step import create_train_state, train_step
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 MODEL = ModelConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, d_model=32)
 
 

@@ -1,0 +1,426 @@
+"""One GPU session, planned before the machine starts: what a short lease of an NVIDIA GPU must
+measure, in priority order, each stage in its own process under its own time limit.
+
+    python bench/gpu_session.py --out DIR [--only tiny,attention] [--deadline 480]
+    JAX_PLATFORMS=cpu python bench/gpu_session.py --out DIR --dry-run   # the same stages, small
+
+Stages (docs/benchmarks.md records what they printed, with the device named):
+  versions     the device's JAX, flax, optax, orbax and the packages requirements.txt names
+               (installed, or missing), and one forward and backward pass of a small model
+  tiny         the README's first run (`train.py --config configs/tiny.py`), timed, then sample.py
+  attention    the `dot_product` kernel (cuDNN flash attention where it runs) against the `xla`
+               kernel: outputs and q/k/v gradients in bfloat16 against a float32 reference,
+               whether cuDNN was used, and the time of each
+  gpt2         GPT-2 124M (configs/gpt2_124m.py's shape, bfloat16, T=1024) through
+               bench/train_throughput.py, one process per setting: tokens/s and MFU
+  determinism  --xla_gpu_deterministic_ops=true: two straight runs bit-identical, and a run
+               stopped and resumed bit-identical to the straight one; without it, two runs
+  families     each family train.py trains (decoder, Llama-style, MoE, encoder) on the GPU and on
+               the same machine's CPU, float32 matmuls at full precision: losses side by side
+  tests        the tests marked `gpu` (pytest -m gpu) on the GPU backend
+
+Results go to DIR/gpu_session.json, rewritten as each stage ends (a stage cut off by its limit
+or by --deadline is recorded as such), and every stage's output to DIR/gpu_session.log. The last
+lines printed are a table of the stages. --dry-run runs each stage at a toy size on whatever
+backend JAX finds (tests/test_gpu_session.py runs it on the CPU).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+# what the device's Python must import for train.py to run, by distribution name
+REQUIRED = ["jax", "jaxlib", "flax", "optax", "orbax-checkpoint", "ml-collections", "numpy", "absl-py", "tqdm"]
+
+
+@dataclass(frozen=True)
+class Stage:
+    name: str
+    seconds: int  # its own time limit
+    run: object  # (dry: bool, workdir: Path) -> dict, run in a fresh process
+
+
+def python(*args: str, env: dict | None = None, timeout: float | None = None) -> tuple[float, str]:
+    """Runs `python ARGS` from the repository root: (seconds, its output). Raises on failure
+    with the end of the output, which the stage's record keeps."""
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, *args],
+        cwd=ROOT,
+        env={**os.environ, **(env or {})},
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
+    seconds = time.perf_counter() - start
+    print(done.stdout + done.stderr, flush=True)
+    if done.returncode:
+        raise RuntimeError(f"exit {done.returncode}: {' '.join(args)[:200]}\n{(done.stdout + done.stderr)[-1500:]}")
+    return seconds, done.stdout + done.stderr
+
+
+def logged_losses(workdir: Path) -> dict[int, float]:
+    from jaxgpt.job.metrics import read_metrics
+
+    return {r["step"]: r["train_loss"] for r in read_metrics(workdir) if "train_loss" in r}
+
+
+# ---------------------------------------------------------------------------------------- stages
+
+
+def versions(dry: bool, workdir: Path) -> dict:
+    from importlib import metadata
+
+    import jax
+    import jax.numpy as jnp
+
+    installed = {}
+    for name in REQUIRED + ["datasets", "tiktoken", "safetensors", "tensorboardX", "matplotlib", "pytest"]:
+        try:
+            installed[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            installed[name] = None
+    pinned = {}
+    for line in (ROOT / "requirements.txt").read_text().splitlines():
+        if "==" in line and not line.startswith("#"):
+            name, version = line.split("#")[0].strip().split("==")
+            pinned[name] = version
+    try:
+        from jax._src.lib import cuda_versions
+
+        cudnn = cuda_versions.cudnn_get_version() if cuda_versions else None
+    except Exception as e:  # noqa: BLE001  (a version to report, not a reason to stop)
+        cudnn = f"unknown: {e}"
+
+    from jaxgpt.config import ModelConfig
+    from jaxgpt.model import GPT
+
+    config = ModelConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, d_model=64)
+    model = GPT(config)
+    tokens = jnp.zeros((2, 32), jnp.int32).at[:, 1::3].set(5)
+    params = model.init(jax.random.key(0), tokens)["params"]
+    loss = lambda p: jnp.mean(model.apply({"params": p}, tokens) ** 2)  # noqa: E731
+    value, grads = jax.jit(jax.value_and_grad(loss))(params)
+    return {
+        "python": sys.version.split()[0],
+        "backend": jax.default_backend(),
+        "devices": [d.device_kind for d in jax.devices()],
+        "cudnn": cudnn,
+        "installed": installed,
+        "pinned": pinned,
+        "differs_from_pins": {n: installed.get(n) for n, v in pinned.items() if n in installed and installed[n] != v},
+        "smoke_loss": float(value),
+        "smoke_grad_finite": bool(all(jnp.isfinite(g).all() for g in jax.tree.leaves(grads))),
+        "environment": jax.print_environment_info(return_string=True),
+    }
+
+
+def tiny(dry: bool, workdir: Path) -> dict:
+    run = workdir / "tiny"
+    short = ["--config.train.steps=20", "--config.train.eval_every=10", "--config.train.log_every=10"] if dry else []
+    train_sec, output = python("train.py", "--config", "configs/tiny.py", "--workdir", str(run), *short)
+    sample_sec, sample = python("sample.py", "--workdir", str(run), "--prompt", "The assert statement", "--seed", "0")
+    from jaxgpt.job.metrics import read_metrics
+
+    records = read_metrics(run)
+    done = [line for line in output.splitlines() if line.startswith("done:")]
+    return {
+        "train_sec": train_sec,
+        "sample_sec": sample_sec,
+        "summary": done[-1] if done else None,
+        "last_val_loss": next((r["val_loss"] for r in reversed(records) if "val_loss" in r), None),
+        "tokens_per_sec": [r["tokens_per_sec"] for r in records if "tokens_per_sec" in r][-3:],
+        "sample": sample[-400:],
+    }
+
+
+def relative_error(x, reference) -> float:
+    import numpy as np
+
+    x, reference = np.asarray(x, np.float64), np.asarray(reference, np.float64)
+    return float(np.linalg.norm(x - reference) / np.linalg.norm(reference))
+
+
+def timed_ms(fn, *args, repeats: int = 10) -> float:
+    import jax
+
+    jax.block_until_ready(fn(*args))
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        jax.block_until_ready(fn(*args))
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times)
+
+
+def attention(dry: bool, workdir: Path) -> dict:
+    """Each kernel in bfloat16 against the `xla` kernel in float32 at full matmul precision on
+    the same device: both kernels' errors are rounding of bfloat16 inputs and products (about
+    2**-8 relative per element), so the fused one should land near the readable one's error."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+
+    from jaxgpt.attention import Mask, kernel
+
+    b, t, d = (2, 64, 16) if dry else (8, 1024, 64)
+    cases = {"mha": (12, 1), "gqa": (4, 3)}  # (key/value heads, query heads per key/value head)
+    masks = {"causal": Mask(), "window": Mask(window=t // 4)}  # the window goes in as a bias
+    results = {}
+    for (case, (n_kv, group)), (mask_name, mask) in [(c, m) for c in cases.items() for m in masks.items()]:
+        rng = np.random.default_rng(len(results))
+        q = rng.standard_normal((b, t, n_kv, group, d), np.float32)
+        k, v = (rng.standard_normal((b, t, n_kv, d), np.float32) for _ in range(2))
+        cotangent = rng.standard_normal(q.shape, np.float32)
+
+        def forward_backward(name, dtype, q=q, k=k, v=v, cotangent=cotangent, mask=mask):
+            attend = kernel(name)
+
+            def loss(q, k, v):
+                out = attend(q, k, v, mask, None)
+                return jnp.sum(out.astype(jnp.float32) * cotangent), out
+
+            grad = jax.grad(loss, argnums=(0, 1, 2), has_aux=True)
+            fn = jax.jit(lambda q, k, v: grad(q.astype(dtype), k.astype(dtype), v.astype(dtype)))
+            return fn, (q, k, v)
+
+        with jax.default_matmul_precision("highest"):
+            fn, args = forward_backward("xla", jnp.float32)
+            (ref_dq, ref_dk, ref_dv), ref_out = fn(*args)
+        row = {}
+        for name in ("xla", "dot_product"):
+            fn, args = forward_backward(name, jnp.bfloat16)
+            hlo = fn.lower(*args).compile().as_text()
+            (dq, dk, dv), out = fn(*args)
+            row[name] = {
+                "out": relative_error(out, ref_out),
+                "dq": relative_error(dq, ref_dq),
+                "dk": relative_error(dk, ref_dk),
+                "dv": relative_error(dv, ref_dv),
+                "cudnn": "cudnn" in hlo.lower(),
+                "forward_backward_ms": timed_ms(fn, *args),
+            }
+        results[f"{case}/{mask_name}"] = row
+    return {"shape": {"batch": b, "seq": t, "head_dim": d, "query_heads": 12}, "dtype": "bfloat16", "cases": results}
+
+
+# (name, overrides of configs/gpt2_124m.py, extra environment); in priority order
+GPT2_SETTINGS = [
+    ("shipped: xla, remat dots, batch 64", [], {}),
+    ("dot_product, remat dots, batch 64", ["--config.model.attention=dot_product"], {}),
+    ("dot_product, remat none, batch 64", ["--config.model.attention=dot_product", "--config.model.remat=none"], {}),
+    (
+        "dot_product, remat none, batch 32",
+        ["--config.model.attention=dot_product", "--config.model.remat=none", "--config.train.batch_size=32"],
+        {},
+    ),
+    ("xla, remat none, batch 64", ["--config.model.remat=none"], {}),
+    (
+        "dot_product, remat dots, batch 64, deterministic ops",
+        ["--config.model.attention=dot_product"],
+        {"XLA_FLAGS": "--xla_gpu_deterministic_ops=true"},
+    ),
+]
+GPT2_DRY = [
+    "--config.model.n_layer=2",
+    "--config.model.d_model=64",
+    "--config.model.n_head=4",
+    "--config.model.block_size=64",
+    "--config.train.batch_size=2",
+    "--config.train.dtype=float32",
+]
+
+
+def gpt2(dry: bool, workdir: Path) -> dict:
+    settings = GPT2_SETTINGS[:2] if dry else GPT2_SETTINGS
+    vocab = "96" if dry else "50304"
+    results = {}
+    for name, overrides, env in settings:
+        args = ["bench/train_throughput.py", "--config", "configs/gpt2_124m.py", "--vocab", vocab]
+        args += ["--steps", "2" if dry else "10", "--repeats", "2", *overrides, *(GPT2_DRY if dry else [])]
+        try:
+            _, output = python(*args, env=env, timeout=150)
+            results[name] = json.loads(output.strip().splitlines()[-1])
+        except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+            results[name] = {"error": str(e)[-800:]}
+        print(json.dumps({"result": results}), flush=True)  # kept if the stage is cut off later
+    return results
+
+
+def tiny_run(workdir: Path, steps: int, *extra: str, env: dict | None = None) -> dict[int, float]:
+    args = ["train.py", "--config", "configs/tiny.py", "--workdir", str(workdir), "--quiet"]
+    args += [f"--config.train.steps={steps}", f"--config.train.eval_every={steps}", "--config.train.log_every=10"]
+    args += extra
+    python(*args, env=env)
+    return logged_losses(workdir)
+
+
+def determinism(dry: bool, workdir: Path) -> dict:
+    steps = 20 if dry else 200
+    flag = {"XLA_FLAGS": (os.environ.get("XLA_FLAGS", "") + " --xla_gpu_deterministic_ops=true").strip()}
+    straight = tiny_run(workdir / "straight", steps, env=flag)
+    again = tiny_run(workdir / "again", steps, env=flag)
+    tiny_run(
+        workdir / "resumed", steps, f"--stop_at={steps // 2}", f"--config.train.checkpoint_every={steps // 2}", env=flag
+    )
+    resumed = tiny_run(workdir / "resumed", steps, f"--config.train.checkpoint_every={steps // 2}", env=flag)
+    result = {
+        "steps": steps,
+        "deterministic_ops": {"rerun_identical": straight == again, "resume_identical": straight == resumed},
+        "losses": {"straight": straight, "resumed": resumed},
+    }
+    if not dry:  # the same runs without the flag: whether a GPU needs it
+        plain, plain_again = tiny_run(workdir / "plain", steps), tiny_run(workdir / "plain_again", steps)
+        result["default_ops"] = {"rerun_identical": plain == plain_again}
+        result["losses"].update(plain=plain, plain_again=plain_again)
+    return result
+
+
+FAMILIES = ["tiny", "llama_tiny", "moe_tiny", "encoder_tiny"]
+
+
+def families(dry: bool, workdir: Path) -> dict:
+    """Each family's losses on this machine's accelerator and on its CPU, float32 throughout
+    (full-precision matmuls, so no TF32 rounding on the GPU): they should agree to float32
+    rounding compounded over the steps, far under the losses' step-to-step movement."""
+    steps = 10 if dry else 30
+    results = {}
+    for name in FAMILIES[:1] if dry else FAMILIES:
+        runs = {}
+        for where, env in [("accelerator", {}), ("cpu", {"JAX_PLATFORMS": "cpu"})]:
+            args = ["train.py", "--config", f"configs/{name}.py", "--workdir", str(workdir / name / where), "--quiet"]
+            args += [f"--config.train.{key}={value}" for key, value in [("steps", steps), ("eval_every", steps)]]
+            args += ["--config.train.log_every=5"]
+            python(*args, env={"JAX_DEFAULT_MATMUL_PRECISION": "highest", **env})
+            runs[where] = logged_losses(workdir / name / where)
+        gpu, cpu = runs["accelerator"], runs["cpu"]
+        results[name] = {
+            "max_relative_difference": max(abs(gpu[s] - cpu[s]) / abs(cpu[s]) for s in cpu),
+            "losses": runs,
+        }
+    return results
+
+
+def tests(dry: bool, workdir: Path) -> dict:
+    """The `gpu` tests on the accelerator (the CPU backend stays beside it: a few tests measure
+    the host), four workers sharing the GPU, none of them taking most of its memory up front."""
+    env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+    args = ["-m", "pytest", "-q", "-m", "gpu and not slow", "-p", "no:cacheprovider", "-rfE"]
+    args += ["--collect-only"] if dry else ["-n", "4"]
+    done = subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
+    output = done.stdout + done.stderr
+    print(output, flush=True)
+    lines = output.strip().splitlines()
+    failures = [line for line in lines if line.startswith(("FAILED", "ERROR"))]
+    return {"exit": done.returncode, "summary": lines[-1] if lines else "", "failures": failures}
+
+
+STAGES = [
+    Stage("versions", 90, versions),
+    Stage("tiny", 150, tiny),
+    Stage("attention", 90, attention),
+    Stage("gpt2", 480, gpt2),
+    Stage("determinism", 180, determinism),
+    Stage("families", 240, families),
+    Stage("tests", 240, tests),
+]
+
+
+# ---------------------------------------------------------------------------------------- runner
+
+
+def run_stage(name: str, dry: bool) -> None:
+    """In the stage's own process: run it and print its result as the last line."""
+    stage = next(s for s in STAGES if s.name == name)
+    with tempfile.TemporaryDirectory(prefix=f"gpu-session-{name}-") as workdir:
+        result = stage.run(dry, Path(workdir))
+    print(json.dumps({"result": result}, default=str), flush=True)
+
+
+def run_all(out: Path, names: list[str], dry: bool, deadline: float) -> dict:
+    out.mkdir(parents=True, exist_ok=True)
+    results_path, log_path = out / "gpu_session.json", out / "gpu_session.log"
+    results = {"dry_run": dry, "stages": {}}
+    # a compilation cache shared by the stages' processes: gpt2's settings and the tiny runs
+    # compile some programs more than once
+    env = {
+        "PYTHONUNBUFFERED": "1",
+        "JAXGPT_COMPILATION_CACHE": os.environ.get("JAXGPT_COMPILATION_CACHE")
+        or str(out.parent / "gpu-session-xla-cache"),
+    }
+    start = time.monotonic()
+    with log_path.open("a") as log:
+        for stage in [s for s in STAGES if s.name in names]:
+            left = deadline - (time.monotonic() - start)
+            if left < 20:
+                results["stages"][stage.name] = {"status": "not run: the session's deadline", "seconds": 0}
+                continue
+            limit = min(stage.seconds, left)
+            began = time.monotonic()
+            log.write(f"\n===== {stage.name} (limit {limit:.0f} s)\n")
+            log.flush()
+            args = [sys.executable, __file__, "--stage", stage.name] + (["--dry-run"] if dry else [])
+            try:
+                done = subprocess.run(
+                    args, cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True, timeout=limit
+                )
+                output, status = done.stdout + done.stderr, "ok" if done.returncode == 0 else f"exit {done.returncode}"
+            except subprocess.TimeoutExpired as e:
+                output = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
+                status = f"cut off at {limit:.0f} s"
+            log.write(output)
+            log.flush()
+            record = {"status": status, "seconds": round(time.monotonic() - began, 1)}
+            # a stage's result is its last result line: a long stage prints one after each part
+            printed = [line for line in output.splitlines() if line.startswith('{"result"')]
+            if printed:
+                record["result"] = json.loads(printed[-1])["result"]
+            if status != "ok":
+                record["tail"] = output[-2000:]
+            results["stages"][stage.name] = record
+            results_path.write_text(json.dumps(results, indent=1, default=str))
+            print(f"{stage.name}: {status} in {record['seconds']} s", flush=True)
+    return results
+
+
+def summary_table(results: dict) -> str:
+    rows = ["| stage | status | seconds | what it found |", "| --- | --- | --- | --- |"]
+    for name, record in results["stages"].items():
+        found = json.dumps(record.get("result") or record.get("tail", ""), default=str)
+        rows.append(f"| {name} | {record['status']} | {record['seconds']} | {found[:300]} |")
+    return "\n".join(rows)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", type=Path, help="folder for gpu_session.json and gpu_session.log")
+    parser.add_argument("--only", default=",".join(s.name for s in STAGES), help="comma-separated stages, in order")
+    parser.add_argument("--deadline", type=float, default=math.inf, help="seconds for all the stages together")
+    parser.add_argument("--dry-run", action="store_true", help="every stage at a toy size")
+    parser.add_argument("--stage", help=argparse.SUPPRESS)  # a stage's own process
+    args = parser.parse_args()
+    if args.stage:
+        return run_stage(args.stage, args.dry_run)
+    names = args.only.split(",")
+    unknown = sorted(set(names) - {s.name for s in STAGES})
+    if unknown or not args.out:
+        parser.error(f"unknown stages {unknown}" if unknown else "--out DIR is required")
+    results = run_all(args.out, names, args.dry_run, args.deadline)
+    print(summary_table(results))
+
+
+if __name__ == "__main__":
+    main()

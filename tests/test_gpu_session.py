@@ -1,0 +1,44 @@
+"""bench/gpu_session.py, the plan for a short GPU lease, rehearsed on the CPU at toy sizes: a
+script that first runs on a rented GPU must not fail there on a typo. Each stage runs in its own
+process and records what it found in gpu_session.json."""
+
+import json
+from pathlib import Path
+
+import pytest
+from conftest import run_script
+
+
+def dry_run(out: Path, *stages: str) -> dict:
+    args = ["--out", str(out), "--dry-run"] + (["--only", ",".join(stages)] if stages else [])
+    # one CPU device, as on a machine with one accelerator
+    done = run_script("bench/gpu_session.py", *args, devices=1, env={"JAX_PLATFORMS": "cpu"}, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "| stage | status |" in done.stdout  # the table the lease's reply shows
+    return json.loads((out / "gpu_session.json").read_text())["stages"]
+
+
+def test_the_quick_stages_run_and_report(tmp_path):
+    stages = dry_run(tmp_path, "versions", "attention", "tests")
+    assert {name: record["status"] for name, record in stages.items()} == dict.fromkeys(stages, "ok")
+    versions = stages["versions"]["result"]
+    assert versions["backend"] == "cpu" and versions["smoke_grad_finite"]
+    assert versions["installed"]["flax"] == versions["pinned"]["flax"]  # this machine installs the pins
+    for case in stages["attention"]["result"]["cases"].values():
+        for kernel in ("xla", "dot_product"):
+            # bfloat16 inputs against the float32 kernel: a few 2**-8 roundings, never exact, never wild
+            assert 1e-4 < case[kernel]["out"] < 2e-2 and not case[kernel]["cudnn"]
+    assert "tests collected" in stages["tests"]["result"]["summary"]  # the `gpu` marker selects some
+
+
+@pytest.mark.slow
+def test_every_stage_runs(tmp_path):
+    """The whole plan at toy sizes (about 2.5 minutes on a 2-core Zen 4): the tiny run and its
+    sample, GPT-2's settings as separate processes, the determinism runs stopped and resumed,
+    one family on both backends (here both the CPU, so its losses agree exactly)."""
+    stages = dry_run(tmp_path)
+    assert {name: record.get("tail") for name, record in stages.items() if record["status"] != "ok"} == {}
+    assert stages["tiny"]["result"]["last_val_loss"] < 4.6  # under a uniform guess over 96 characters
+    assert all("error" not in setting for setting in stages["gpt2"]["result"].values())
+    assert stages["determinism"]["result"]["deterministic_ops"] == {"rerun_identical": True, "resume_identical": True}
+    assert stages["families"]["result"]["tiny"]["max_relative_difference"] == 0.0
