@@ -60,11 +60,14 @@ def prepare(config, vocab_size: int) -> PreparedStep:
     from jaxgpt.config_files import resolve
     from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
+    from jaxgpt.program import training_program
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    layout, create = state_layout(run, mesh)
-    run, step, _ = choose_step(run, mesh, layout)  # as train.py: per CPU core, or over the mesh
+    program = training_program(run)
+    layout, create = state_layout(program, mesh)
+    program, step, _ = choose_step(program, mesh, layout)  # as train.py: per CPU core, or over the mesh
+    run = program.run
     start = time.perf_counter()
     state = create()
     batch, seq = run.train.batch_size, run.model.block_size

@@ -60,8 +60,9 @@ def muon_dimensions(params):
     return jax.tree_util.tree_map_with_path(dims, params)
 
 
-def make_optimizer(train: TrainConfig) -> optax.GradientTransformation:
-    schedule = learning_rate_schedule(train)
+def make_optimizer(train: TrainConfig, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
+    """train's optimizer, stepping its learning rate by `schedule` (default: the run's)."""
+    schedule = schedule or learning_rate_schedule(train)
     if train.optimizer == "muon":
         update = optax.contrib.muon(
             lambda step: schedule(step) * (train.muon_lr / train.lr),

@@ -14,6 +14,7 @@ from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest
 from jaxgpt.job.resume import architecture_mismatches, start_from_pretrained
 from jaxgpt.job.trainer import train_and_evaluate
+from jaxgpt.program import training_program
 
 
 @pytest.fixture(scope="module")
@@ -53,7 +54,7 @@ def test_start_from_pretrained_copies_every_parameter(rope_run):
     for scan in (False, True):  # the source is unscanned; a scanned new run stacks its blocks
         run = resolve(extended(rope_run, scan_layers=scan), vocab_size=tokenizer.vocab_size)
         mesh = sharding.make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
-        state, origin = start_from_pretrained(initial_state(run, mesh), run, str(rope_run), tokenizer)
+        state, origin = start_from_pretrained(initial_state(training_program(run), mesh), run, str(rope_run), tokenizer)
         assert origin == f"{rope_run} (step 10)"
         got = state.params
         if scan:

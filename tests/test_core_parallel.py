@@ -16,6 +16,7 @@ from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, state_layout
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import make_optimizer
+from jaxgpt.program import training_program
 from jaxgpt.train_step import create_train_state, eval_step, train_step
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
@@ -46,7 +47,7 @@ def one_device_run(run: RunConfig, windows: list):
 def core_parallel_run(run: RunConfig, windows: list, cores: int):
     devices = jax.devices()[:cores]
     state = jax.device_put(jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), devices[0])
-    step = CoreParallelStep(run, devices)
+    step = CoreParallelStep(training_program(run), devices)
     losses = []
     for w in windows:
         batch = jax.device_put(w, sharding.batch_sharding(step.batch_mesh))
@@ -100,7 +101,7 @@ def test_no_program_holds_a_collective():
     run = make_run(2)
     devices = jax.devices()[:2]
     state = jax.device_put(jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), devices[0])
-    step = CoreParallelStep(run, devices)
+    step = CoreParallelStep(training_program(run), devices)
     batch = jax.device_put(batches(1)[0], sharding.batch_sharding(step.batch_mesh))
     texts = step.program_texts(state, batch)
     assert len(texts) == 3  # two cores' gradient programs and the update
@@ -138,12 +139,15 @@ def test_the_cores_sharing_the_batch_share_it_evenly(batch_size, microbatches, c
 def test_plan_picks_microbatches_per_core_and_says_so():
     run = make_run(microbatches=0, batch_size=8)
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
-    layout, _ = state_layout(run, mesh)
-    plan = step_choice.plan(run, jax.devices()[:2], mesh, layout)
-    assert len(plan.devices) == 2 and plan.run.train.microbatches >= 1
-    assert (8 // 2) % plan.run.train.microbatches == 0
+    layout, _ = state_layout(training_program(run), mesh)
+    plan = step_choice.plan(training_program(run), jax.devices()[:2], mesh, layout)
+    assert len(plan.devices) == 2 and plan.program.run.train.microbatches >= 1
+    assert (8 // 2) % plan.program.run.train.microbatches == 0
     assert "2 CPU cores" in plan.note and "no collectives" in plan.note
-    assert step_choice.plan(make_run(batch_size=7), jax.devices()[:2], mesh, layout).devices == jax.devices()[:1]
+    assert (
+        step_choice.plan(training_program(make_run(batch_size=7)), jax.devices()[:2], mesh, layout).devices
+        == jax.devices()[:1]
+    )
 
 
 def test_the_step_is_chosen_once_per_core_or_over_the_mesh(monkeypatch):
@@ -151,13 +155,14 @@ def test_the_step_is_chosen_once_per_core_or_over_the_mesh(monkeypatch):
     over the cores gets one program per core; one that does not (7 rows, 2 cores) the mesh's
     own step, its microbatches filled in all the same (0 is not a count a step can take)."""
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
-    layout, _ = state_layout(make_run(), mesh)  # the same for any batch
+    layout, _ = state_layout(training_program(make_run()), mesh)  # the same for any batch
     monkeypatch.setattr(step_choice, "cores_for", lambda m: jax.devices()[:2])
-    run, step, note = step_choice.choose_step(make_run(microbatches=0, batch_size=8), mesh, layout)
+    eight_rows = training_program(make_run(microbatches=0, batch_size=8))
+    program, step, note = step_choice.choose_step(eight_rows, mesh, layout)
     assert isinstance(step, CoreParallelStep) and step.devices == jax.devices()[:2] and "2 CPU cores" in note
-    assert run.train.microbatches >= 1 and step.batch_mesh.size == 2
-    run, step, _ = step_choice.choose_step(make_run(microbatches=0, batch_size=7), mesh, layout)
-    assert isinstance(step, MeshStep) and step.batch_mesh is mesh and run.train.microbatches in (1, 7)
+    assert program.run.train.microbatches >= 1 and step.batch_mesh.size == 2
+    program, step, _ = step_choice.choose_step(training_program(make_run(microbatches=0, batch_size=7)), mesh, layout)
+    assert isinstance(step, MeshStep) and step.batch_mesh is mesh and program.run.train.microbatches in (1, 7)
 
 
 def test_core_count_comes_from_the_environment_or_the_affinity_mask(monkeypatch):

@@ -13,6 +13,7 @@ from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
 from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.program import training_program
 
 GiB = 2**30
 ONE_DEVICE = MeshConfig(data=1, fsdp=1, tensor=1)
@@ -29,7 +30,7 @@ def run_for(model=(), **train):
 
 
 def state_of(run, mesh) -> tuple[int, int]:
-    return memory.state_bytes(state_layout(run, mesh)[0])
+    return memory.state_bytes(state_layout(training_program(run), mesh)[0])
 
 
 def footprint(run, mesh) -> memory.Footprint:
@@ -39,8 +40,11 @@ def footprint(run, mesh) -> memory.Footprint:
 def compiled_bytes(run, mesh) -> int:
     """What XLA's buffer assignment gives the step: its arguments (state and batch; the state
     is donated, so the outputs reuse it) and its temporaries."""
-    layout, _ = state_layout(run, mesh)
-    analysis = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh)).compile().memory_analysis()
+    program = training_program(run)
+    layout, _ = state_layout(program, mesh)
+    analysis = (
+        jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh)).compile().memory_analysis()
+    )
     return analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
 
 
@@ -104,18 +108,21 @@ def test_the_position_table_is_all_of_the_state_that_grows_with_the_block(fsdp):
     and its two moments) scales row for row, exact to the byte against the other block's own
     layout, split over fsdp or not; with RoPE nothing grows."""
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=fsdp, tensor=1), jax.devices()[:fsdp])
-    state, table = state_of(run_for(), mesh), memory.position_table_bytes(state_layout(run_for(), mesh)[0])
+    state, table = (
+        state_of(run_for(), mesh),
+        memory.position_table_bytes(state_layout(training_program(run_for()), mesh)[0]),
+    )
     assert table == (3 * 4 * 32 * 32 // fsdp, 4 * 32 * 32 // fsdp)  # float32 params, mu and nu
     scaled = tuple(whole - part + part * 200 // 32 for whole, part in zip(state, table, strict=True))
     assert scaled == state_of(run_for(model={"block_size": 200}), mesh)
     rope = run_for(model={"position": "rope"})
-    assert memory.position_table_bytes(state_layout(rope, mesh)[0]) == (0, 0)
+    assert memory.position_table_bytes(state_layout(training_program(rope), mesh)[0]) == (0, 0)
 
 
 def refusal(monkeypatch, run, host_bytes) -> str:
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: host_bytes)
     with pytest.raises(UserError) as refused:
-        memory.check_fits(run, one_device(), state_layout(run, one_device())[0])
+        memory.check_fits(run, one_device(), state_layout(training_program(run), one_device())[0])
     return str(refused.value)
 
 
@@ -150,7 +157,7 @@ def test_an_address_space_limit_is_memory_the_run_cannot_use(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
     monkeypatch.setattr(memory, "address_space_limit", lambda: GiB)
     with pytest.raises(UserError) as refused:
-        memory.check_fits(run_for(), one_device(), state_layout(run_for(), one_device())[0])
+        memory.check_fits(run_for(), one_device(), state_layout(training_program(run_for()), one_device())[0])
     assert str(refused.value) == (
         "this process may map at most 1.0 GiB (ulimit -v), and JAX and XLA alone map about 2.5 GiB; raise the "
         "limit (ulimit -v unlimited) and rerun"
@@ -185,4 +192,4 @@ def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
 
 def test_a_run_that_fits_passes(monkeypatch):
     monkeypatch.setattr(memory, "host_memory_bytes", lambda: 24 * GiB)
-    memory.check_fits(run_for(), one_device(), state_layout(run_for(), one_device())[0])
+    memory.check_fits(run_for(), one_device(), state_layout(training_program(run_for()), one_device())[0])

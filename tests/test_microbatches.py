@@ -11,6 +11,7 @@ from jaxgpt.config import MeshConfig, with_train
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import step_choice as choice
 from jaxgpt.hardware.mesh_step import state_layout
+from jaxgpt.program import training_program
 
 
 @pytest.mark.parametrize(
@@ -61,11 +62,11 @@ def test_temporaries_shrink_as_the_interpolation_assumes():
     """The rule's model, fixed + activations / m, checked against XLA's analysis of a real
     step: the prediction for a middle count from the two ends is within a tenth. A step
     compiled only to be measured (no LLVM optimisation) has the same temporaries, to the byte."""
-    run = resolve(small_run_config(batch_size=12), vocab_size=96)
+    program = training_program(resolve(small_run_config(batch_size=12), vocab_size=96))
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
-    layout, _ = state_layout(run, mesh)
-    temp = {m: choice.step_temp_bytes(run, mesh, layout, m) for m in (1, 3, 12)}
-    assert choice.step_temp_bytes(run, mesh, layout, 3, measure_only=True) == temp[3]
+    layout, _ = state_layout(program, mesh)
+    temp = {m: choice.step_temp_bytes(program, mesh, layout, m) for m in (1, 3, 12)}
+    assert choice.step_temp_bytes(program, mesh, layout, 3, measure_only=True) == temp[3]
     assert temp[1] > temp[3] > temp[12]
     activations = (temp[1] - temp[12]) / (1 - 1 / 12)
     predicted = temp[1] - activations + activations / 3
@@ -74,23 +75,21 @@ def test_temporaries_shrink_as_the_interpolation_assumes():
 
 def test_an_explicit_setting_is_kept_and_zero_is_filled():
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
-    run = resolve(small_run_config(batch_size=8, microbatches=2), vocab_size=96)
-    layout, _ = state_layout(run, mesh)
-    assert choice.fill_microbatches(run, mesh, layout) == (run, None, None, None)
-    auto = with_train(run, microbatches=0)
+    program = training_program(resolve(small_run_config(batch_size=8, microbatches=2), vocab_size=96))
+    layout, _ = state_layout(program, mesh)
+    assert choice.fill_microbatches(program, mesh, layout) == (program, None, None, None)
+    auto = program.with_train(microbatches=0)
     filled, line, compiled, why = choice.fill_microbatches(auto, mesh, layout)
-    assert filled.train.microbatches in choice.microbatch_choices(8, 1)
-    assert line == f"train.microbatches=0 -> {filled.train.microbatches} ({why})" and "budget" in why
+    chosen = filled.run.train.microbatches
+    assert chosen in choice.microbatch_choices(8, 1)
+    assert filled.model is program.model and filled.optimizer is program.optimizer  # built once, not again
+    assert line == f"train.microbatches=0 -> {chosen} ({why})" and "budget" in why
     assert compiled is not None  # the chosen step was compiled while choosing: the trainer reuses it
     # The CPU's per-core plan only measures (each core compiles its own program), so it compiles
     # without LLVM's optimisations: XLA assigns the buffers before LLVM, the same bytes.
-    measured = choice.step_temp_bytes(auto, mesh, layout, filled.train.microbatches, measure_only=True)
+    measured = choice.step_temp_bytes(auto, mesh, layout, chosen, measure_only=True)
     assert measured == choice.temp_bytes(compiled)
     one_way = sharding.make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))  # 8 rows over 8 devices
     one_way_layout, _ = state_layout(auto, one_way)
-    assert choice.fill_microbatches(auto, one_way, one_way_layout) == (
-        with_train(auto, microbatches=1),
-        None,
-        None,
-        None,
-    )
+    filled = choice.fill_microbatches(auto, one_way, one_way_layout)
+    assert filled[1:] == (None, None, None) and filled.program.run == with_train(auto.run, microbatches=1)

@@ -20,6 +20,7 @@ from jaxgpt.layers import ACTIVATION_FUNCTIONS
 from jaxgpt.model import GPT, active_params, count_params, describe_parameters, flops_per_token, init_params
 from jaxgpt.moe import MixtureOfExpertsLayer
 from jaxgpt.optimizer import make_optimizer
+from jaxgpt.program import training_program
 from jaxgpt.train_step import create_train_state, gradients, train_step
 
 D, T, BATCH = 16, 10, 3
@@ -298,10 +299,11 @@ def test_expert_parallel_layouts_train_like_one_device(mesh, moe_on_one_device, 
 def test_on_an_expert_axis_each_device_holds_its_experts_and_tokens_travel_all_to_all():
     run = resolve(moe_run_config(dict(data=2, expert=4), microbatches=1), vocab_size=96)
     mesh = sharding.make_mesh(run.mesh, jax.devices())
-    layout, _ = state_layout(run, mesh)
+    program = training_program(run)
+    layout, _ = state_layout(program, mesh)
     up = layout.params["block_0"]["moe"]["experts_up"]
     assert up.sharding.shard_shape(up.shape)[0] == 1  # 4 experts over 4 devices of the axis
-    text = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh)).compile().as_text()
+    text = jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh)).compile().as_text()
     assert " all-to-all(" in text
 
 

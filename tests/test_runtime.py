@@ -22,10 +22,12 @@ from jaxgpt.hardware import step_choice
 from jaxgpt import sharding
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware.mesh_step import state_layout
+from jaxgpt.program import training_program
 run = resolve(runpy.run_path("configs/tiny.py")["get_config"](), vocab_size=96)
 mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())  # as the trainer builds it
-layout, create = state_layout(run, mesh)
-run, step, _ = step_choice.choose_step(run, mesh, layout)  # as the trainer chooses
+program = training_program(run)
+layout, create = state_layout(program, mesh)
+program, step, _ = step_choice.choose_step(program, mesh, layout)  # as the trainer chooses
 batch = jax.device_put(jax.numpy.zeros((12, 129), "int32"), sharding.batch_sharding(step.batch_mesh))
 texts = step.program_texts(create(), batch)
 used = len(step.devices)

@@ -51,7 +51,7 @@ def trainer_for(mesh: dict) -> Trainer:
 
     workdir, say = Path(tempfile.mkdtemp()), lambda message: None
     resolved = setup.resolve_run(layout_run_config(mesh), workdir, progress=False, verify_data=False)
-    return Trainer(resolved, setup.place_run(resolved, say), workdir, say)
+    return Trainer.on_this_machine(resolved, workdir, say)
 
 
 def test_parameters_are_placed_by_the_rules():

@@ -13,6 +13,7 @@ import pytest
 from jaxgpt.config import MixtureOfExperts, ModelConfig, TrainConfig
 from jaxgpt.model import GPT
 from jaxgpt.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
+from jaxgpt.program import training_program
 from jaxgpt.train_step import create_train_state, train_step
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
@@ -117,7 +118,7 @@ def test_one_compiled_initialisation_serves_every_seed():
 
     mesh = make_mesh(MeshConfig(1, 1, 1), jax.devices()[:1])
     runs = {seed: RunConfig(MODEL, DataConfig(), TrainConfig(seed=seed, batch_size=8)) for seed in (0, 7)}
-    creates = {seed: state_layout(run, mesh)[1] for seed, run in runs.items()}
+    creates = {seed: state_layout(training_program(run), mesh)[1] for seed, run in runs.items()}
     programs = {seed: create.func.lower(*create.args).as_text() for seed, create in creates.items()}
     assert programs[0] == programs[7]
     expected = jax.jit(partial(create_train_state, MODEL, make_optimizer(runs[7].train), 7))()

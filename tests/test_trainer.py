@@ -141,7 +141,7 @@ def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logge
     from jaxgpt.job.trainer import Trainer
 
     resolved = setup.resolve_run(small_config(), workdir, progress=False, verify_data=False)
-    trainer = Trainer(resolved, setup.place_run(resolved, print), workdir, lambda message: None)
+    trainer = Trainer.on_this_machine(resolved, workdir, print)
     run, tokenizer = trainer.config, resolved.dataset.tokenizer
     try:
         start = restore_or_start(

@@ -55,9 +55,11 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     from jaxgpt.hardware import runtime
     from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
+    from jaxgpt.program import training_program
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    layout, create = state_layout(run, mesh)
+    program = training_program(run)
+    layout, create = state_layout(program, mesh)
     sized = [size_row(layout.params, run.model), kv_cache_row(run.model)]  # from shapes: nothing allocated
     try:
         memory.check_fits(run, mesh, layout)  # as training does, before any state or batch exists
@@ -66,7 +68,8 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
         raise
     # The step this run trains with here (per CPU core, or over the mesh), with its microbatches:
     # the memory row measures that program.
-    run, step, _ = choose_step(run, mesh, layout)
+    program, step, _ = choose_step(program, mesh, layout)
+    run = program.run
     batch = data.sharded_batch(dataset.train, run, mesh, 0)
     # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
     step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(dataset.train, run, step.batch_mesh, 0)
@@ -78,8 +81,9 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     # no weight decay.
     t = run.train
     steady = with_train(run, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
-    steady_layout, steady_create = state_layout(steady, mesh)
-    _, learner, _ = choose_step(steady, mesh, steady_layout)
+    steady_program = training_program(steady)
+    steady_layout, steady_create = state_layout(steady_program, mesh)
+    _, learner, _ = choose_step(steady_program, mesh, steady_layout)
     state = steady_create()
 
     @jax.jit

@@ -28,10 +28,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import sharding
-from jaxgpt.config import RunConfig
-from jaxgpt.model import GPT
-from jaxgpt.optimizer import make_optimizer
-from jaxgpt.train_step import TrainState, apply_gradients, eval_step, gradients
+from jaxgpt.program import TrainingProgram
+from jaxgpt.train_step import TrainState, apply_gradients, gradients
 
 
 def core_gradients(params, key, step, windows, core, *, model, microbatches: int, batch_rows: int):
@@ -63,18 +61,19 @@ class CoreParallelStep:
 
     what = "the gradient program of each CPU core, and the update"  # for the line that says it compiled
 
-    def __init__(self, run: RunConfig, devices: list):
+    def __init__(self, program: TrainingProgram, devices: list):
+        """`program`'s train.batch_size is the whole batch's, split over `devices` in order."""
         self.devices = list(devices)
         self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
         self.device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
-        model, optimizer = GPT(run.model), make_optimizer(run.train)
+        t = program.run.train
         self._gradients = jax.jit(
-            partial(core_gradients, model=model, microbatches=run.train.microbatches, batch_rows=run.train.batch_size)
+            partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
         )
-        update = partial(add_and_apply, optimizer=optimizer, layer_grad_norms=run.train.log_layer_grad_norms)
+        update = partial(add_and_apply, optimizer=program.optimizer, layer_grad_norms=t.log_layer_grad_norms)
         self._apply = jax.jit(update, donate_argnums=0)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
-        self._eval_loss = jax.jit(partial(eval_step, model=model))
+        self._eval_loss = jax.jit(program.eval_step)
         self._lowered: tuple | None = None  # (each core's gradient program, the update), traced
         self._compiled_gradients: dict | None = None
         self._compiled_apply = None

@@ -1,8 +1,8 @@
-"""`train_step` jitted over a device mesh: one SPMD program, the collectives inserted by GSPMD
-from the shardings the rules of jaxgpt/sharding.py give the state and the batch. Here too: the
-state's layout (shapes, dtypes and shardings, nothing allocated) and the state itself born
-sharded. The other way to run the same step is one program per CPU core (core_parallel.py);
-step_choice.py chooses between them.
+"""The training program's step (jaxgpt/program.py) jitted over a device mesh: one SPMD program,
+the collectives inserted by GSPMD from the shardings the rules of jaxgpt/sharding.py give the
+state and the batch. Here too: the state's layout (shapes, dtypes and shardings, nothing
+allocated) and the state itself born sharded. The other way to run the same step is one program
+per CPU core (core_parallel.py); step_choice.py chooses between them.
 """
 
 from __future__ import annotations
@@ -13,68 +13,59 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt import sharding
-from jaxgpt.config import RunConfig
-from jaxgpt.model import GPT
-from jaxgpt.optimizer import make_optimizer
-from jaxgpt.train_step import TrainState, create_train_state, eval_step, seed_key_data, train_step
+from jaxgpt.program import TrainingProgram
+from jaxgpt.train_step import TrainState, seed_key_data
 
 
-def state_layout(run: RunConfig, mesh):
+def state_layout(program: TrainingProgram, mesh):
     """The train state's shapes, dtypes and shardings (nothing allocated), and the function
     that creates it: the compiled initialisation (`.func`) applied to the seed's key data."""
-    create = partial(create_train_state, run.model, make_optimizer(run.train))
-    key_data = seed_key_data(run.train.seed)
-    shapes = jax.eval_shape(create, key_data)
+    key_data = seed_key_data(program.run.train.seed)
+    shapes = jax.eval_shape(program.create_state, key_data)
     layout = sharding.laid_out(shapes, mesh)
     shardings = jax.tree.map(lambda s: s.sharding, layout)
-    return layout, partial(jax.jit(create, out_shardings=shardings), key_data)
+    return layout, partial(jax.jit(program.create_state, out_shardings=shardings), key_data)
 
 
-def jit_train_step(run: RunConfig, mesh, layout):
-    """`train_step` for this run, jitted with the shardings of its state (`layout`, from
-    state_layout) and batches. The old state's buffers are donated to the new one."""
+def jit_train_step(program: TrainingProgram, mesh, layout):
+    """The program's step, jitted with the shardings of its state (`layout`, from state_layout)
+    and batches. The old state's buffers are donated to the new one."""
     state_shardings = jax.tree.map(lambda s: s.sharding, layout)
     replicated = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec())
-    step = partial(
-        train_step,
-        model=GPT(run.model),
-        optimizer=make_optimizer(run.train),
-        layer_grad_norms=run.train.log_layer_grad_norms,
-    )
     return jax.jit(
-        sharding.traced_on(mesh, partial(step, microbatches=run.train.microbatches)),
+        sharding.traced_on(mesh, program.step),
         in_shardings=(state_shardings, sharding.batch_sharding(mesh)),
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
 
 
-def batch_layout(run: RunConfig, mesh) -> jax.ShapeDtypeStruct:
-    shape = (run.train.batch_size, run.model.block_size + 1)
+def batch_layout(program: TrainingProgram, mesh) -> jax.ShapeDtypeStruct:
+    shape = (program.run.train.batch_size, program.run.model.block_size + 1)
     return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding.batch_sharding(mesh))
 
 
-def initial_state(run: RunConfig, mesh) -> TrainState:
+def initial_state(program: TrainingProgram, mesh) -> TrainState:
     """The run's step-0 state, born sharded over `mesh` (jit with out_shardings): no device
     ever holds all of it."""
-    _, create = state_layout(run, mesh)
+    _, create = state_layout(program, mesh)
     return create()
 
 
 class MeshStep:
-    """`train_step` jitted over a device mesh: one SPMD program. The other implementation of
+    """The program's step jitted over a device mesh: one SPMD program. The other implementation of
     the same interface (step_choice.Step) runs one program per CPU core (core_parallel.py)."""
 
     what = "the train step, one program over the mesh"  # for the line that says it compiled
 
-    def __init__(self, run: RunConfig, mesh, layout, compiled=None):
+    def __init__(self, program: TrainingProgram, mesh, layout, compiled=None):
         self.batch_mesh = mesh  # batches are sharded over the mesh's data axes
         self.devices = list(mesh.devices.flat)
-        self._step = jit_train_step(run, mesh, layout)
+        self._step = jit_train_step(program, mesh, layout)
         self._compiled = compiled  # choosing the microbatches may have compiled it already
         self._lowered = None
         self._eval_loss = jax.jit(
-            sharding.traced_on(mesh, partial(eval_step, model=GPT(run.model))),
+            sharding.traced_on(mesh, program.eval_step),
             in_shardings=(jax.tree.map(lambda s: s.sharding, layout.params), sharding.batch_sharding(mesh)),
             out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
         )

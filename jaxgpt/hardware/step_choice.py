@@ -41,11 +41,12 @@ from typing import NamedTuple, Protocol
 import jax
 
 from jaxgpt import sharding
-from jaxgpt.config import RunConfig, with_train
+from jaxgpt.config import RunConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, peak_flops, runtime
 from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, jit_train_step
+from jaxgpt.program import TrainingProgram
 from jaxgpt.train_step import TrainState
 
 
@@ -68,24 +69,24 @@ class Step(Protocol):
 
 
 class ChosenStep(NamedTuple):
-    run: RunConfig  # train.microbatches filled in
+    program: TrainingProgram  # its train.microbatches filled in
     step: Step
     note: str | None  # what was chosen and why, for the start-up lines
 
 
-def choose_step(run: RunConfig, mesh, layout, device_bytes: int | None = None) -> ChosenStep:
-    """The step for `run` on `mesh`, its state laid out as `layout` (mesh_step.state_layout):
+def choose_step(program: TrainingProgram, mesh, layout, device_bytes: int | None = None) -> ChosenStep:
+    """The step for `program` on `mesh`, its state laid out as `layout` (mesh_step.state_layout):
     one program per CPU core when the mesh is the CPU default and the batch splits over several
     cores, else the mesh's own jitted step. `device_bytes` is each accelerator's memory where
     the devices cannot say (compile-only TPU devices)."""
     cores = cores_for(mesh)
     if len(cores) > 1:
-        chosen = plan(run, cores, mesh, layout)
+        chosen = plan(program, cores, mesh, layout)
         if len(chosen.devices) > 1:
-            return ChosenStep(chosen.run, CoreParallelStep(chosen.run, chosen.devices), chosen.note)
-    tuned = fill_microbatches(run, mesh, layout, device_bytes)
-    check_batch_fits_mesh(tuned.run, mesh)
-    return ChosenStep(tuned.run, MeshStep(tuned.run, mesh, layout, tuned.compiled), tuned.note)
+            return ChosenStep(chosen.program, CoreParallelStep(chosen.program, chosen.devices), chosen.note)
+    tuned = fill_microbatches(program, mesh, layout, device_bytes)
+    check_batch_fits_mesh(tuned.program.run, mesh)
+    return ChosenStep(tuned.program, MeshStep(tuned.program, mesh, layout, tuned.compiled), tuned.note)
 
 
 # The CPU's cores
@@ -110,23 +111,24 @@ def cores_sharing_the_batch(run: RunConfig, cores: int) -> int:
 
 @dataclasses.dataclass(frozen=True)
 class CorePlan:
-    run: RunConfig  # train.microbatches filled in: per core, passes over its rows
+    program: TrainingProgram  # train.microbatches filled in: per core, passes over its rows
     devices: list  # the cores' CPU devices; one means the plain one-device step
     note: str | None  # what was chosen, for the start-up lines
 
 
-def plan(run: RunConfig, devices: list, mesh, layout) -> CorePlan:
+def plan(program: TrainingProgram, devices: list, mesh, layout) -> CorePlan:
     """How a one-device CPU run on `mesh` (the first of `devices`, its state laid out as
     `layout`) uses `devices`, one per core: as many cores as share the batch evenly, each with
     the fewest microbatches whose program fits the CPU's cache (fill_microbatches, applied to
     one core's rows on the same one device)."""
+    run = program.run
     n = cores_sharing_the_batch(run, len(devices))
     if n == 1:
-        return CorePlan(run, devices[:1], None)
-    per_core = with_train(run, batch_size=run.train.batch_size // n)
+        return CorePlan(program, devices[:1], None)
+    per_core = program.with_train(batch_size=run.train.batch_size // n)
     started = time.perf_counter()
     tuned = fill_microbatches(per_core, mesh, layout, measure_only=True)
-    microbatches = tuned.run.train.microbatches
+    microbatches = tuned.program.run.train.microbatches
     note = (
         f"{n} CPU cores, each running the step on {run.train.batch_size // n} of the {run.train.batch_size} rows "
         f"({microbatches} microbatch{'es' if microbatches > 1 else ''}); no collectives "
@@ -134,7 +136,7 @@ def plan(run: RunConfig, devices: list, mesh, layout) -> CorePlan:
     )
     if tuned.why:
         note += f"; microbatches per core {microbatches} ({tuned.why}) [{time.perf_counter() - started:.1f} s]"
-    return CorePlan(with_train(run, microbatches=microbatches), devices[:n], note)
+    return CorePlan(program.with_train(microbatches=microbatches), devices[:n], note)
 
 
 # Microbatches
@@ -149,12 +151,12 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
     return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
 
 
-def compile_step(run: RunConfig, mesh, layout, measure_only: bool = False):
-    """The train step of `run`, compiled ahead of time for its state (`layout`) and batch;
+def compile_step(program: TrainingProgram, mesh, layout, measure_only: bool = False):
+    """The program's train step, compiled ahead of time for its state (`layout`) and batch;
     raises memory.OutOfMemory where the compiler refuses it. `measure_only`: for its memory
     analysis, never to run (a CPU program compiled without LLVM's optimisations)."""
     with memory.refusals_as_out_of_memory():
-        lowered = jit_train_step(run, mesh, layout).lower(layout, batch_layout(run, mesh))
+        lowered = jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh))
         return lowered.compile(MEASURE_ONLY if measure_only else None)
 
 
@@ -164,8 +166,8 @@ def temp_bytes(compiled) -> int:
     return int(analysis.temp_size_in_bytes) if analysis is not None else 0
 
 
-def step_temp_bytes(run: RunConfig, mesh, layout, microbatches: int, measure_only: bool = False) -> int:
-    return temp_bytes(compile_step(with_train(run, microbatches=microbatches), mesh, layout, measure_only))
+def step_temp_bytes(program: TrainingProgram, mesh, layout, microbatches: int, measure_only: bool = False) -> int:
+    return temp_bytes(compile_step(program.with_train(microbatches=microbatches), mesh, layout, measure_only))
 
 
 def memory_budget(mesh, layout, device_bytes: int | None = None) -> tuple[int, str]:
@@ -214,29 +216,29 @@ def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[in
 
 
 class Tuned(NamedTuple):
-    run: RunConfig  # with train.microbatches filled in
+    program: TrainingProgram  # with train.microbatches filled in
     note: str | None  # what was chosen and why; None when the config chose
     compiled: object | None  # the chosen step, when choosing compiled it: no need to compile it again
     why: str | None = None  # the measurements and budget behind the choice, when the machine chose
 
 
 def fill_microbatches(
-    run: RunConfig, mesh, layout, device_bytes: int | None = None, measure_only: bool = False
+    program: TrainingProgram, mesh, layout, device_bytes: int | None = None, measure_only: bool = False
 ) -> Tuned:
-    """`run` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's).
+    """`program` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's).
     `layout`: the state's on `mesh`, the same for every microbatch count. `measure_only`: the
     caller compiles the step it runs itself (none is returned)."""
-    if run.train.microbatches:
-        return Tuned(run, None, None)
-    choices = microbatch_choices(run.train.batch_size, sharding.data_parallel_size(mesh))
+    if program.run.train.microbatches:
+        return Tuned(program, None, None)
+    choices = microbatch_choices(program.run.train.batch_size, sharding.data_parallel_size(mesh))
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
-        return Tuned(with_train(run, microbatches=choices[0] if choices else 1), None, None)
+        return Tuned(program.with_train(microbatches=choices[0] if choices else 1), None, None)
     budget, source = memory_budget(mesh, layout, device_bytes)
     compiled: dict[int, object] = {}
 
     def measure(m: int) -> float:
         try:
-            compiled[m] = compile_step(with_train(run, microbatches=m), mesh, layout, measure_only)
+            compiled[m] = compile_step(program.with_train(microbatches=m), mesh, layout, measure_only)
         except memory.OutOfMemory:
             return math.inf
         return temp_bytes(compiled[m])
@@ -246,7 +248,7 @@ def fill_microbatches(
     seen = ", ".join(f"{m}: {size}" for m, size in sizes.items())
     why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
     return Tuned(
-        with_train(run, microbatches=chosen),
+        program.with_train(microbatches=chosen),
         f"train.microbatches=0 -> {chosen} ({why})",
         None if measure_only else compiled.get(chosen),
         why,

@@ -123,13 +123,16 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     from jaxgpt.hardware.mesh_step import batch_layout, state_layout
     from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.model import flops_per_token
+    from jaxgpt.program import training_program
 
     mesh = sharding.make_mesh(run.mesh, devices)
-    layout, _ = state_layout(run, mesh)
+    program = training_program(run)
+    layout, _ = state_layout(program, mesh)
     with memory.refusals_as_out_of_memory():
-        run, step, _ = choose_step(run, mesh, layout, device_bytes=tpu.hbm_bytes if tpu else None)
-        batch = batch_layout(run, mesh)
+        program, step, _ = choose_step(program, mesh, layout, device_bytes=tpu.hbm_bytes if tpu else None)
+        batch = batch_layout(program, mesh)
         step.compile(layout, batch)
+    run = program.run
     analysis, cost = step.memory_analysis(), step.cost_analysis()
     state_bytes, params_bytes = memory.state_bytes(layout)
     tokens = run.train.batch_size * run.model.block_size

@@ -2,13 +2,16 @@
 them in this order, and nothing before the loop happens anywhere else):
 
   resolve_run   the config checked and resolved once: its data prepared, vocab_size filled in,
-                and the run checked against the data and this machine's memory from shapes
-                alone, before a workdir, a state or a batch exists
+                its training program built (jaxgpt/program.py: model, optimizer, schedule), and
+                the run checked against the data and this machine's memory from shapes alone,
+                before a workdir, a state or a batch exists
   opened        the workdir made (an earlier run moved aside for --fresh) and locked
-  place_run     the devices' mesh and the step chosen for it (one program per CPU core, or one
-                over the mesh: jaxgpt/hardware/step_choice.py), with the figures the loop reports
-                against (tokens per step, FLOPs per token, peak); the state is born sharded in the
-                trainer (ResolvedRun.create), which alone holds it
+  place_run     the step chosen for the mesh (one program per CPU core, or one over the mesh:
+                jaxgpt/hardware/step_choice.py), with the figures the loop reports against
+                (tokens per step, FLOPs per token, peak)
+  loop_inputs   what the loop reads beside the step: step 0's state born sharded, the
+                checkpoints opened, the validation set, the questions; the trainer takes them
+                and alone holds the state
   write_run     config.json and tokenizer.json, once the workdir's checkpoints are known to
                 belong to this run
 """
@@ -20,11 +23,13 @@ import dataclasses
 import json
 from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 import jax
+import numpy as np
 from jax.experimental import multihost_utils
 
-from jaxgpt import data, sharding
+from jaxgpt import data, multiple_choice, sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
@@ -33,10 +38,12 @@ from jaxgpt.hardware.mesh_step import state_layout
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
+from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import check_sinks_available
 from jaxgpt.job.resume import check_init_from_run
 from jaxgpt.kernels import kernel_fallback
 from jaxgpt.model import describe_parameters, flops_per_token
+from jaxgpt.program import TrainingProgram, training_program
 from jaxgpt.tokenizers import save_tokenizer
 from jaxgpt.train_step import TrainState
 
@@ -56,6 +63,7 @@ def check_stops(stop_at: int | None, from_step: int | None, resumed_at: int | No
 @dataclasses.dataclass
 class ResolvedRun:
     run: RunConfig  # every field filled in, vocab_size from the data
+    program: TrainingProgram  # what the run computes, built once
     dataset: data.Dataset
     notes: list[str]  # what resolving changed, for the start-up lines
     mesh: jax.sharding.Mesh  # the devices the run's state is laid out over
@@ -81,10 +89,11 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
     run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)  # the data's (a character corpus)
     data.check_long_enough(dataset, run.model.block_size)
     check_init_from_run(run)
+    program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    layout, create = state_layout(run, mesh)  # computed once, passed on to every stage that needs it
+    layout, create = state_layout(program, mesh)  # computed once, passed on to every stage that needs it
     memory.check_fits(run, mesh, layout)
-    return ResolvedRun(run, dataset, notes, mesh, layout, create)
+    return ResolvedRun(run, program, dataset, notes, mesh, layout, create)
 
 
 @contextlib.contextmanager
@@ -101,13 +110,17 @@ def opened(workdir: Path, *, fresh: bool, main: bool, say):
 
 @dataclasses.dataclass
 class PlacedRun:
-    run: RunConfig  # train.microbatches filled in by the step's choice
+    program: TrainingProgram  # train.microbatches filled in by the step's choice
     mesh: jax.sharding.Mesh
     step: Step
     tokens_per_step: int
     flops_per_token: float
     peak_flops: float  # of all the mesh's devices, what MFU is measured against
     peak_source: str  # where that figure comes from, said once at the start
+
+    @property
+    def run(self) -> RunConfig:
+        return self.program.run
 
     def describe(self, state: TrainState) -> str:
         """The start-up line for `state` (step 0's, or as restored: the same shapes and layout):
@@ -126,12 +139,13 @@ class PlacedRun:
 def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     """Stage 3: the run on this machine's devices."""
     mesh = resolved.mesh
-    run, step, note = choose_step(resolved.run, mesh, resolved.layout)
+    program, step, note = choose_step(resolved.program, mesh, resolved.layout)
     if note:
         say(note)
     peak, source = peak_flops(mesh.devices.flatten().tolist())
+    run = program.run
     return PlacedRun(
-        run=run,
+        program=program,
         mesh=mesh,
         step=step,
         tokens_per_step=run.train.batch_size * run.model.block_size,
@@ -141,7 +155,32 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     )
 
 
+class LoopInputs(NamedTuple):
+    state: TrainState  # step 0's, born sharded (microbatches do not change its layout)
+    checkpoints: Checkpoints
+    validation: data.ValidationSet  # the fixed windows every evaluation scores
+    train_starts: np.ndarray | None  # where training windows may start; None: anywhere
+    questions: list  # train.multiple_choice's, read once
+
+
+def loop_inputs(resolved: ResolvedRun, placed: PlacedRun, workdir: Path) -> LoopInputs:
+    """Stage 4: what the loop reads beside the step."""
+    run, dataset = placed.run, resolved.dataset
+    t = run.train
+    train_starts = None  # training windows at any offset, unless aligned to documents
+    if run.data.align_to_documents:
+        # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
+        train_starts = data.aligned_starts(dataset.documents, len(dataset.train), run.model.block_size)
+    validation = data.validation_set(
+        dataset.val, dataset.tokenizer.token_bytes(), run.model.block_size, t.batch_size, t.eval_batches
+    )
+    limit = t.multiple_choice_limit or None
+    questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
+    checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints)
+    return LoopInputs(resolved.create(), checkpoints, validation, train_starts, questions)
+
+
 def write_run(workdir: Path, run: RunConfig, tokenizer) -> None:
-    """Stage 4: what a reader of the workdir needs beside the checkpoints."""
+    """Stage 5: what a reader of the workdir needs beside the checkpoints."""
     (workdir / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
     save_tokenizer(tokenizer, workdir / "tokenizer.json")

@@ -38,7 +38,6 @@ from jaxgpt.errors import warn
 from jaxgpt.hardware import runtime
 from jaxgpt.hardware.distributed import is_main_process
 from jaxgpt.job import setup
-from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import (
     MetricsLog,
     describe_mfu,
@@ -48,7 +47,6 @@ from jaxgpt.job.metrics import (
 )
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import StopRequests, check_finite
-from jaxgpt.optimizer import learning_rate_schedule
 from jaxgpt.train_step import per_layer
 
 
@@ -94,7 +92,7 @@ def train_and_evaluate(
     for note in resolved.notes:
         say(f"note: {note}")
     with setup.opened(workdir, fresh=fresh, main=main, say=say):
-        trainer = Trainer(resolved, setup.place_run(resolved, say), workdir, say)
+        trainer = Trainer.on_this_machine(resolved, workdir, say)
         with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
@@ -152,25 +150,20 @@ class Interval:
 class Trainer:
     """A run's compiled steps, data, mesh and checkpoints, and the loop that uses them."""
 
-    def __init__(self, resolved: setup.ResolvedRun, placed: setup.PlacedRun, workdir: Path, say):
-        config, dataset = placed.run, resolved.dataset
-        t = config.train
-        self.config, self.dataset, self.workdir, self.say, self.placed = config, dataset, workdir, say, placed
+    def __init__(self, dataset, placed: setup.PlacedRun, inputs: setup.LoopInputs, workdir: Path, say):
+        self.config, self.dataset, self.workdir, self.say, self.placed = placed.run, dataset, workdir, say, placed
         self.mesh, self.step = placed.mesh, placed.step
-        # step 0's state, born sharded (microbatches do not change its layout); held here alone, so a
-        # restored state replaces it in memory rather than beside it
-        self.state = resolved.create()
-        limit = t.multiple_choice_limit or None
-        self.questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
-        self.schedule = learning_rate_schedule(t)
-        self.checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints)
-        self.train_starts = None  # training windows at any offset, unless aligned to documents
-        if config.data.align_to_documents:
-            # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
-            self.train_starts = data.aligned_starts(dataset.documents, len(dataset.train), config.model.block_size)
-        self.validation = data.validation_set(
-            dataset.val, dataset.tokenizer.token_bytes(), config.model.block_size, t.batch_size, t.eval_batches
-        )
+        self.schedule = placed.program.schedule  # the optimizer's own: the learning rate logged is the one applied
+        # the state is held here alone (`inputs` is not kept), so a restored state replaces step 0's in
+        # memory rather than beside it
+        self.state, self.checkpoints, self.validation, self.train_starts, self.questions = inputs
+
+    @classmethod
+    def on_this_machine(cls, resolved: setup.ResolvedRun, workdir: Path, say) -> Trainer:
+        """The stages between an opened workdir and the loop: the run placed on this machine's
+        devices, then what its loop reads."""
+        placed = setup.place_run(resolved, say)
+        return cls(resolved.dataset, placed, setup.loop_inputs(resolved, placed, workdir), workdir, say)
 
     def train(self, start, progress: bool = True, stop_at: int | None = None) -> dict:
         """Train from `start` (a resume.StartingPoint) to train.steps, or to stop_at, or until
