@@ -194,6 +194,11 @@ class ModelConfig:
     scan_layers: run the blocks with `nn.scan`, so compile time does not grow with depth.
     remat: rematerialisation policy for each block: "none", "full" (save nothing),
         "dots" (save matmul outputs), "dots_no_batch" (save matmuls without batch dims).
+    loss_chunk: in training, compute the LM head and the cross-entropy this many positions
+        at a time, each piece's logits recomputed in the backward pass rather than kept (0:
+        all positions at once). The logits are (batch, seq, vocab) float32, at GPT-2's 50,304
+        tokens the step's largest tensor (12.3 GiB at batch 64, T=1024); chunks of 128 keep an
+        eighth of them alive. The same loss and gradients up to float32 summation order.
     init_std: standard deviation of the GPT-2 initialisation (0.02).
 
     Switches from the records since GPT-2 (each off by default):
@@ -264,6 +269,7 @@ class ModelConfig:
     attention: str = "xla"
     scan_layers: bool = False
     remat: str = "none"
+    loss_chunk: int = 0
     init_std: float = 0.02
     qk_norm: bool = False
     zero_init_residual: bool = False
@@ -390,9 +396,20 @@ def _check_model(c: ModelConfig) -> None:
     problems.not_negative("logit_softcap")
     if not isinstance(c.attention_window, int) or isinstance(c.attention_window, bool) or c.attention_window < 0:
         problems.add("attention_window", "must be a whole number of tokens, or 0 for the whole prefix")
+    if not isinstance(c.loss_chunk, int) or isinstance(c.loss_chunk, bool) or c.loss_chunk < 0:
+        problems.add("loss_chunk", "must be a whole number of positions, or 0 for the whole sequence at once")
+    elif c.loss_chunk and c.block_size % c.loss_chunk:
+        problems.add(
+            "loss_chunk", f"must divide block_size={c.block_size}; choose a divisor such as {largest_divisor(c)}"
+        )
     _check_rope_scaling(c, problems)
     _check_moe(c, problems)
     problems.raise_if_any()
+
+
+def largest_divisor(c: ModelConfig) -> int:
+    """The largest divisor of block_size not above loss_chunk: the nearest chunk that divides."""
+    return max(d for d in range(1, min(c.loss_chunk, c.block_size) + 1) if c.block_size % d == 0)
 
 
 def _check_masked(c: ModelConfig, problems: Problems) -> None:

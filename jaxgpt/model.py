@@ -111,11 +111,15 @@ class GPT(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, tokens: jnp.ndarray, *, train: bool = False, decode: bool = False) -> jnp.ndarray:
+    def __call__(
+        self, tokens: jnp.ndarray, *, train: bool = False, decode: bool = False, head: bool = True
+    ) -> jnp.ndarray:
         """tokens (batch, seq) int -> logits (batch, seq, vocab) float32.
 
         train: enables dropout (needs a "dropout" rng).
         decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
+        head: False stops before the LM head, returning what it reads (batch, seq, d_model):
+            the loss then applies the head a chunk at a time (`head_logits`, model.loss_chunk).
         """
         c = self.config
         positions, cache_index = token_positions(self, c, tokens.shape[1], decode)
@@ -123,38 +127,37 @@ class GPT(nn.Module):
         x = input_embeddings(c, wte, tokens, positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x, residuals = self._blocks(x, positions, cache_index, train=train)
-        readout = self._readout(wte)
+        features = self._head_input()
+        if not head:
+            return features(x)
+
+        def readout(x):
+            return head_logits(c, self._head_weights(wte), features(x))
+
         if residuals:  # capturing (jaxgpt.capture): the logit lens, the readout after every layer
             self.sow("intermediates", "residual", jnp.stack(residuals))
             self.sow("intermediates", "logit_lens", jnp.stack([readout(r) for r in residuals]))
         return readout(x)
 
-    def _readout(self, wte: nn.Embed):
-        """The function from the residual stream to float32 logits: the final norm (pre-norm
-        models; post-norm blocks already end normalised), with head_transform BERT's dense,
-        activation and norm, the LM head (and BERT's bias per token), the soft cap."""
+    def _head_input(self):
+        """The function from the residual stream to what the LM head reads: the final norm
+        (pre-norm models; post-norm blocks already end normalised), with head_transform BERT's
+        dense, activation and norm."""
         c = self.config
         norm_f = make_norm(c, "norm_f") if c.norm_position == "pre" else (lambda x: x)
-        if c.tie_embeddings:
-            head = wte.attend
-        else:
-            head = nn.Dense(c.vocab_size, use_bias=False, kernel_init=embedding_init(c), **dtypes(c), name="lm_head")
-        transform, bias = lambda x: x, None
-        if c.head_transform:
-            dense = nn.Dense(c.d_model, kernel_init=embedding_init(c), use_bias=c.bias, name="head_dense", **dtypes(c))
-            norm = make_norm(c, "head_norm")
-            transform = lambda x: norm(ACTIVATION_FUNCTIONS[c.activation](dense(x)))  # noqa: E731
-            bias = self.param("head_bias", nn.initializers.zeros, (c.vocab_size,), jnp.dtype(c.param_dtype))
+        if not c.head_transform:
+            return norm_f
+        dense = nn.Dense(c.d_model, kernel_init=embedding_init(c), use_bias=c.bias, name="head_dense", **dtypes(c))
+        norm = make_norm(c, "head_norm")
+        return lambda x: norm(ACTIVATION_FUNCTIONS[c.activation](dense(norm_f(x))))
 
-        def readout(x):
-            logits = head(transform(norm_f(x))).astype(jnp.float32)
-            if bias is not None:
-                logits = logits + bias.astype(jnp.float32)
-            if c.logit_softcap:
-                logits = c.logit_softcap * jnp.tanh(logits / c.logit_softcap)
-            return logits
-
-        return readout
+    def _head_weights(self, wte: nn.Embed) -> dict:
+        """The LM head's parameters, as `head_weights` reads them from a params tree."""
+        c = self.config
+        weights = {"embedding": wte.embedding} if c.tie_embeddings else {"kernel": LMHead(c, name="lm_head")()}
+        if c.head_transform:  # BERT's bias per token
+            weights["bias"] = self.param("head_bias", nn.initializers.zeros, (c.vocab_size,), jnp.dtype(c.param_dtype))
+        return weights
 
     def _blocks(self, x, positions, cache_index, *, train: bool) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
         """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one
@@ -183,6 +186,48 @@ class GPT(nn.Module):
             x = block(c, train=train, moe=c.is_moe_layer(i), name=f"block_{i}")(x, positions, cache_index)
             residuals.append(x)
         return x, residuals if self.is_mutable_collection("intermediates") else []
+
+
+class LMHead(nn.Module):
+    """The output matrix (d_model, vocab) of a model whose head is not its embedding: the
+    parameter nn.Dense would make (same name, shape, initialiser), applied by `head_logits`."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self) -> jnp.ndarray:
+        c = self.config
+        return self.param("kernel", embedding_init(c), (c.d_model, c.vocab_size), jnp.dtype(c.param_dtype))
+
+
+def head_weights(config: ModelConfig, params: dict) -> dict:
+    """The LM head's parameters in a GPT's params tree: the tied embedding or lm_head's
+    kernel, and BERT's bias per token."""
+    if config.tie_embeddings:
+        weights = {"embedding": params["wte"]["embedding"]}
+    else:
+        weights = {"kernel": params["lm_head"]["kernel"]}
+    return weights | ({"bias": params["head_bias"]} if config.head_transform else {})
+
+
+def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jnp.ndarray:
+    """(..., d_model) head input -> (..., vocab) float32 logits: the LM head (the embedding's
+    transpose, or its own matrix; in the compute dtype, as nn.Embed.attend and nn.Dense
+    compute), BERT's bias per token, the soft cap. One definition for the model's forward pass
+    and the chunked loss."""
+    dtype = jnp.dtype(config.dtype)
+    x = features.astype(dtype)
+    if "embedding" in weights:
+        logits = jnp.dot(x, weights["embedding"].astype(dtype).T)
+    else:
+        kernel = weights["kernel"].astype(dtype)
+        logits = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    logits = logits.astype(jnp.float32)
+    if "bias" in weights:
+        logits = logits + weights["bias"].astype(jnp.float32)
+    if config.logit_softcap:
+        logits = config.logit_softcap * jnp.tanh(logits / config.logit_softcap)
+    return logits
 
 
 def init_params(config: ModelConfig, rng: jax.Array) -> dict:

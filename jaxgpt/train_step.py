@@ -20,7 +20,7 @@ import optax
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.masked import example_keys, hidden_count, mask_examples
-from jaxgpt.model import GPT, init_params, zeros_shaped
+from jaxgpt.model import GPT, head_logits, head_weights, init_params, zeros_shaped
 
 EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
 
@@ -62,12 +62,18 @@ def token_losses(
     model: GPT, params, windows: jax.Array, rng: jax.Array | None = None, head_mask: dict | None = None
 ) -> jax.Array:
     """Next-token cross-entropy (batch, seq) at each position of windows (batch, seq + 1);
-    dropout when rng is given; head_mask (`jaxgpt.model.head_mask`) silences attention heads."""
+    dropout when rng is given; head_mask (`jaxgpt.model.head_mask`) silences attention heads.
+    With model.loss_chunk dividing seq, the logits are computed a chunk at a time, as training
+    computes them: an evaluation never needs more memory for them than a training step."""
     inputs, targets = windows[:, :-1], windows[:, 1:]
     train = rng is not None
     variables = {"params": params} | ({"head_mask": head_mask} if head_mask is not None else {})
-    logits = model.apply(variables, inputs, train=train, rngs={"dropout": rng} if train else None)
-    return optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    chunk = model.config.loss_chunk
+    chunked = bool(chunk) and inputs.shape[1] % chunk == 0
+    outputs = model.apply(variables, inputs, train=train, rngs={"dropout": rng} if train else None, head=not chunked)
+    if chunked:
+        return chunked_losses(model.config, params, outputs, targets)[0]
+    return optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
 
 
 def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None = None) -> jax.Array:
@@ -125,14 +131,23 @@ def scored(
         inputs, targets, scores = tokens, windows[:, 1:], None
     train = dropout_rng is not None
     apply = partial(
-        model.apply, {"params": params}, inputs, train=train, rngs={"dropout": dropout_rng} if train else None
+        model.apply,
+        {"params": params},
+        inputs,
+        train=train,
+        rngs={"dropout": dropout_rng} if train else None,
+        head=not config.loss_chunk,
     )
-    logits, sown = apply(mutable=["router"]) if config.moe is not None else (apply(), None)
-    losses = optax.softmax_cross_entropy_with_integer_labels(logits, targets)
+    outputs, sown = apply(mutable=["router"]) if config.moe is not None else (apply(), None)
+    if config.loss_chunk:  # the head's input: logits and losses a chunk of positions at a time
+        losses, predictions = chunked_losses(config, params, outputs, targets, predict=scores is not None)
+    else:
+        losses = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
+        predictions = jnp.argmax(outputs, axis=-1) if scores is not None else None
     loss = (losses if scores is None else losses * scores).sum() / weight
     measured = {"loss": loss}
     if scores is not None:
-        measured["accuracy"] = ((jnp.argmax(logits, axis=-1) == targets) * scores).sum() / weight
+        measured["accuracy"] = ((predictions == targets) * scores).sum() / weight
     objective = loss
     if sown is not None:
         share = rows / batch_rows  # of the batch's sequences, each a routing group of its own
@@ -141,6 +156,35 @@ def scored(
         objective = objective + moe.aux_loss * router["aux_loss"].mean() + moe.z_loss * router["z_loss"].mean()
         measured["router"] = router
     return objective, measured
+
+
+def chunked_losses(
+    config: ModelConfig, params, features: jax.Array, targets: jax.Array, predict: bool = False
+) -> tuple[jax.Array, jax.Array | None]:
+    """(cross-entropy, with `predict` the most likely token else None), each (batch, seq), from
+    the LM head's input features (batch, seq, d_model), config.loss_chunk positions at a time:
+    one chunk's logits exist at a time, and the backward pass recomputes each chunk's from its
+    features (jax.checkpoint) instead of keeping them all. The same numbers as the whole
+    logits' up to float32 summation order."""
+    b, t, d = features.shape
+    chunks = t // config.loss_chunk
+    head = head_weights(config, params)
+
+    @jax.checkpoint
+    def one_chunk(piece):
+        chunk_features, chunk_targets = piece  # (b, chunk, d), (b, chunk)
+        logits = head_logits(config, head, chunk_features)
+        losses = optax.softmax_cross_entropy_with_integer_labels(logits, chunk_targets)
+        return losses, jnp.argmax(logits, axis=-1) if predict else None
+
+    def by_chunk(x):  # (b, t, ...) -> (chunks, b, chunk, ...)
+        return x.reshape(b, chunks, config.loss_chunk, *x.shape[2:]).swapaxes(0, 1)
+
+    def unchunked(x):
+        return None if x is None else x.swapaxes(0, 1).reshape(b, t)
+
+    losses, predictions = jax.lax.map(one_chunk, (by_chunk(features), by_chunk(targets)))
+    return unchunked(losses), unchunked(predictions)
 
 
 def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]:

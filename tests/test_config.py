@@ -78,6 +78,8 @@ def test_rope_scaling_accepts_a_plain_dict():
         (dict(qkv_projections=False, qkv_bias=True), "qkv_bias=True needs the projections it biases"),
         (dict(head_transform=True, activation="swiglu"), "head_transform=True applies an elementwise activation"),
         (dict(mask_token=256), "mask_token=256 must be a token id below vocab_size=256"),
+        (dict(block_size=96, loss_chunk=64), "loss_chunk=64 must divide block_size=96; choose a divisor such as 48"),
+        (dict(loss_chunk=-1), "loss_chunk=-1 must be a whole number of positions"),
     ],
 )
 def test_bad_config_names_field_and_value(changes, message):

@@ -11,10 +11,10 @@ import optax
 import pytest
 
 from jaxgpt.config import MixtureOfExperts, ModelConfig, TrainConfig
-from jaxgpt.model import GPT
+from jaxgpt.model import GPT, init_params
 from jaxgpt.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
 from jaxgpt.program import training_program
-from jaxgpt.train_step import create_train_state, train_step
+from jaxgpt.train_step import create_train_state, scored, token_losses, train_step
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 
@@ -199,3 +199,58 @@ def test_a_masked_loss_is_the_mean_over_every_hidden_token_of_the_batch():
     np.testing.assert_allclose(measured["loss"], losses[hidden].mean(), rtol=1e-5)
     per_core = [losses[c * 4 : (c + 1) * 4][hidden[c * 4 : (c + 1) * 4]].mean() for c in range(2)]
     assert abs(np.mean(per_core) - losses[hidden].mean()) > 1e-4  # the old reduction would differ
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        dict(),
+        dict(tie_embeddings=False, logit_softcap=30.0, n_kv_head=1, position="rope", norm="rmsnorm"),
+        dict(objective="masked", causal=False, head_transform=True, scan_layers=True),
+    ],
+    ids=["gpt2", "untied-softcap", "masked-bert-head"],
+)
+def test_a_chunked_loss_is_the_whole_loss(changes):
+    """model.loss_chunk computes the LM head and the cross-entropy four positions at a time and
+    recomputes each chunk's logits in the backward pass: the objective, what it measures and
+    every gradient equal the whole-logits step's. The same products and the same sums over the
+    vocabulary; only how XLA fuses them differs, so float32 rounding (a few ulps; 1e-6 relative
+    on these O(1) values and gradients, with 1e-7 absolute for gradients near zero)."""
+    config = ModelConfig(vocab_size=64, block_size=16, n_layer=2, n_head=2, d_model=32, **changes)
+    params = init_params(config, jax.random.key(0))
+    windows = jnp.asarray(np.random.default_rng(1).integers(0, 64, (4, 17)), jnp.int32)
+
+    def objective_and_gradient(loss_chunk):
+        model = GPT(config.replace(loss_chunk=loss_chunk))
+        return jax.jit(jax.value_and_grad(lambda p: scored(model, p, windows, jax.random.key(2)), has_aux=True))(params)
+
+    if config.objective == "next_token":  # and evaluation's losses, position by position
+        by_position = [token_losses(GPT(config.replace(loss_chunk=c)), params, windows) for c in (0, 4)]
+        np.testing.assert_allclose(by_position[1], by_position[0], rtol=1e-6)
+    (whole, whole_measured), whole_grads = objective_and_gradient(0)
+    (chunked, chunked_measured), chunked_grads = objective_and_gradient(4)
+    np.testing.assert_allclose(chunked, whole, rtol=1e-6)
+    assert chunked_measured.keys() == whole_measured.keys()
+    for name in whole_measured:
+        np.testing.assert_allclose(chunked_measured[name], whole_measured[name], rtol=1e-6)
+    for got, want in zip(jax.tree.leaves(chunked_grads), jax.tree.leaves(whole_grads), strict=True):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-7)
+
+
+def test_a_chunked_loss_keeps_one_chunk_of_logits():
+    """The point of chunking, from XLA's memory analysis of the compiled gradient: with a
+    4,096-token vocabulary, 8 rows of 64 positions have 8 MiB of float32 logits (and as much
+    again for their gradient); in chunks of 8 positions a step holds one chunk's, 1 MiB. The
+    temporaries must fall by more than the whole logits' 8 MiB."""
+    config = ModelConfig(vocab_size=4096, block_size=64, n_layer=1, n_head=2, d_model=32)
+    params = init_params(config, jax.random.key(0))
+    windows = jnp.zeros((8, 65), jnp.int32)
+    logits_bytes = 8 * 64 * 4096 * 4
+
+    def temporaries(loss_chunk):
+        model = GPT(config.replace(loss_chunk=loss_chunk))
+        gradient = jax.grad(lambda p: scored(model, p, windows, jax.random.key(0))[0])
+        return jax.jit(gradient).lower(params).compile().memory_analysis().temp_size_in_bytes
+
+    whole, chunked = temporaries(0), temporaries(8)
+    assert whole - chunked > logits_bytes, (whole, chunked)
