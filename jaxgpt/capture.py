@@ -39,7 +39,8 @@ class Captured(NamedTuple):
     logit_lens: np.ndarray  # (n_layer + 1, batch, t, vocab): the readout of each residual
     # A mixture of experts (jaxgpt/moe.py), per MoE layer (config.moe_layers; none in a dense
     # model): the experts each token was routed to, most probable first, and their weights
-    # (renormalised over the chosen; an assignment dropped at capacity keeps its weight here).
+    # (renormalised over the chosen where model.moe.renormalize; an assignment dropped at
+    # capacity keeps its weight here).
     experts: np.ndarray  # (moe layers, batch, t, top_k) int
     expert_weights: np.ndarray  # (moe layers, batch, t, top_k)
 

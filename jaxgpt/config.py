@@ -120,7 +120,8 @@ class MixtureOfExperts:
     """A mixture-of-experts feed-forward layer in place of the MLP (Shazeer et al. 2017; Switch
     Transformer, Fedus et al. 2021; Mixtral, Jiang et al. 2024): a router picks `top_k` of
     `experts` MLPs for each token, and the token's output is their outputs weighted by the
-    router's probabilities renormalised over the chosen ones (Mixtral's rule).
+    router's probabilities, renormalised over the chosen ones (Mixtral's rule) or as they are
+    (Switch Transformer's).
 
     experts: how many expert MLPs each MoE layer has (0 in a config file: no MoE).
     top_k: experts each token is sent to.
@@ -133,6 +134,11 @@ class MixtureOfExperts:
         the assignments past that are dropped (that expert adds nothing to the
         token; the residual carries it on). 0: dropless, every assignment computed (on a CPU
         this costs experts / top_k times the compute of the chosen experts alone).
+    renormalize: weigh the chosen experts by their probabilities divided by the chosen ones'
+        sum (Mixtral; transformers' norm_topk_prob), or by the probabilities themselves
+        (Switch Transformer). At top_k=1 renormalising makes the one weight exactly 1, so the
+        router learns only from the auxiliary losses, never from the task: top-1 routing wants
+        renormalize=False.
     every: an MoE layer in every `every`-th block (blocks every-1, 2*every-1, ...), the others
         dense MLPs; 1 makes every block MoE.
     aux_loss: coefficient of the load-balancing loss, experts x sum_e f_e P_e (Switch
@@ -149,6 +155,7 @@ class MixtureOfExperts:
     shared_experts: int = 0
     expert_hidden: int | None = None
     capacity_factor: float = 0.0
+    renormalize: bool = True
     every: int = 1
     aux_loss: float = 0.01
     z_loss: float = 0.001

@@ -605,6 +605,7 @@ def _mixtral_family(c: ModelConfig) -> str:
         ("capacity_factor", m.capacity_factor, 0.0, "Mixtral routes every token (dropless)"),
         ("every", m.every, 1, "Mixtral has experts in every block"),
         ("shared_experts", m.shared_experts, 0, "Mixtral has no shared expert"),
+        ("renormalize", m.renormalize, True, "Mixtral renormalises the chosen experts' weights"),
     ]
     for field, value, wanted, why in differences:
         if value != wanted:

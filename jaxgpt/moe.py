@@ -5,7 +5,7 @@ Each sequence of the batch is one routing group (GShard's groups), so what a tok
 not depend on how the batch is split into microbatches or over devices. Per sequence:
 
     router      logits = x W_r (float32); p = softmax(logits); the top_k experts by p, their
-                weights p renormalised over the chosen ones (Mixtral)
+                weights p renormalised over the chosen ones (Mixtral) or p itself (Switch)
     queues      the t * top_k assignments in priority order (every token's first choice, then
                 every second choice; earlier tokens first) take the next free row of their
                 expert's buffer of `capacity` rows; those past the end are dropped
@@ -42,11 +42,13 @@ def capacity(config: ModelConfig, tokens: int) -> int:
     return min(tokens, math.ceil(m.capacity_factor * tokens * m.top_k / m.experts))
 
 
-def route(logits: jnp.ndarray, top_k: int) -> tuple[jnp.ndarray, jnp.ndarray]:
+def route(logits: jnp.ndarray, top_k: int, renormalize: bool = True) -> tuple[jnp.ndarray, jnp.ndarray]:
     """For router logits (..., experts): the chosen experts (..., top_k), most probable first,
-    and their weights: the softmax probabilities renormalised over the chosen (Mixtral)."""
+    and their weights: the softmax probabilities, renormalised over the chosen (Mixtral) or
+    as they are (Switch Transformer). Renormalised, one chosen expert's weight is exactly 1, so
+    at top_k=1 the task's loss gives the router no gradient; as they are, it does."""
     chosen_p, chosen = jax.lax.top_k(jax.nn.softmax(logits), top_k)
-    return chosen, chosen_p / chosen_p.sum(-1, keepdims=True)
+    return chosen, chosen_p / chosen_p.sum(-1, keepdims=True) if renormalize else chosen_p
 
 
 def queue_positions(chosen: jnp.ndarray, experts: int) -> jnp.ndarray:
@@ -100,7 +102,7 @@ class MixtureOfExpertsLayer(nn.Module):
             dtype=jnp.float32, param_dtype=jnp.dtype(c.param_dtype),
         )  # fmt: skip
         logits = router(x.astype(jnp.float32))  # routing in float32 under any compute dtype
-        chosen, weights = route(logits, m.top_k)  # (batch, t, top_k)
+        chosen, weights = route(logits, m.top_k, m.renormalize)  # (batch, t, top_k)
         self.sow("intermediates", "experts", chosen)  # for jaxgpt.capture; nothing unless capturing
         self.sow("intermediates", "expert_weights", weights)
         rows = capacity(c, t)

@@ -42,15 +42,20 @@ def test_the_task_answers_are_the_reversal_and_the_sort():
 
 
 def test_every_source_digit_reaches_every_output_and_the_decoder_sees_only_the_past(model):
-    """Changing source digit j moves the logits at every target position (cross-attention has
-    no mask); changing decoder input token i moves positions i and after, never before."""
+    """Changing any source digit j moves the encoder's output at every source position, those
+    before j too (the encoder is bidirectional), and the logits at every target position
+    (cross-attention has no mask); changing decoder input token i moves positions i and
+    after, never before."""
     c, params = model
     source, target = (jnp.asarray(a) for a in seq2seq.examples("reverse", 1, LENGTH, 3))
     inputs = seq2seq.decoder_input(target)
     forward = jax.jit(lambda s, t: EncoderDecoder(c).apply({"params": params}, s, t)[0])
-    base = forward(source, inputs)
-    for j in (0, LENGTH - 1):
-        moved = np.abs(forward(source.at[0, j].set((source[0, j] + 1) % 10), inputs) - base).max(-1)
+    encode = jax.jit(lambda s: EncoderDecoder(c).apply({"params": params}, s, method="encode")[0])
+    base, base_memory = forward(source, inputs), encode(source)
+    for j in range(LENGTH):
+        changed = source.at[0, j].set((source[0, j] + 1) % 10)
+        assert np.all(np.abs(encode(changed) - base_memory).max(-1) > 1e-3), j
+        moved = np.abs(forward(changed, inputs) - base).max(-1)
         assert np.all(moved > 1e-3), j
     for i in (1, 4):
         moved = np.abs(forward(source, inputs.at[0, i].set((inputs[0, i] + 1) % 10)) - base).max(-1)

@@ -414,6 +414,7 @@ def test_a_mixture_of_experts_round_trips_through_mixtral_exactly(tmp_path):
     [
         ({"capacity_factor": 1.25}, "model.moe.capacity_factor=1.25 has no counterpart in Hugging Face's Mixtral"),
         ({"shared_experts": 1}, "model.moe.shared_experts=1 has no counterpart"),
+        ({"renormalize": False}, "model.moe.renormalize=False has no counterpart"),
     ],
 )
 def test_a_mixture_mixtral_cannot_describe_is_refused_naming_the_setting(moe, message, tmp_path):

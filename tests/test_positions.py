@@ -1,6 +1,7 @@
 """Positions: RoPE against a complex-number reference and its defining properties, RoPE
 scalings against hand-computed frequencies, sinusoidal tables, ALiBi slopes."""
 
+import dataclasses
 import math
 
 import jax
@@ -144,3 +145,35 @@ def test_sinusoidal_positions_are_relative_a_fixed_rotation_apart():
         np.testing.assert_allclose(table[k : 201 + k], table[:201] @ turn.T, atol=1e-4)
         dots = np.einsum("pd,pd->p", table[:201], table[k : 201 + k])
         np.testing.assert_allclose(dots, np.sum(np.cos(frequencies * k)), atol=1e-3)
+
+
+def test_longrope_frequencies_and_scale_match_hand_computation():
+    # head_dim 8, theta 1e4: theta ** (2i / 8) = 1, 10, 100, 1000. Original window 4, stretch 8.
+    # Past the window (block_size 32) the long factors 1, 2, 4, 8 divide the plain frequencies:
+    # 1, 1/20, 1/400, 1/8000; within it (block_size 4) the short factors, all 1, leave them.
+    # The scale sqrt(1 + ln 8 / ln 4) = sqrt(2.5) either way (it follows the stretch).
+    scaling = RopeScaling("longrope", 8.0, 4, long_factor=(1.0, 2.0, 4.0, 8.0), short_factor=(1.0,) * 4)
+    long, long_scale = rope_frequencies(8, 10000.0, scaling, block_size=32)
+    short, short_scale = rope_frequencies(8, 10000.0, scaling, block_size=4)
+    np.testing.assert_allclose(long, [1.0, 1 / 20, 1 / 400, 1 / 8000], rtol=1e-6)
+    np.testing.assert_allclose(short, [1.0, 0.1, 0.01, 0.001], rtol=1e-6)
+    assert long_scale == short_scale == pytest.approx(math.sqrt(2.5))
+    assert rope_frequencies(8, 10000.0, dataclasses.replace(scaling, factor=1.0), block_size=32)[1] == 1.0  # no stretch
+
+
+def test_the_longrope_scale_reaches_the_attention_scores():
+    """A LongRoPE model whose factors are all 1 rotates as plain RoPE does, so its attention
+    scores are plain RoPE's times the square of its scale (cos and sin are scaled, so q and k
+    are each scaled by it): sqrt(2.5) squared, 2.5, on every visible score."""
+    from jaxgpt.capture import capture
+    from jaxgpt.config import ModelConfig
+    from jaxgpt.model import init_params
+
+    plain = ModelConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=16, position="rope")
+    ones = RopeScaling("longrope", 8.0, 4, long_factor=(1.0,) * 4, short_factor=(1.0,) * 4)
+    longrope = plain.replace(rope_scaling=ones)
+    params = init_params(plain, jax.random.key(0))
+    tokens = np.arange(8)[None] % 16
+    want, got = capture(plain, params, tokens).scores, capture(longrope, params, tokens).scores
+    visible = np.isfinite(want)
+    np.testing.assert_allclose(got[visible], 2.5 * want[visible], rtol=1e-5, atol=1e-6)
