@@ -699,6 +699,13 @@ class RunConfig:
                 f"mesh.expert={self.mesh.expert} does not divide model.moe.experts={experts}; choose a divisor so "
                 "each device holds whole experts"
             )
+        tokens = self.train.batch_size * self.model.block_size
+        if self.model.objective == "masked" and self.model.mask_rate * tokens < 1:
+            raise ConfigError(
+                f"model.mask_rate={self.model.mask_rate} hides {self.model.mask_rate * tokens:.2g} of a batch's "
+                f"{tokens:,} tokens on average, so most batches would score nothing (a loss of 0 over no tokens); "
+                f"raise mask_rate to at least {1 / tokens:.2g}, or the batch or block size"
+            )
 
     def to_dict(self) -> dict:
         return dataclasses.asdict(self)

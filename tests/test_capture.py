@@ -122,6 +122,26 @@ def test_the_lens_command_prints_a_row_per_layer(trained_small_run, capsys):
     assert all(0 < x < 10 for x in losses)
 
 
+def test_the_lens_command_refuses_an_encoder_in_one_line(tmp_path, capsys):
+    """An encoder predicts hidden tokens from both sides: its layers have no next-token guesses,
+    and the lens says so (as sample and evaluate do) rather than printing a table of them. The
+    workdir holds what --init reads: the run's config.json and tokenizer.json."""
+    import json
+
+    from jaxgpt.commands import logit_lens
+    from jaxgpt.config_files import resolve
+    from jaxgpt.tokenizers import make_tokenizer, save_tokenizer
+
+    encoder = {"causal": False, "objective": "masked", "vocab_size": 40, "n_layer": 1, "block_size": 16}
+    (tmp_path / "config.json").write_text(json.dumps(resolve({"model": encoder}).to_dict()))
+    save_tokenizer(make_tokenizer("char", "abcdef"), tmp_path / "tokenizer.json")
+    with pytest.raises(SystemExit) as exit_status:
+        logit_lens.main(["--workdir", str(tmp_path), "--init", "--prompt", "abc"])
+    error = capsys.readouterr().err.strip()
+    assert exit_status.value.code == 2 and "\n" not in error
+    assert f"{tmp_path} is an encoder (model.objective=masked)" in error and "jaxgpt fill" in error
+
+
 @pytest.mark.slow
 def test_an_induction_head_forms_in_a_model_trained_on_repeated_text_and_not_before():
     """Two layers trained on random token segments repeated to fill the window (a period of 4

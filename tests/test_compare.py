@@ -119,6 +119,8 @@ def test_a_run_without_the_causal_mask_is_judged_by_its_past_only_score():
         ("model.n_layer=two", "expected an integer"),
         ("model.position=rope,spiral", "position='spiral' is not one of"),
         ("model.attention=xla,dot_product,flash_tpu", "is a TPU kernel and this run is on cpu"),
+        ("model.n_head=2,002", "2 and 002 are the same value (2)"),
+        ("train.lr=0.001,1e-3", "0.001 and 1e-3 are the same value (0.001)"),
     ],
 )
 def test_a_bad_vary_is_one_line_before_any_run(tmp_path, vary, message):

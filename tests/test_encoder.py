@@ -132,6 +132,15 @@ def test_an_encoder_config_that_cannot_train_is_refused(changes, message):
         encoder(**changes)
 
 
+def test_a_mask_rate_that_hides_nothing_in_a_batch_is_refused():
+    """model.mask_rate=0.0001 over a 12 x 128 batch hides 0.15 tokens on average: most batches
+    would score no token, and the run would report a loss of 0 over nothing at every step."""
+    masked = {"causal": False, "objective": "masked", "vocab_size": 40, "block_size": 128}
+    with pytest.raises(ConfigError, match=r"mask_rate=0.0001 hides 0.15 of a batch's 1,536 tokens .* at least 0.00065"):
+        resolve({"model": masked | {"mask_rate": 0.0001}, "train": {"batch_size": 12}})
+    assert resolve({"model": masked | {"mask_rate": 0.001}, "train": {"batch_size": 12}})  # 1.5 a batch: trains
+
+
 def test_blanks_become_the_mask_token_one_token_each():
     config = encoder(vocab_size=300)
     tokenizer = make_tokenizer("byte")

@@ -268,6 +268,16 @@ def _unknown_key_message(argv: list[str], text: str) -> str:
     return f"unknown config key {bad}; did you mean {guess}?"
 
 
+def refuse_an_encoder(model, where, what_it_lacks: str) -> None:
+    """One line where a command that reads next-token predictions is given an encoder (a
+    masked-token model: sample, evaluate, logit-lens), naming the command that suits it."""
+    if model.objective == "masked":
+        raise UserError(
+            f"{where} is an encoder (model.objective=masked), which fills in blanks rather than predicting the next "
+            f"token: {what_it_lacks}; python -m jaxgpt fill --workdir ... --prompt '... [MASK] ...' shows its guesses"
+        )
+
+
 def run(main: Callable[[], None], interrupted: str = "interrupted") -> None:
     """Run main(), reporting a UserError as one line and exit status 2; Ctrl-C at any moment
     prints `interrupted` and exits 130 (jaxgpt.commands.interrupt says how, and why not as a

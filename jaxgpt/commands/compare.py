@@ -72,15 +72,39 @@ def with_values(config, variant: dict[str, str]):
     copy = config.copy_and_resolve_references()
     for key, text in variant.items():
         *parents, name = key.split(".")
-        node, copied = config, copy
-        try:
-            for parent in parents:
-                node, copied = node[parent], copied[parent]
-            kind = node.get_type(name)  # declared: a field left unset (None) has one too, lost by the copy
-        except (KeyError, AttributeError):
-            raise UserError(f"--vary {key}: no such config key") from None
-        copied[name] = _typed(text, kind, key)
+        copied = copy
+        for parent in parents:
+            copied = copied[parent]
+        copied[name] = typed_value(config, key, text)
     return copy
+
+
+def typed_value(config, key: str, text: str):
+    """`text` read as the type `config` declares for the dotted `key`; one line for a key it lacks."""
+    *parents, name = key.split(".")
+    node = config
+    try:
+        for parent in parents:
+            node = node[parent]
+        kind = node.get_type(name)  # declared: a field left unset (None) has one too, lost by a copy
+    except (KeyError, AttributeError):
+        raise UserError(f"--vary {key}: no such config key") from None
+    return _typed(text, kind, key)
+
+
+def check_values_differ(config, vary: list[tuple[str, list[str]]]) -> None:
+    """One line where two values given for a key are one value once read as its type (2 and
+    002, 0.001 and 1e-3, true and True): the variants would train the same run twice."""
+    for key, texts in vary:
+        seen: dict = {}
+        for text in texts:
+            value = typed_value(config, key, text)
+            if value in seen:
+                raise UserError(
+                    f"--vary {key}={','.join(texts)}: {seen[value]} and {text} are the same value ({value!r}); "
+                    "give each value once (--seeds repeats runs)"
+                )
+            seen[value] = text
 
 
 def _typed(text: str, kind: type, key: str):
@@ -263,6 +287,7 @@ def _compare(argv: list[str] | None) -> None:
     config = f.config
     if f.steps is not None:
         config.train.steps = f.steps
+    check_values_differ(config, vary)
     if note := log_often_enough(config):
         print(f"note: {note}")
     out = Path(f.out or Path("runs") / ("compare-" + "-".join(k.split(".")[-1] for k, _ in vary)))

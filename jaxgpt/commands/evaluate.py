@@ -219,11 +219,9 @@ def load_run(workdir: Path, step: int | None, say=print, budget: int | None = No
     from jaxgpt.job.checkpoint import load_latest
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
-    if run.model.objective == "masked":
-        raise UserError(
-            f"{workdir} is an encoder (model.objective=masked), which has no next-token loss to score by position; "
-            "its val_loss in metrics.jsonl is the masked-token loss, and python -m jaxgpt fill shows its guesses"
-        )
+    cli.refuse_an_encoder(
+        run.model, workdir, "it has no next-token loss to score by position (its val_loss is the masked-token loss)"
+    )
     val = np.asarray(data.prepare(run.data, progress=False).val)
     if budget is not None and len(val) - 1 < budget:
         say(f"{workdir}: the validation split has {len(val):,} tokens, fewer than --tokens {budget:,}; all are scored")

@@ -73,6 +73,7 @@ def _lens(argv: list[str] | None) -> None:
     if f.positions < 1:
         raise UserError(f"--positions {f.positions}: show at least 1")
     config, params, tokenizer, source = inspected.load_model(f)
+    cli.refuse_an_encoder(config, f.workdir or f.init_from, "its layers have no next-token guesses to read")
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)
     captured = capture(config, params, ids[None])
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)

@@ -14,7 +14,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxgpt.commands import cli
-from jaxgpt.errors import UserError, warn
+from jaxgpt.errors import warn
 
 
 def define_flags(f: flags.FlagValues) -> None:
@@ -105,11 +105,7 @@ def _load(f: flags.FlagValues):
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
     if not f.init_from:
         run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
-        if run.model.objective == "masked":
-            raise UserError(
-                f"{f.workdir} is an encoder (model.objective=masked): it fills in blanks rather than continuing "
-                "text; use python -m jaxgpt fill --workdir ... --prompt '... [MASK] ...'"
-            )
+        cli.refuse_an_encoder(run.model, f.workdir, "it has no continuation to sample")
         return run.model, params, tokenizer
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
