@@ -548,7 +548,7 @@ class TrainConfig:
         block, the final norm) as grad_norm/<group>, from the last step of each interval: where
         in the depth the gradient vanishes or explodes.
     checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
-        the newest keep_checkpoints.
+        the newest keep_checkpoints and the best by validation loss.
     multiple_choice: also score the model on multiple-choice questions (a HellaSwag JSONL
         file, or hf:NAME[:SPLIT]; jaxgpt/multiple_choice.py) at the end, and every
         multiple_choice_every steps if that is not 0, on the first multiple_choice_limit of them

@@ -248,7 +248,7 @@ def test_a_failed_save_stops_the_run_at_once_with_one_line(tmp_path, monkeypatch
     train_and_evaluate(small_run_config(steps=10, checkpoint_every=10), tmp_path, progress=False)
     saves = []
 
-    def failing_save(self, step, state, record):
+    def failing_save(self, step, state, record, val_loss=None):
         saves.append(step)
         self._manager.check_for_errors = lambda: (_ for _ in ()).throw(OSError(28, "No space left on device"))
 
@@ -272,3 +272,23 @@ def test_a_full_disk_stops_before_a_save_it_cannot_hold(tmp_path, monkeypatch):
     with pytest.raises(UserError, match=r"has 1\.0 MiB free and a checkpoint needs .* earlier checkpoints are kept"):
         train_and_evaluate(small_run_config(steps=20, checkpoint_every=10), tmp_path, progress=False)
     assert sorted(p.name for p in (tmp_path / "checkpoints").iterdir()) == ["10"]
+
+
+def test_the_best_checkpoint_by_validation_loss_outlives_pruning_and_a_reopening(tmp_path):
+    """Beside the newest `keep`, the checkpoint with the lowest validation loss of those saved at
+    an evaluation is kept, also once the folder is opened again by a resumed run (orbax keeps
+    each save's loss beside it); saves between evaluations have none and are pruned by age."""
+    import jax.numpy as jnp
+
+    saved = [(1, 3.0), (2, 1.0), (3, None), (4, 4.0), (5, 5.0), (6, None), (7, 7.0)]
+    checkpoints = Checkpoints(tmp_path, keep=2)
+    for step, val_loss in saved:
+        checkpoints.save(step, {"w": jnp.full(3, step)}, {"step": step}, val_loss=val_loss)
+        checkpoints.wait()
+    assert checkpoints.steps() == [2, 6, 7] and checkpoints.best() == (2, 1.0)
+    checkpoints.close()
+    reopened = Checkpoints(tmp_path, keep=2)
+    reopened.save(8, {"w": jnp.full(3, 8)}, {"step": 8}, val_loss=9.0)
+    reopened.wait()
+    assert reopened.steps() == [2, 7, 8] and reopened.best() == (2, 1.0)
+    reopened.close()

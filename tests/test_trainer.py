@@ -84,6 +84,35 @@ def test_divergence_stops_with_the_step_and_keeps_the_last_good_checkpoint(tmp_p
         )
 
 
+def test_a_loss_that_runs_away_without_nan_stops_the_run_and_its_best_checkpoint_survives(tmp_path):
+    """The fault probe's case: a learning rate of 3 sends the loss into the hundreds and
+    thousands without a NaN. Each evaluation far above the best warns; the third in a row stops
+    the run in one line naming the best checkpoint, which pruning to the newest two kept beside
+    them (a checkpoint and an evaluation every 5 steps; the step that stops is not saved). An
+    overflowing perplexity is logged as null, not a crash."""
+    config = small_config(lr=3.0, steps=60, warmup_steps=1, eval_every=5, checkpoint_every=5, keep_checkpoints=2)
+    with pytest.raises(UserError, match=r"training ran away: .* far above it at the last 3 evaluations") as error:
+        train_and_evaluate(config, tmp_path, progress=False)
+    best = min(read_metrics(tmp_path), key=lambda record: record.get("val_loss", math.inf))
+    assert f"--from_step {best['step']} (the best checkpoint" in str(error.value)
+    kept = sorted(int(p.name) for p in (tmp_path / "checkpoints").iterdir() if p.name.isdigit())
+    last = read_metrics(tmp_path)[-1]["step"]
+    assert best["step"] in kept and best["step"] < kept[-2] and kept[-1] == last - 5 and len(kept) == 3
+
+
+def test_a_spike_that_recovers_only_warns():
+    """A loss far above its best at one or two evaluations, then back: warnings, no stop; and
+    the watch starts counting again after the recovery."""
+    from jaxgpt.job.stopping import RunawayWatch
+
+    warned = []
+    watch = RunawayWatch(vocab_size=100, checkpoints=None, warn=warned.append)  # ceiling ln 100 = 4.6
+    for step, loss in enumerate([3.0, 2.0, 3.5, 3.6, 2.1, 3.2, 3.3, 1.9, 4.7], start=1):
+        watch.evaluated(step, loss, lr=1e-3)
+    # far: 3.5, 3.6 (over 2.0 + 1), then 3.2, 3.3 (over 2.0 + 1), 4.7 (over ln 100): never 3 in a row
+    assert [w.split(" at step ")[1].split(",")[0] for w in warned] == ["3", "4", "6", "7", "9"]
+
+
 def test_vocab_size_below_the_tokenizer_is_refused(tmp_path):
     config = small_config()
     config.model.vocab_size = 10

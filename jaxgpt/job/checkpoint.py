@@ -8,6 +8,10 @@ another process looking at a run in progress) open the folder read-only: they ne
 a writer's unfinished save. A complete checkpoint that still cannot be read (a truncated file,
 a bad disk) is skipped for the one before it; the trainer moves it aside to
 `<step>.unreadable` — never deleted.
+
+Which are kept: the newest `keep`, and beside them the one with the lowest validation loss of
+those saved at an evaluation, so a run that diverges slowly (its loss climbing without
+becoming NaN) never prunes its best state away.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import shutil
 import sys
 from functools import partial
@@ -66,14 +71,32 @@ def _orbax_warnings_silenced(silenced: bool = True):
 
 
 class Checkpoints:
-    """The checkpoints of one run, in `directory`, newest `keep` kept. `read_only` opens them
-    for reading alone: nothing in the folder is created, moved or deleted."""
+    """The checkpoints of one run, in `directory`: the newest `keep`, and the best by
+    validation loss. `read_only` opens them for reading alone: nothing in the folder is
+    created, moved or deleted."""
 
     def __init__(self, directory: Path, keep: int = 3, read_only: bool = False):
         self.directory = Path(directory).absolute()
         self.read_only = read_only
+        policies = ocp.checkpoint_managers
+        kept = policies.AnyPreservationPolicy(
+            [
+                policies.LatestN(n=keep),
+                # sorted by val_loss, highest first, the last n kept: the lowest
+                policies.BestN(
+                    get_metric_fn=lambda metrics: metrics["val_loss"],
+                    reverse=True,
+                    n=1,
+                    keep_checkpoints_without_metrics=False,
+                ),
+            ]
+        )
         self._options = ocp.CheckpointManagerOptions(
-            max_to_keep=None if read_only else keep,
+            preservation_policy=None if read_only else kept,
+            # orbax writes a save's metrics (and reads them back on opening) only where it is told
+            # how to rank them; the ranking that prunes is the policy's above
+            best_fn=lambda metrics: metrics["val_loss"],
+            best_mode="min",
             save_interval_steps=0 if read_only else 1,
             enable_async_checkpointing=True,
             cleanup_tmp_directories=not read_only,
@@ -89,13 +112,17 @@ class Checkpoints:
         with _orbax_warnings_silenced(self.read_only):
             return ocp.CheckpointManager(self.directory, options=self._options)
 
-    def save(self, step: int, state, record: dict) -> None:
-        """Start writing `state` and `record` for `step`; training goes on while it writes."""
+    def save(self, step: int, state, record: dict, val_loss: float | None = None) -> None:
+        """Start writing `state` and `record` for `step`; training goes on while it writes.
+        `val_loss`: the validation loss evaluated at this step, if it was, by which the best
+        checkpoint is kept."""
         args = ocp.args.Composite(state=ocp.args.StandardSave(state), record=ocp.args.JsonSave(record))
         self.check_for_errors()
         self.check_room_for(state)
+        metrics = {"val_loss": val_loss} if val_loss is not None and math.isfinite(val_loss) else None
         try:
-            self._manager.save(step, args=args, force=True)
+            with _orbax_warnings_silenced(metrics is None):  # a save between evaluations has none to rank by
+                self._manager.save(step, args=args, force=True, metrics=metrics)
         except Exception as error:  # orbax/TensorStore raise many types (ValueError: RESOURCE_EXHAUSTED, ...)
             raise self._save_failed(error) from None
 
@@ -131,6 +158,14 @@ class Checkpoints:
 
     def latest_step(self) -> int | None:
         return self._manager.latest_step()
+
+    def best(self) -> tuple[int, float] | None:
+        """(step, val loss) of the kept checkpoint with the lowest validation loss, of those saved
+        at an evaluation; None if there is none."""
+        if not any(self._manager.metrics(step) for step in self.steps()):
+            return None
+        step = self._manager.best_step()
+        return step, self._manager.metrics(step)["val_loss"]
 
     def read_record(self, step: int) -> dict:
         return self._manager.restore(step, args=ocp.args.Composite(record=ocp.args.JsonRestore()))["record"]

@@ -193,7 +193,8 @@ class MetricsLog:
         scalars = {TAGS.get(key, key): value for key, value in record.items() if key != "step"}
         if self.tensorboard is not None:
             for tag, value in scalars.items():
-                self.tensorboard.add_scalar(tag, value, step)
+                if math.isfinite(value):  # as metrics.jsonl's null: no point drawn for inf or NaN
+                    self.tensorboard.add_scalar(tag, value, step)
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)

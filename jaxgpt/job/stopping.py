@@ -2,7 +2,10 @@
 
 Asked to stop, the loop finishes its step, checkpoints and returns, so rerunning continues.
 Diverged, it stops at the first non-finite loss, gradient norm or parameter, before anything
-non-finite is saved: the newest checkpoint is always one to continue from.
+non-finite is saved: the newest checkpoint is always one to continue from. A loss can also run
+away while staying finite (too high a learning rate: 3.3 climbing to 148); `RunawayWatch` warns
+at the first evaluation far above the best and stops the run when it stays there, and the best
+checkpoint outlives pruning (jaxgpt/job/checkpoint.py) for it to go back to.
 """
 
 from __future__ import annotations
@@ -70,6 +73,56 @@ def diverged(step: int, what: str, checkpoints, lr: float) -> None:
             "to go back further (later checkpoints are moved aside, not deleted); or start again with --fresh"
         )
     raise UserError(f"training diverged at step {step}: {what}; {advice}")
+
+
+# How far above its best a validation loss must be to count as running away: a nat, the model
+# e (2.7) times more perplexed than at its best, far beyond the evaluation noise of a fixed
+# validation set and the spikes of a healthy run; or above ln(vocab), worse than a uniform
+# guess. Spikes recover within an evaluation or two; a run still that far off after
+# RUNAWAY_EVALUATIONS evaluations in a row has diverged.
+RUNAWAY_NATS = 1.0
+RUNAWAY_EVALUATIONS = 3
+
+
+class RunawayWatch:
+    """Follows the validation loss evaluation by evaluation: a warning at each evaluation far
+    above the best (RUNAWAY_NATS, or ln vocab_size), and a UserError once RUNAWAY_EVALUATIONS in
+    a row are, naming the best checkpoint `checkpoints` keeps to go back to. The best is this
+    session's (a resumed run starts watching afresh); the best checkpoint is the run's."""
+
+    def __init__(self, vocab_size: int, checkpoints, warn):
+        self.ceiling = math.log(vocab_size)
+        self.checkpoints, self.warn = checkpoints, warn
+        self.best = math.inf
+        self.best_step: int | None = None
+        self.far: list[int] = []  # the steps of the evaluations in a row far above the best
+
+    def evaluated(self, step: int, val_loss: float, lr: float) -> None:
+        if val_loss < self.best:
+            self.best, self.best_step, self.far = val_loss, step, []
+            return
+        if val_loss <= min(self.best + RUNAWAY_NATS, self.ceiling):
+            self.far = []
+            return
+        self.far.append(step)
+        where = f"val loss {val_loss:.4f} at step {step}, against its best {self.best:.4f} at step {self.best_step}"
+        if len(self.far) < RUNAWAY_EVALUATIONS:
+            self.warn(
+                f"{where}: the loss may be running away; the run stops if it stays this far above its best for "
+                f"{RUNAWAY_EVALUATIONS} evaluations"
+            )
+            return
+        best = self.checkpoints.best()
+        back = (
+            f"--from_step {best[0]} (the best checkpoint, val loss {best[1]:.4f}, kept)"
+            if best
+            else "--fresh (no checkpoint was saved at an evaluation)"
+        )
+        raise UserError(
+            f"training ran away: {where}, far above it at the last {RUNAWAY_EVALUATIONS} evaluations (steps "
+            f"{', '.join(map(str, self.far))}); rerun with a lower learning rate (--config.train.lr={lr / 10:g}) "
+            f"and {back}"
+        )
 
 
 @jax.jit

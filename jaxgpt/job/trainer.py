@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -46,8 +47,10 @@ from jaxgpt.job.metrics import (
     training_record,
 )
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
-from jaxgpt.job.stopping import StopRequests, check_finite
+from jaxgpt.job.stopping import RunawayWatch, StopRequests, check_finite
 from jaxgpt.train_step import per_layer
+
+MAX_EXP = math.log(sys.float_info.max)  # math.exp of more overflows
 
 
 def describe_val(record: dict) -> str:
@@ -157,6 +160,7 @@ class Trainer:
         # the state is held here alone (`inputs` is not kept), so a restored state replaces step 0's in
         # memory rather than beside it
         self.state, self.checkpoints, self.validation, self.train_starts, self.questions = inputs
+        self.runaway = RunawayWatch(placed.run.model.vocab_size, self.checkpoints, warn)
 
     @classmethod
     def on_this_machine(cls, resolved: setup.ResolvedRun, workdir: Path, say) -> Trainer:
@@ -243,9 +247,11 @@ class Trainer:
                     f"{last['tokens_per_sec']:,.0f} tokens/s, {last['elapsed_sec']:.0f} s"
                 )
             interval.losses = []
+        if evals:  # logged, and before the save: a run that has run away keeps its best checkpoint
+            self.runaway.evaluated(done, last["val_loss"], lr=t.lr)
         if saves:
             record = checkpoint_record(done, elapsed, interval.losses, self.config, self.dataset.tokenizer)
-            self.checkpoints.save(done, self.state, record)
+            self.checkpoints.save(done, self.state, record, val_loss=last["val_loss"] if evals else None)
         interval.restart()  # eval/checkpoint time is not training time
         return last
 
@@ -285,7 +291,7 @@ class Trainer:
         record = {
             "val_loss": val["loss"],
             "val_bpb": val["loss"] * bits_per_byte,
-            "val_perplexity": math.exp(val["loss"]),
+            "val_perplexity": math.exp(val["loss"]) if val["loss"] < MAX_EXP else math.inf,  # not an OverflowError
             "eval_train_loss": train["loss"],
         }
         if "past_only_loss" in val:  # causal=False: the score a language model can be judged by
