@@ -8,6 +8,7 @@ import pytest
 from conftest import small_run_config
 
 from jaxgpt import sharding
+from jaxgpt.commands.dispatch import COMMANDS
 from jaxgpt.config import MeshConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
@@ -188,6 +189,29 @@ def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
     assert result.returncode == 2, result.stderr[-2000:]
     assert result.stderr.strip().splitlines()[-1].startswith("error: this process may map at most 1.4 GiB (ulimit -v)")
     assert not (tmp_path / "run").exists()
+
+
+# train's is above; plot and prepare start no JAX backend, and run under the limit
+@pytest.mark.parametrize("command", [name for name in COMMANDS if name not in ("train", "plot", "prepare")])
+def test_every_command_refuses_a_limit_jax_cannot_run_under_in_one_line(command, tmp_path):
+    """The same start-up guard for every command (jaxgpt.commands.cli.run): under `ulimit -v
+    1000000` (0.95 GiB) sample and fill used to die starting a thread, evaluate in
+    std::bad_alloc (exit 134), seq2seq with 127. Now each says why in one line and exits 2,
+    before it reads its flags or its workdir."""
+    import os
+    import shlex
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    invocation = shlex.join([sys.executable, "-m", "jaxgpt", command, f"--workdir={tmp_path / 'run'}"])
+    result = subprocess.run(
+        ["bash", "-c", f"ulimit -v 1000000 && exec {invocation}"], capture_output=True, text=True, cwd=ROOT,
+        env=os.environ | {"PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert result.returncode == 2, result.stderr[-2000:]
+    assert result.stderr.strip().splitlines()[-1].startswith("error: this process may map at most 1.0 GiB (ulimit -v)")
 
 
 def test_a_run_that_fits_passes(monkeypatch):

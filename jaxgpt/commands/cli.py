@@ -278,21 +278,23 @@ def refuse_an_encoder(model, where, what_it_lacks: str) -> None:
         )
 
 
-def run(main: Callable[[], None], interrupted: str = "interrupted") -> None:
+def run(main: Callable[[], None], interrupted: str = "interrupted", starts_jax: bool = True) -> None:
     """Run main(), reporting a UserError as one line and exit status 2; Ctrl-C at any moment
     prints `interrupted` and exits 130 (jaxgpt.commands.interrupt says how, and why not as a
     KeyboardInterrupt); output piped into a reader that stops early (`| head`) ends quietly with
     141, as a program killed by SIGPIPE does. JAX's platforms are chosen first, before main can
-    start a backend (no TPU backend on a machine without a TPU)."""
+    start a backend (no TPU backend on a machine without a TPU), after the one check every
+    command makes first (runtime.start_up: an address-space limit JAX cannot run under).
+    `starts_jax=False` (plot, prepare: numpy and matplotlib alone) skips both."""
     from jaxgpt.commands.interrupt import end_at_once_on_interrupt
 
     end_at_once_on_interrupt(interrupted)
-    if not {"-h", "--help", "--helpfull"} & set(sys.argv[1:]):  # help answers without importing JAX
-        from jaxgpt.hardware import runtime
-
-        runtime.choose_platforms()
     try:
         try:
+            if starts_jax and not {"-h", "--help", "--helpfull"} & set(sys.argv[1:]):  # help needs no JAX
+                from jaxgpt.hardware import runtime
+
+                runtime.start_up()
             main()
         finally:  # `--help` exits through here too: a closed pipe raises now, not at the interpreter's exit
             sys.stdout.flush()

@@ -141,7 +141,7 @@ def save_png(figure, out: Path) -> Path:
 
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _plot(argv))
+    cli.run(lambda: _plot(argv), starts_jax=False)  # matplotlib alone
 
 
 def _plot(argv: list[str] | None) -> None:

@@ -95,9 +95,17 @@ def _platforms_for_this_machine() -> str | None:
     return platforms_without_a_tpu(importlib.util.find_spec("libtpu") is not None, chips, nvidia)
 
 
+def start_up() -> None:
+    """What every command does before JAX starts a backend (jaxgpt.commands.cli.run calls it):
+    one line for an address-space limit JAX and XLA cannot run under (they would abort later
+    with std::bad_alloc, or fail to start a thread), then the platforms chosen."""
+    memory.check_address_space()
+    choose_platforms()
+
+
 def choose_platforms() -> None:
     """Leave out the TPU backend where there is no TPU (the module's doc says why). JAX_PLATFORMS,
-    or a choice already made, decides instead. Every command calls this before JAX starts."""
+    or a choice already made, decides instead."""
     if "JAX_PLATFORMS" not in os.environ and not jax.config.jax_platforms:
         platforms = _platforms_for_this_machine()
         if platforms:
@@ -144,9 +152,8 @@ def configure(single_process: bool = True, warn=None) -> None:
     (through `warn`, default `warnings.warn`) when one process was given several CPU devices for
     meshes. Starts no backend: multi-process runs initialise jax.distributed after this."""
     global _cpu_devices_are_cores
-    memory.check_address_space()  # a limit JAX cannot start under: one line now, not an abort later
+    start_up()  # again for callers outside a command (a notebook, a benchmark)
     enable_compilation_cache()
-    choose_platforms()
     requested = requested_cpu_devices()
     if single_process and requested and requested > 1 and os.environ.get("JAX_PLATFORMS", "cpu").startswith("cpu"):
         (warn or partial(warnings.warn, stacklevel=2))(COLLECTIVES_WARNING.format(n=requested))
