@@ -624,16 +624,71 @@ def _mixtral_family(c: ModelConfig) -> str:
 # ----------------------------------------------------------------------------- files
 
 
-def _read_weights(directory: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
+def _read_json(path: Path, missing: str) -> dict:
+    """A JSON object of a Hugging Face folder; one line, naming the file, if it is absent (then
+    `missing` says what to do), not JSON, or not an object."""
+    if not path.is_file():
+        raise UserError(f"{path.parent} has no {path.name}; {missing}")
+    try:
+        value = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise UserError(f"{path} is not JSON ({error}); the file is damaged or cut short: download it again") from None
+    if not isinstance(value, dict):
+        raise UserError(f"{path} holds a JSON {type(value).__name__}, not an object; download it again")
+    return value
 
+
+def _weight_files(directory: Path) -> list[Path]:
+    """The safetensors files holding a folder's weights (one, or the shards its index names,
+    each checked to be there); [] when it has none."""
     single, index = directory / "model.safetensors", directory / "model.safetensors.index.json"
     if single.exists():
-        return load_file(single)
-    if index.exists():
+        return [single]
+    if not index.exists():
+        return []
+    weight_map = _read_json(index, "").get("weight_map")
+    if not isinstance(weight_map, dict) or not weight_map:
+        raise UserError(f"{index} has no weight_map naming the shards; download it again")
+    shards = [directory / name for name in sorted(set(weight_map.values()))]
+    if absent := [shard.name for shard in shards if not shard.is_file()]:
+        raise UserError(f"{index} names {', '.join(absent)}, which {directory} lacks; download the missing shards")
+    return shards
+
+
+def _safetensors(path: Path, *, header_only: bool = False):
+    """A safetensors file's arrays by name (with header_only, its names alone, reading only the
+    header); one line for a damaged or cut-short file."""
+    from safetensors import SafetensorError, safe_open
+    from safetensors.numpy import load_file
+
+    try:
+        if header_only:
+            with safe_open(path, "np") as opened:
+                return list(opened.keys())
+        return load_file(path)
+    except (SafetensorError, OSError) as error:
+        raise UserError(
+            f"{path} cannot be read as safetensors ({error}); the file is damaged or cut short: download it again"
+        ) from None
+
+
+def check_folder(path_or_name: str) -> None:
+    """A local Hugging Face folder checked before any work is done with it (a workdir made, a
+    model compiled): its config.json describes a model jaxgpt converts, and its weight files'
+    headers read. The weights themselves are read, and checked against the config, when loaded."""
+    directory = Path(path_or_name).expanduser()
+    if not directory.is_dir():
+        return  # a Hub name: fetched (or refused, offline) when loaded
+    pretrained_config(directory / "config.json")
+    for path in _weight_files(directory):
+        _safetensors(path, header_only=True)
+
+
+def _read_weights(directory: Path) -> dict[str, np.ndarray]:
+    if files := _weight_files(directory):
         weights = {}
-        for shard in sorted(set(json.loads(index.read_text())["weight_map"].values())):
-            weights |= load_file(directory / shard)
+        for path in files:
+            weights |= _safetensors(path)
         return weights
     if (directory / "pytorch_model.bin").exists():
         try:
@@ -676,16 +731,27 @@ def pretrained_tokenizer(path_or_name: str, family: str):
 def pretrained_config(config_json: str | Path) -> tuple[ModelConfig, str]:
     """(config, family) that a Hugging Face config.json describes, without its weights: how to
     read a real model's config, and count its parameters with `jax.eval_shape`."""
-    hf = json.loads(Path(config_json).read_text())
+    config_json = Path(config_json)
+    hf = _read_json(config_json, "a Hugging Face model folder holds config.json beside its weights")
     family = hf.get("model_type")
     if family == "bert":
-        hf["_mask_token_id"] = _token_id(Path(config_json).parent, "[MASK]")
+        hf["_mask_token_id"] = _token_id(config_json.parent, "[MASK]")
     if family not in FAMILIES:
         raise UserError(
             f"{config_json}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral, qwen2, "
             "mixtral and bert"
         )
-    return FAMILIES[family][0](hf), family
+    try:
+        return FAMILIES[family][0](hf), family
+    except UserError:
+        raise
+    except KeyError as missing:
+        raise UserError(
+            f"{config_json} has no {missing.args[0]!r}, which a {family} config.json has; the file is cut short or "
+            "from another model: download it again"
+        ) from None
+    except (TypeError, ValueError) as error:
+        raise UserError(f"{config_json}: a value of the wrong type for a {family} model ({error})") from None
 
 
 def _token_id(directory: Path, token: str) -> int | None:
@@ -706,15 +772,47 @@ def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
     directory = _local_directory(path_or_name)
     config, family = pretrained_config(directory / "config.json")
     to_params = FAMILIES[family][1]
-    weights = {k: np.asarray(v, np.float32) for k, v in _read_weights(directory).items()}
+    weights = _ReadWeights({k: np.asarray(v, np.float32) for k, v in _read_weights(directory).items()})
     try:
         params = to_params(config, weights)
     except KeyError as missing:
         raise UserError(f"{directory}: weight {missing.args[0]} is missing for a {family} model") from None
     except ValueError as error:  # a reshape that does not fit
         raise UserError(f"{directory}: weights do not fit config.json ({error})") from None
+    if unread := sorted(name for name in set(weights) - weights.read if not _left_by_design(name, config)):
+        shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4 else "")
+        raise UserError(
+            f"{directory}: {len(unread)} weights have no place in the {family} model its config.json describes "
+            f"({config.n_layer} layers): {shown}; the config and the weights are of different models"
+        )
     _check_shapes(config, params, directory)
     return config, params, family
+
+
+class _ReadWeights(dict):
+    """A folder's weights by name, remembering which names the conversion read."""
+
+    def __init__(self, weights: dict):
+        super().__init__(weights)
+        self.read: set[str] = set()
+
+    def __getitem__(self, name: str):
+        self.read.add(name)
+        return super().__getitem__(name)
+
+
+# Weights checkpoints carry that no jaxgpt model holds: GPT-2's causal-mask buffers (older
+# checkpoints), RoPE's frequency table, position-id buffers, BERT's pooler and next-sentence head
+LEFT_BY_DESIGN = (".attn.bias", ".attn.masked_bias", ".rotary_emb.inv_freq", "position_ids")
+LEFT_BY_DESIGN_PREFIXES = ("bert.pooler.", "cls.seq_relationship.")
+
+
+def _left_by_design(name: str, config: ModelConfig) -> bool:
+    """Whether a weight no conversion reads is one jaxgpt leaves out on purpose (a buffer, BERT's
+    heads for other tasks, a tied head's copy of the embedding), rather than one of a layer the
+    config lacks."""
+    tied_copy = config.tie_embeddings and name in ("lm_head.weight", "cls.predictions.decoder.weight")
+    return tied_copy or name.endswith(LEFT_BY_DESIGN) or name.startswith(LEFT_BY_DESIGN_PREFIXES)
 
 
 def _check_shapes(config: ModelConfig, params: dict, source) -> None:

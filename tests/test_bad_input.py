@@ -634,3 +634,93 @@ def test_a_disk_that_fills_while_preparing_is_one_line_and_the_whole_shards_stay
     whole = data.prepare(DataConfig(source=config.source, cache_dir=str(tmp_path / "whole"), shard_tokens=50_000))
     np.testing.assert_array_equal(np.asarray(resumed.train), np.asarray(whole.train))
     np.testing.assert_array_equal(resumed.documents, whole.documents)
+
+
+# A damaged Hugging Face folder: each case one line naming the file and what is wrong with it,
+# found before any work (the fault probe's seven tracebacks).
+def llama_folder(directory: Path) -> Path:
+    """A small Llama-family folder as save_pretrained writes it: config.json, model.safetensors."""
+    import jax
+
+    from jaxgpt.config import ModelConfig
+    from jaxgpt.hf import save_pretrained
+    from jaxgpt.model import init_params
+
+    config = ModelConfig(
+        vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, d_model=16, position="rope",
+        norm="rmsnorm", activation="swiglu", bias=False, tie_embeddings=False,
+    )  # fmt: skip
+    save_pretrained(config, init_params(config, jax.random.key(0)), directory)
+    return directory
+
+
+def edit_config(folder: Path, change) -> None:
+    config = json.loads((folder / "config.json").read_text())
+    change(config)
+    (folder / "config.json").write_text(json.dumps(config))
+
+
+def shard(folder: Path) -> None:
+    """The weights as the index of two shards, the second missing."""
+    weights = folder / "model.safetensors"
+    first, second = "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors"
+    index = {"weight_map": {"model.embed_tokens.weight": first, "lm_head.weight": second}}
+    weights.rename(folder / first)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+
+
+@pytest.mark.parametrize(
+    "damage, message",
+    [
+        (lambda f: edit_config(f, lambda c: c.pop("hidden_size")), "config.json has no 'hidden_size', which a llama"),
+        (lambda f: (f / "config.json").write_text('{"model_type": "llama", '), "config.json is not JSON"),
+        (lambda f: (f / "config.json").unlink(), "has no config.json; a Hugging Face model folder holds config.json"),
+        (lambda f: edit_config(f, lambda c: c.update(rms_norm_eps="small")), "a value of the wrong type for a llama"),
+        (
+            lambda f: (f / "model.safetensors").write_bytes((f / "model.safetensors").read_bytes()[:100]),
+            "model.safetensors cannot be read as safetensors",
+        ),
+        (
+            lambda f: (f / "model.safetensors").write_bytes(b"\xff" * 8 + (f / "model.safetensors").read_bytes()[8:]),
+            "model.safetensors cannot be read as safetensors",
+        ),
+        (shard, "model.safetensors.index.json names model-00002-of-00002.safetensors, which"),
+    ],
+    ids=["config-key", "config-not-json", "config-absent", "config-type", "weights-cut", "weights-header", "shard"],
+)
+def test_a_damaged_hugging_face_folder_is_one_line_naming_the_file(tmp_path, damage, message):
+    from jaxgpt.errors import UserError
+    from jaxgpt.hf import check_folder, load_pretrained
+
+    folder = llama_folder(tmp_path / "llama")
+    damage(folder)
+    for read in (check_folder, load_pretrained):  # the early check, and the load itself
+        with pytest.raises(UserError) as error:
+            read(str(folder))
+        assert message in str(error.value) and "\n" not in str(error.value), str(error.value)
+
+
+def test_weights_of_a_layer_the_config_lacks_are_refused_by_name(tmp_path):
+    """config.json saying one layer fewer than the weights hold: the last layer's weights would
+    be dropped silently; they are named instead."""
+    from jaxgpt.errors import UserError
+    from jaxgpt.hf import load_pretrained
+
+    folder = llama_folder(tmp_path / "llama")
+    edit_config(folder, lambda c: c.update(num_hidden_layers=1))
+    with pytest.raises(UserError, match=r"weights have no place in the llama model .* \(1 layers\): model\.layers\.1"):
+        load_pretrained(str(folder))
+
+
+def test_init_from_a_damaged_folder_is_refused_before_the_workdir_is_made(tmp_path):
+    from conftest import small_run_config
+
+    from jaxgpt.errors import UserError
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    folder = llama_folder(tmp_path / "llama")
+    (folder / "model.safetensors").write_bytes((folder / "model.safetensors").read_bytes()[:100])
+    config = small_run_config(init_from=str(folder))
+    with pytest.raises(UserError, match="model.safetensors cannot be read as safetensors"):
+        train_and_evaluate(config, tmp_path / "run", progress=False)
+    assert not (tmp_path / "run").exists()

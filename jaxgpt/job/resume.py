@@ -236,12 +236,19 @@ def refuse_unless_fits(source: str, ours: ModelConfig, theirs: ModelConfig) -> N
 
 def check_init_from_run(run: RunConfig) -> None:
     """Before any slow work (a compile, a workdir): refuse a jaxgpt run's weights that cannot fit
-    this model, read from the configuration saved beside them. Hugging Face weights, and runs
-    without a saved configuration, are checked when they are loaded."""
+    this model, read from the configuration saved beside them, and a Hugging Face folder whose
+    config.json or weight files cannot be read (jaxgpt.hf.check_folder). The weights' values
+    are checked when they are loaded."""
     source = run.train.init_from
-    saved = Path(source) / "config.json" if source else None
-    if saved and saved.is_file() and (saved.parent / "checkpoints").is_dir():
+    if not source:
+        return
+    saved = Path(source) / "config.json"
+    if saved.is_file() and (saved.parent / "checkpoints").is_dir():
         refuse_unless_fits(source, run.model, run_config_from_dict(json.loads(saved.read_text())).model)
+    elif not (Path(source) / "checkpoints").is_dir():
+        from jaxgpt.hf import check_folder
+
+        check_folder(source)
 
 
 def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
