@@ -4,8 +4,8 @@ Each computes exactly what xla_attention computes, with the same arguments (see 
 `mask` is an attention.Mask) and `fallback`, the readable kernel, for what it cannot run:
 `dot_product` is jax.nn's (cuDNN flash attention on a GPU, asked for by name), `flash_tpu` is
 Pallas's TPU kernel, run once per device under shard_map on a mesh. `kernel_fallback` is the one
-policy for a kernel asked for where it cannot run at all. Nothing here imports attention.py, which picks a kernel
-from KERNELS by name: the two modules do not import each other.
+policy for a kernel asked for where it cannot run at all. Nothing here imports attention.py,
+which picks a kernel from KERNELS by name: the two modules do not import each other.
 """
 
 from __future__ import annotations
@@ -43,6 +43,7 @@ def dot_product_attention(q, k, v, mask, scale: float | None, fallback=None):
 
 
 def jax_nn_xla_attention(q, k, v, mask, scale: float | None):
+    """jax.nn's XLA attention over queries with their heads flattened (b, t, heads, d)."""
     if mask.plain_causal:
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
     bias = mask.bias(q.shape[1], k.shape[1])
