@@ -33,6 +33,7 @@ def causal_score_bias(
     slopes: jnp.ndarray | None,
     window: int = 0,
     causal: bool = True,
+    segments: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """What is added to the attention scores: -inf above the diagonal, ALiBi's -m_h (i - j).
 
@@ -42,7 +43,12 @@ def causal_score_bias(
     is not after the query's, and, with a sliding window, when it is one of the `window`
     positions ending there. causal=False (an ablation) shows every written key to every
     query: in training, the future.
-    Returns (1, 1, q_len, kv_len), or (k, g, q_len, kv_len) with ALiBi slopes of shape (k, g).
+
+    segments (b, t), for queries and keys that are the same tokens: a key is visible only to
+    queries of its own segment (packed sequences, padding; jaxgpt/batch.py). A segment's tokens
+    are contiguous, so distances within it (causality, the window, ALiBi's) are the row's.
+    Returns (1, 1, 1, q_len, kv_len), (1, k, g, q_len, kv_len) with ALiBi slopes of shape
+    (k, g), or b rows in place of the first 1 with segments: broadcastable to the scores.
     """
     offset = 0 if cache_index is None else cache_index
     q_pos = offset + jnp.arange(q_len)[:, None]  # (t, 1)
@@ -55,7 +61,11 @@ def causal_score_bias(
         visible &= kv_pos <= q_pos
     if window:
         visible &= kv_pos > q_pos - window
-    bias = jnp.where(visible, 0.0, -jnp.inf).astype(jnp.float32)[None, None]
+    visible = visible[None]  # (1, t, s)
+    if segments is not None:
+        assert cache_index is None, "segments describe a batch of whole sequences, not a KV-cache step"
+        visible = visible & (segments[:, :, None] == segments[:, None, :])  # (b, t, s)
+    bias = jnp.where(visible, 0.0, -jnp.inf).astype(jnp.float32)[:, None, None]
     if slopes is not None:
         distance = (q_pos - kv_pos).astype(jnp.float32)
         bias = bias - slopes[:, :, None, None] * distance
@@ -69,21 +79,30 @@ class Mask(NamedTuple):
         without a cache); otherwise the position of the first query in a KV cache.
     slopes: ALiBi's per-head slopes (k, g), or None for no ALiBi.
     window: a sliding window's length in tokens, or 0 for the whole prefix.
-    causal: False only for the ablation that lets training see the future.
+    causal: False for an encoder, which sees both sides (and the ablation that lets a
+        decoder's training see the future).
+    segments: (b, t) each token's sequence, where a row holds several sequences or padding
+        (jaxgpt/batch.py); None for one sequence a row.
     """
 
     cache_index: jnp.ndarray | None = None
     slopes: jnp.ndarray | None = None
     window: int = 0
     causal: bool = True
+    segments: jnp.ndarray | None = None
 
     @property
     def plain_causal(self) -> bool:
         """The lower-triangular mask alone: what fused kernels implement natively."""
-        return self.cache_index is None and self.slopes is None and not self.window and self.causal
+        return self.causal_only and not self.window
+
+    @property
+    def causal_only(self) -> bool:
+        """Causal self-attention over one sequence a row, with or without a sliding window."""
+        return self.cache_index is None and self.slopes is None and self.causal and self.segments is None
 
     def bias(self, q_len: int, kv_len: int) -> jnp.ndarray:
-        return causal_score_bias(q_len, kv_len, self.cache_index, self.slopes, self.window, self.causal)
+        return causal_score_bias(q_len, kv_len, self.cache_index, self.slopes, self.window, self.causal, self.segments)
 
 
 def attention_scores(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
@@ -162,7 +181,13 @@ class CausalSelfAttention(nn.Module):
     config: ModelConfig
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
+    def __call__(
+        self,
+        x: jnp.ndarray,
+        positions: jnp.ndarray,
+        cache_index: jnp.ndarray | None,
+        segments: jnp.ndarray | None = None,
+    ) -> jnp.ndarray:
         c = self.config
         # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
         # group's queries next to their keys when the head axis is split over devices.
@@ -192,7 +217,7 @@ class CausalSelfAttention(nn.Module):
         slopes = None
         if c.position == "alibi":
             slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
-        mask = Mask(cache_index, slopes, c.attention_window, c.causal)
+        mask = Mask(cache_index, slopes, c.attention_window, c.causal, segments)
         scale = None if c.scale_attention else 1.0  # None: the standard 1/sqrt(head_dim)
         if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
             scale = 0.0

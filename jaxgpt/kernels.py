@@ -46,15 +46,14 @@ def jax_nn_xla_attention(q, k, v, mask, scale: float | None):
     """jax.nn's XLA attention over queries with their heads flattened (b, t, heads, d)."""
     if mask.plain_causal:
         return jax.nn.dot_product_attention(q, k, v, scale=scale, is_causal=True)
-    bias = mask.bias(q.shape[1], k.shape[1])
-    bias = bias.reshape(1, -1, *bias.shape[2:]).astype(q.dtype)
+    bias = mask.bias(q.shape[1], k.shape[1])  # (b or 1, k or 1, g or 1, t, s)
+    bias = bias.reshape(bias.shape[0], -1, *bias.shape[3:]).astype(q.dtype)
     return jax.nn.dot_product_attention(q, k, v, bias=bias, scale=scale)
 
 
 def cudnn_may_run(q, mask) -> bool:
     """Whether to ask cuDNN: a GPU, half precision, and a mask cuDNN's kernel expresses."""
-    causal_only = mask.cache_index is None and mask.slopes is None and mask.causal
-    return jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and causal_only
+    return jax.default_backend() == "gpu" and q.dtype in (jnp.bfloat16, jnp.float16) and mask.causal_only
 
 
 def cudnn_attention(q, k, v, mask, scale: float | None):

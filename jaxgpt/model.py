@@ -42,17 +42,24 @@ class Block(nn.Module):
     moe: bool = False
 
     @nn.compact
-    def __call__(self, x: jnp.ndarray, positions: jnp.ndarray, cache_index: jnp.ndarray | None) -> jnp.ndarray:
-        """cache_index: None, or where this call's tokens start in the KV cache (decoding)."""
+    def __call__(
+        self,
+        x: jnp.ndarray,
+        positions: jnp.ndarray,
+        cache_index: jnp.ndarray | None,
+        segments: jnp.ndarray | None = None,
+    ) -> jnp.ndarray:
+        """cache_index: None, or where this call's tokens start in the KV cache (decoding);
+        segments: None, or each token's sequence in its row (jaxgpt/batch.py)."""
         c = self.config
         attention = CausalSelfAttention(c, name="attn")
         norm_1 = make_norm(c, "norm_1")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
         skip = (lambda x: x) if c.residual else (lambda x: 0)  # noqa: E731  (residual=False: an ablation)
         if c.norm_position == "pre":
-            x = skip(x) + dropout(attention(norm_1(x), positions, cache_index))
+            x = skip(x) + dropout(attention(norm_1(x), positions, cache_index, segments))
         else:
-            x = norm_1(skip(x) + dropout(attention(x, positions, cache_index)))
+            x = norm_1(skip(x) + dropout(attention(x, positions, cache_index, segments)))
         if not c.mlp:  # the attention-only ablation
             return x
         mlp = MixtureOfExpertsLayer(c, name="moe") if self.moe else MLP(c, name="mlp")
@@ -67,17 +74,19 @@ def embedding_init(config: ModelConfig):
 
 
 def token_positions(
-    module: nn.Module, config: ModelConfig, seq: int, decode: bool
+    module: nn.Module, config: ModelConfig, seq: int, decode: bool, given: jnp.ndarray | None = None
 ) -> tuple[jnp.ndarray, jnp.ndarray | None]:
-    """The positions of a call's `seq` tokens (seq,), and, when decoding, the cache index: how
-    many tokens the KV cache already holds (the `module`'s cache "index" is advanced by seq)."""
+    """The positions of a call's `seq` tokens ((seq,), or the batch's own (batch, seq) when
+    `given`), and, when decoding, the cache index: how many tokens the KV cache already holds
+    (the `module`'s cache "index" is advanced by seq)."""
     if not decode:
         if config.position == "learned" and seq > config.block_size:
             raise ValueError(
                 f"sequence of {seq} tokens is longer than block_size={config.block_size}, the size of the "
                 "learned position table; shorten the input or use rope/alibi/sinusoidal positions"
             )
-        return jnp.arange(seq), None
+        return (jnp.arange(seq) if given is None else given), None
+    assert given is None, "a KV-cache step's positions are the cache's"
     index = module.variable("cache", "index", lambda: jnp.zeros((), jnp.int32))
     cache_index = index.value
     index.value = cache_index + seq
@@ -101,8 +110,8 @@ def input_embeddings(config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, po
     return make_norm(c, "norm_embeddings")(x) if c.embedding_norm else x
 
 
-def _scan_step(block: Block, x, positions, cache_index):
-    return block(x, positions, cache_index), None
+def _scan_step(block: Block, x, positions, cache_index, segments):
+    return block(x, positions, cache_index, segments), None
 
 
 class GPT(nn.Module):
@@ -112,21 +121,30 @@ class GPT(nn.Module):
 
     @nn.compact
     def __call__(
-        self, tokens: jnp.ndarray, *, train: bool = False, decode: bool = False, head: bool = True
+        self,
+        tokens: jnp.ndarray,
+        *,
+        segments: jnp.ndarray | None = None,
+        positions: jnp.ndarray | None = None,
+        train: bool = False,
+        decode: bool = False,
+        head: bool = True,
     ) -> jnp.ndarray:
         """tokens (batch, seq) int -> logits (batch, seq, vocab) float32.
 
+        segments, positions: (batch, seq) where a row holds several sequences or padding: each
+            token's sequence (attention stays within it) and its place there (jaxgpt/batch.py).
         train: enables dropout (needs a "dropout" rng).
         decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
         head: False stops before the LM head, returning what it reads (batch, seq, d_model):
             the loss then applies the head a chunk at a time (`head_logits`, model.loss_chunk).
         """
         c = self.config
-        positions, cache_index = token_positions(self, c, tokens.shape[1], decode)
+        positions, cache_index = token_positions(self, c, tokens.shape[1], decode, positions)
         wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=embedding_init(c), **dtypes(c), name="wte")
         x = input_embeddings(c, wte, tokens, positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
-        x, residuals = self._blocks(x, positions, cache_index, train=train)
+        x, residuals = self._blocks(x, positions, cache_index, segments, train=train)
         features = self._head_input()
         if not head:
             return features(x)
@@ -159,7 +177,7 @@ class GPT(nn.Module):
             weights["bias"] = self.param("head_bias", nn.initializers.zeros, (c.vocab_size,), jnp.dtype(c.param_dtype))
         return weights
 
-    def _blocks(self, x, positions, cache_index, *, train: bool) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
+    def _blocks(self, x, positions, cache_index, segments, *, train: bool) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
         """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one
         block traced once and iterated (compile time independent of depth; each parameter
         gains a leading n_layer axis). Returns the output and, when the "intermediates"
@@ -176,14 +194,15 @@ class GPT(nn.Module):
                 _scan_step,
                 variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0},
                 split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, nn.broadcast),
+                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
                 length=c.n_layer,
             )
-            x, _ = scan(block(c, train=train, moe=c.moe is not None, name="blocks"), x, positions, cache_index)
+            blocks = block(c, train=train, moe=c.moe is not None, name="blocks")
+            x, _ = scan(blocks, x, positions, cache_index, segments)
             return x, []
         residuals = [x]
         for i in range(c.n_layer):
-            x = block(c, train=train, moe=c.is_moe_layer(i), name=f"block_{i}")(x, positions, cache_index)
+            x = block(c, train=train, moe=c.is_moe_layer(i), name=f"block_{i}")(x, positions, cache_index, segments)
             residuals.append(x)
         return x, residuals if self.is_mutable_collection("intermediates") else []
 

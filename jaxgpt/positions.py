@@ -124,11 +124,11 @@ def apply_rope(
 def sinusoidal_embedding(positions: jnp.ndarray, d_model: int) -> jnp.ndarray:
     """Vaswani et al. (2017): PE[p, 2i] = sin(p / 10000^(2i/d)), PE[p, 2i+1] = cos(same).
 
-    positions: (seq,) -> (seq, d_model), float32.
+    positions: (seq,) or (batch, seq) -> (..., d_model), float32.
     """
     inv_freq = 10000.0 ** -(np.arange(0, d_model, 2) / d_model)
-    angles = positions.astype(jnp.float32)[:, None] * jnp.asarray(inv_freq, jnp.float32)
-    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(positions.shape[0], d_model)
+    angles = positions.astype(jnp.float32)[..., None] * jnp.asarray(inv_freq, jnp.float32)
+    return jnp.stack([jnp.sin(angles), jnp.cos(angles)], axis=-1).reshape(*positions.shape, d_model)
 
 
 def alibi_slopes(n_head: int) -> np.ndarray:

@@ -159,11 +159,14 @@ def _constrained(x: jax.Array, spec: PartitionSpec) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, spec)
 
 
-def global_batch(mesh: Mesh, make_rows, batch_size: int) -> jax.Array:
-    """The (batch, ...) array sharded over data x fsdp, each process supplying only its rows:
-    make_rows(start, stop) builds rows [start, stop) of the global batch."""
+def global_batch(mesh: Mesh, make_rows, batch_size: int):
+    """The batch's (batch, ...) arrays (jaxgpt/batch.py) sharded over data x fsdp, each process
+    supplying only its rows: make_rows(start, stop) builds rows [start, stop) of the global
+    batch, each of its arrays."""
     sharding = batch_sharding(mesh)
     per_process = batch_size // jax.process_count()
     start = jax.process_index() * per_process
-    local = make_rows(start, start + per_process)
-    return jax.make_array_from_process_local_data(sharding, local, (batch_size, *local.shape[1:]))
+    return jax.tree.map(
+        lambda local: jax.make_array_from_process_local_data(sharding, local, (batch_size, *local.shape[1:])),
+        make_rows(start, start + per_process),
+    )

@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from jaxgpt.batch import as_batch, length_of, rows_of, scored_weight
 from jaxgpt.config import ModelConfig
 from jaxgpt.masked import example_keys, hidden_count, mask_examples
 from jaxgpt.model import GPT, head_logits, head_weights, init_params, zeros_shaped
@@ -58,42 +59,72 @@ def create_train_state(
     return TrainState(jnp.zeros((), jnp.int32), params, optimizer.init(params), dropout_key)
 
 
-def token_losses(
-    model: GPT, params, windows: jax.Array, rng: jax.Array | None = None, head_mask: dict | None = None
-) -> jax.Array:
-    """Next-token cross-entropy (batch, seq) at each position of windows (batch, seq + 1);
-    dropout when rng is given; head_mask (`jaxgpt.model.head_mask`) silences attention heads.
-    With model.loss_chunk dividing seq, the logits are computed a chunk at a time, as training
-    computes them: an evaluation never needs more memory for them than a training step."""
-    inputs, targets = windows[:, :-1], windows[:, 1:]
+def model_inputs(batch: dict) -> dict:
+    """The batch's fields the model reads beside its tokens: segments and positions, where given."""
+    return {name: batch[name] for name in ("segments", "positions") if name in batch}
+
+
+def token_losses(model: GPT, params, batch, rng: jax.Array | None = None, head_mask: dict | None = None) -> jax.Array:
+    """Next-token cross-entropy (rows, seq) at each position of a batch (jaxgpt/batch.py; an
+    array of windows (rows, seq + 1) will do), unweighted; dropout when rng is given; head_mask
+    (`jaxgpt.model.head_mask`) silences attention heads. With model.loss_chunk dividing seq,
+    the logits are computed a chunk at a time, as training computes them: an evaluation never
+    needs more memory for them than a training step."""
+    batch = as_batch(batch)
+    inputs, targets = batch["inputs"], batch["targets"]
     train = rng is not None
     variables = {"params": params} | ({"head_mask": head_mask} if head_mask is not None else {})
     chunk = model.config.loss_chunk
     chunked = bool(chunk) and inputs.shape[1] % chunk == 0
-    outputs = model.apply(variables, inputs, train=train, rngs={"dropout": rng} if train else None, head=not chunked)
+    outputs = model.apply(
+        variables,
+        inputs,
+        **model_inputs(batch),
+        train=train,
+        rngs={"dropout": rng} if train else None,
+        head=not chunked,
+    )
     if chunked:
         return chunked_losses(model.config, params, outputs, targets)[0]
     return optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
 
 
-def cross_entropy(model: GPT, params, windows: jax.Array, rng: jax.Array | None = None) -> jax.Array:
-    """Mean next-token cross-entropy over windows (batch, seq + 1): the training loss."""
-    return token_losses(model, params, windows, rng).mean()
+def cross_entropy(model: GPT, params, batch, rng: jax.Array | None = None) -> jax.Array:
+    """Mean next-token cross-entropy over the positions a batch scores (its weights'
+    average, where it has weights): the training loss."""
+    batch = as_batch(batch)
+    losses = token_losses(model, params, batch, rng)
+    if "weights" not in batch:
+        return losses.mean()
+    return (losses * batch["weights"]).sum() / jnp.maximum(scored_weight(batch), 1.0)
 
 
-def batch_weight(config: ModelConfig, rng: jax.Array, rows: int, length: int) -> jax.Array | float:
-    """How many tokens a batch of `rows` windows of `length` scores: all of them for the
-    next-token objective, the hidden ones for the masked (their draws need only the keys, so
-    every piece of a batch counts the same number without the others' rows)."""
-    if config.objective == "masked":
-        return jnp.maximum(hidden_count(example_keys(rng, jnp.arange(rows)), length, config), 1).astype(jnp.float32)
-    return float(rows * length)
+def batch_weight(config: ModelConfig, rng: jax.Array, batch, batch_rows: int | None = None) -> jax.Array | float:
+    """How many tokens a whole batch scores, what every piece's share of its loss is divided
+    by: the sum of its weights (rows x seq where it has none) for the next-token objective; for
+    the masked, the hidden positions (weighted, where the batch has weights). Without weights
+    the count needs only the batch's shape and the keys, so a piece of a batch of `batch_rows`
+    rows counts the whole batch's without the others' rows; with weights it needs them all."""
+    batch = as_batch(batch)
+    rows, length = rows_of(batch), length_of(batch)
+    if batch_rows is not None and batch_rows != rows:
+        assert "weights" not in batch, "a piece of a batch with weights is told the whole batch's weight"
+        rows = batch_rows
+    if config.objective != "masked":
+        return scored_weight(batch) if "weights" in batch else float(rows * length)
+    keys = example_keys(rng, jnp.arange(rows))
+    if "weights" in batch:
+        hidden = mask_examples(jnp.zeros((rows, length), jnp.int32), keys, config)[1]
+        count = (hidden * batch["weights"]).sum()
+    else:
+        count = hidden_count(keys, length, config)
+    return jnp.maximum(count, 1).astype(jnp.float32)
 
 
 def scored(
     model: GPT,
     params,
-    windows: jax.Array,
+    batch,
     rng: jax.Array,
     *,
     example_ids: jax.Array | None = None,
@@ -101,15 +132,17 @@ def scored(
     weight: jax.Array | float | None = None,
     dropout_rng: jax.Array | None = None,
 ) -> tuple[jax.Array, dict]:
-    """(the objective to differentiate, what was measured) of windows (rows, seq + 1), a piece of
-    a batch of `batch_rows` windows (default: the piece is the whole batch) at places
-    `example_ids` in it (default 0, 1, ...) that scores `weight` tokens in all (batch_weight).
+    """(the objective to differentiate, what was measured) of a batch (jaxgpt/batch.py; an array
+    of windows (rows, seq + 1) will do), a piece of a batch of `batch_rows` rows (default: the
+    piece is the whole batch) at places `example_ids` in it (default 0, 1, ...) that scores
+    `weight` tokens in all (batch_weight; default: this piece's, when it is the whole batch).
     rng is the step's key (the masked objective's blanks, per example); training, with dropout
     drawn from dropout_rng, when that is given.
 
     Every term is the piece's share of the batch's value: a sum over the piece divided by what
     the whole batch counts. The loss is summed over the tokens scored (every position, or the
-    hidden ones) and divided by the batch's weight; a mixture of experts' router losses, the
+    hidden ones, each times its weight where the batch has weights) and divided by the batch's
+    weight; a mixture of experts' router losses, the
     mean over the piece's sequences of each (jaxgpt/moe.py, averaged over the MoE layers and
     scaled by its coefficient), count each sequence once. So the shares of every piece
     (microbatches, CPU cores, devices) add up to the batch's objective whatever the pieces are,
@@ -119,34 +152,38 @@ def scored(
     losses), "accuracy" for the masked objective, "router" for a mixture of experts
     (router_statistics), each as the same share."""
     config = model.config
-    rows, length = windows.shape[0], windows.shape[1] - 1
+    batch = as_batch(batch)
+    rows = rows_of(batch)
     batch_rows = rows if batch_rows is None else batch_rows
-    weight = batch_weight(config, rng, batch_rows, length) if weight is None else weight
-    tokens = windows[:, :-1]
+    weight = batch_weight(config, rng, batch, batch_rows) if weight is None else weight
+    tokens, weights = batch["inputs"], batch.get("weights")
     if config.objective == "masked":
         ids = jnp.arange(rows) if example_ids is None else example_ids
         inputs, hidden = mask_examples(tokens, example_keys(rng, ids), config)
         targets, scores = tokens, hidden.astype(jnp.float32)
+        scores = scores if weights is None else scores * weights
     else:
-        inputs, targets, scores = tokens, windows[:, 1:], None
+        inputs, targets, scores = tokens, batch["targets"], weights
+    predict = config.objective == "masked"
     train = dropout_rng is not None
     apply = partial(
         model.apply,
         {"params": params},
         inputs,
+        **model_inputs(batch),
         train=train,
         rngs={"dropout": dropout_rng} if train else None,
         head=not config.loss_chunk,
     )
     outputs, sown = apply(mutable=["router"]) if config.moe is not None else (apply(), None)
     if config.loss_chunk:  # the head's input: logits and losses a chunk of positions at a time
-        losses, predictions = chunked_losses(config, params, outputs, targets, predict=scores is not None)
+        losses, predictions = chunked_losses(config, params, outputs, targets, predict=predict)
     else:
         losses = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
-        predictions = jnp.argmax(outputs, axis=-1) if scores is not None else None
+        predictions = jnp.argmax(outputs, axis=-1) if predict else None
     loss = (losses if scores is None else losses * scores).sum() / weight
     measured = {"loss": loss}
-    if scores is not None:
+    if predict:
         measured["accuracy"] = ((predictions == targets) * scores).sum() / weight
     objective = loss
     if sown is not None:
@@ -199,19 +236,20 @@ def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]
 
 def gradients(
     params,
-    windows: jax.Array,
+    batch,
     rng: jax.Array,
     *,
     model: GPT,
     microbatches: int = 1,
     example_ids: jax.Array | None = None,
     batch_rows: int | None = None,
+    weight: jax.Array | float | None = None,
     dropout_rng: jax.Array | None = None,
 ):
-    """(what was measured, gradient) of the objective (`scored`) over windows (rows, seq + 1):
-    the whole batch, or with `example_ids` and `batch_rows` one core's share of it, whose
-    measurements and gradient then add to the other cores' to give the batch's. rng is the
-    step's key; dropout draws from dropout_rng (default rng).
+    """(what was measured, gradient) of the objective (`scored`) over a batch: the whole batch,
+    or with `example_ids`, `batch_rows` and the whole batch's `weight` (batch_weight) one core's
+    share of it, whose measurements and gradient then add to the other cores' to give the
+    batch's. rng is the step's key; dropout draws from dropout_rng (default rng).
 
     With microbatches > 1 the rows are split and the pieces' shares added in a scan: the same
     result as the whole (up to float32 summation order), with the activation memory of one
@@ -220,14 +258,15 @@ def gradients(
     (contiguous pieces would each sit on one device, and XLA would move rows between devices
     for every piece); its dropout draws from fold_in(dropout_rng, i).
     """
-    rows, length = windows.shape[0], windows.shape[1] - 1
+    batch = as_batch(batch)
+    rows = rows_of(batch)
     batch_rows = rows if batch_rows is None else batch_rows
-    if model.config.objective != "masked":  # what scores a window does not depend on its place
+    if model.config.objective != "masked":  # what scores a row does not depend on its place
         example_ids = None
     elif example_ids is None:
         example_ids = jnp.arange(rows)
     dropout_rng = rng if dropout_rng is None else dropout_rng
-    weight = batch_weight(model.config, rng, batch_rows, length)
+    weight = batch_weight(model.config, rng, batch, batch_rows) if weight is None else weight
 
     def measured_and_grads(piece, ids, piece_dropout):
         def objective(p):
@@ -239,19 +278,20 @@ def gradients(
         return measured, grads
 
     if microbatches == 1:
-        return measured_and_grads(windows, example_ids, dropout_rng)
+        return measured_and_grads(batch, example_ids, dropout_rng)
 
     def split(x):  # piece i: rows i, i + m, i + 2m, ...
         return None if x is None else x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
 
-    pieces, piece_ids = split(windows), split(example_ids)
+    pieces, piece_ids = jax.tree.map(split, batch), split(example_ids)
 
     def accumulate(total, xs):
         i, piece, ids = xs
         return jax.tree.map(jnp.add, total, measured_and_grads(piece, ids, jax.random.fold_in(dropout_rng, i))), None
 
     first_ids = None if piece_ids is None else piece_ids[0]
-    zeros = zeros_shaped(jax.eval_shape(measured_and_grads, pieces[0], first_ids, dropout_rng))
+    first = jax.tree.map(lambda x: x[0], pieces)
+    zeros = zeros_shaped(jax.eval_shape(measured_and_grads, first, first_ids, dropout_rng))
     total, _ = jax.lax.scan(accumulate, zeros, (jnp.arange(microbatches), pieces, piece_ids))
     return total
 
@@ -303,32 +343,37 @@ def apply_gradients(
 
 def train_step(
     state: TrainState,
-    windows: jax.Array,
+    batch,
     *,
     model: GPT,
     optimizer: optax.GradientTransformation,
     microbatches: int = 1,
     layer_grad_norms: bool = False,
 ) -> tuple[TrainState, dict]:
-    """One optimizer step on a batch of windows (batch, seq + 1); dropout draws from
-    fold_in(state.rng, step), so a step's randomness does not depend on the steps before it."""
+    """One optimizer step on a batch (jaxgpt/batch.py); dropout draws from fold_in(state.rng,
+    step), so a step's randomness does not depend on the steps before it."""
     rng = jax.random.fold_in(state.rng, state.step)
-    measured, grads = gradients(state.params, windows, rng, model=model, microbatches=microbatches)
+    measured, grads = gradients(state.params, batch, rng, model=model, microbatches=microbatches)
     return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
-def eval_step(params, windows: jax.Array, *, model: GPT) -> dict[str, jax.Array]:
-    """{"loss": the mean loss}; for the masked objective its "accuracy" too (jaxgpt/masked.py),
-    and "scored", the hidden tokens both are means over, which differ from batch to batch.
+def eval_step(params, batch, *, model: GPT) -> dict[str, jax.Array]:
+    """{"loss": the mean loss over the positions the batch scores}; for the masked objective its
+    "accuracy" too (jaxgpt/masked.py), and "scored", the hidden tokens both are means over,
+    which differ from batch to batch (as the scored positions of a batch with weights do: then
+    "scored" is their weight).
     For a model trained without the causal mask (which sees
     the token it predicts) "past_only_loss": the same weights under the causal mask, each
     position predicted from the tokens before it alone, as in generation (the KV-cache
     decode, where no later token is written yet, computes the same)."""
+    batch = as_batch(batch)
     if model.config.objective == "masked":  # the same hidden positions at every evaluation
         key = jax.random.key(EVALUATION_MASKS)
-        hidden = batch_weight(model.config, key, windows.shape[0], windows.shape[1] - 1)
-        return scored(model, params, windows, key, weight=hidden)[1] | {"scored": hidden}
-    losses = {"loss": cross_entropy(model, params, windows)}
+        hidden = batch_weight(model.config, key, batch)
+        return scored(model, params, batch, key, weight=hidden)[1] | {"scored": hidden}
+    losses = {"loss": cross_entropy(model, params, batch)}
+    if "weights" in batch:
+        losses["scored"] = scored_weight(batch)
     if not model.config.causal:
-        losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, windows)
+        losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, batch)
     return losses

@@ -87,7 +87,7 @@ def test_alibi_layer_matches_reference():
 
 def test_alibi_bias_is_minus_slope_times_distance():
     slopes = jnp.asarray(alibi_slopes(4)).reshape(2, 2)  # (kv heads, group)
-    bias = np.asarray(causal_score_bias(5, 5, None, slopes))  # (2, 2, 5, 5)
+    bias = np.asarray(causal_score_bias(5, 5, None, slopes))[0]  # (2, 2, 5, 5)
     m = alibi_slopes(4).reshape(2, 2)
     for h_kv in range(2):
         for g in range(2):
@@ -99,7 +99,7 @@ def test_alibi_bias_is_minus_slope_times_distance():
 
 def test_cache_index_shifts_the_causal_diagonal():
     # Two queries at positions 3 and 4 of a 6-slot cache see keys 0..3 and 0..4.
-    visible = np.isfinite(np.asarray(causal_score_bias(2, 6, jnp.asarray(3), None)))[0, 0]
+    visible = np.isfinite(np.asarray(causal_score_bias(2, 6, jnp.asarray(3), None)))[0, 0, 0]
     np.testing.assert_array_equal(visible, [[1, 1, 1, 1, 0, 0], [1, 1, 1, 1, 1, 0]])
 
 

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from jaxgpt import sharding
+from jaxgpt.batch import windows_batch
 from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import runtime, step_choice
@@ -50,7 +51,7 @@ def core_parallel_run(run: RunConfig, windows: list, cores: int):
     step = CoreParallelStep(training_program(run), devices)
     losses = []
     for w in windows:
-        batch = jax.device_put(w, sharding.batch_sharding(step.batch_mesh))
+        batch = jax.device_put(windows_batch(w), sharding.batch_sharding(step.batch_mesh))
         state, metrics = step(state, batch)
         losses.append((float(metrics["loss"]), float(metrics["grad_norm"])))
     return state, losses, step
@@ -102,7 +103,7 @@ def test_no_program_holds_a_collective():
     devices = jax.devices()[:2]
     state = jax.device_put(jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), devices[0])
     step = CoreParallelStep(training_program(run), devices)
-    batch = jax.device_put(batches(1)[0], sharding.batch_sharding(step.batch_mesh))
+    batch = jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh))
     texts = step.program_texts(state, batch)
     assert len(texts) == 3  # two cores' gradient programs and the update
     for text in texts:
@@ -111,7 +112,11 @@ def test_no_program_holds_a_collective():
     mesh = sharding.make_mesh(MeshConfig(data=2), devices)
     spmd = jax.jit(partial(train_step, model=GPT(run.model), optimizer=make_optimizer(run.train), microbatches=2))
     replicated = jax.device_put(state, jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()))
-    text = spmd.lower(replicated, jax.device_put(batches(1)[0], sharding.batch_sharding(mesh))).compile().as_text()
+    text = (
+        spmd.lower(replicated, jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(mesh)))
+        .compile()
+        .as_text()
+    )
     assert "all-reduce" in text
 
 
@@ -120,7 +125,9 @@ def test_evaluation_on_cores_gives_the_one_device_losses():
     _, _, step = core_parallel_run(run, batches(1), 2)
     params = jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 1))().params
     windows = batches(5)
-    losses = step.eval_losses(params, lambda i, mesh: jax.device_put(windows[i], sharding.batch_sharding(mesh)), 5)
+    losses = step.eval_losses(
+        params, lambda i, mesh: jax.device_put(windows_batch(windows[i]), sharding.batch_sharding(mesh)), 5
+    )
     assert [next(iter(loss["loss"].devices())) for loss in losses] == [jax.devices()[i % 2] for i in range(5)]
     reference = jax.jit(partial(eval_step, model=GPT(run.model)))
     want = [float(reference(params, jnp.asarray(w))["loss"]) for w in windows]

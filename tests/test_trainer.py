@@ -242,8 +242,8 @@ def test_aligned_to_documents_every_training_window_begins_at_a_document_or_a_wi
     from jaxgpt.data import batches
 
     read = []
-    batch_at = data.batch_at
-    monkeypatch.setattr(batches, "batch_at", lambda *a, **k: read.append(k.get("starts", a[-1])) or batch_at(*a, **k))
+    offsets = batches.window_offsets
+    monkeypatch.setattr(batches, "window_offsets", lambda *a, **k: read.append(k.get("starts", a[-1])) or offsets(*a, **k))
     config = small_config(steps=2, warmup_steps=1, eval_every=2, eval_batches=1)
     config.data.align_to_documents = True
     train_and_evaluate(config, tmp_path, progress=False)

@@ -56,7 +56,7 @@ def test_sliding_window_layer_matches_a_banded_mask_reference(n_kv_head, window)
 
 
 def test_a_window_of_one_sees_only_itself():
-    visible = np.isfinite(np.asarray(causal_score_bias(4, 4, None, None, window=1)))[0, 0]
+    visible = np.isfinite(np.asarray(causal_score_bias(4, 4, None, None, window=1)))[0, 0, 0]
     np.testing.assert_array_equal(visible, np.eye(4, dtype=bool))
 
 
@@ -216,10 +216,10 @@ def test_unscaled_attention_matches_the_reference_without_the_sqrt(kernel):
 
 
 def test_without_the_causal_mask_every_written_key_is_visible():
-    everything = np.isfinite(np.asarray(causal_score_bias(4, 4, None, None, causal=False)))[0, 0]
+    everything = np.isfinite(np.asarray(causal_score_bias(4, 4, None, None, causal=False)))[0, 0, 0]
     assert everything.all()
     # Decoding still hides the cache slots not yet written: queries at 3 and 4 of 6 slots see 0..4.
-    decoding = np.isfinite(np.asarray(causal_score_bias(2, 6, jnp.asarray(3), None, causal=False)))[0, 0]
+    decoding = np.isfinite(np.asarray(causal_score_bias(2, 6, jnp.asarray(3), None, causal=False)))[0, 0, 0]
     np.testing.assert_array_equal(decoding, [[1, 1, 1, 1, 1, 0]] * 2)
 
 

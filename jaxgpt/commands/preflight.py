@@ -70,9 +70,10 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     # the memory row measures that program.
     program, step, _ = choose_step(program, mesh, layout)
     run = program.run
-    batch = data.sharded_batch(dataset.train, run, mesh, 0)
+    split = data.train_windows(dataset, run)
+    batch = data.sharded_batch(split, run, mesh, 0)
     # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
-    step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(dataset.train, run, step.batch_mesh, 0)
+    step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(split, run, step.batch_mesh, 0)
     own = create()
     memory_check = memory_row(step.compile(own, step_batch), own, mesh)
     del own  # its buffers: a large model's check holds one state at a time
@@ -88,8 +89,8 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
 
     @jax.jit
     @partial(sharding.traced_on, mesh)
-    def loss_and_norms(params, windows):
-        loss, grads = jax.value_and_grad(lambda p: _loss(run.model, p, windows))(params)
+    def loss_and_norms(params, batch):
+        loss, grads = jax.value_and_grad(lambda p: _loss(run.model, p, batch))(params)
         return loss, gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
@@ -252,12 +253,12 @@ def memory_row(compiled_step, state, mesh) -> Row:
     )
 
 
-def _loss(model_config, params, windows):
+def _loss(model_config, params, batch):
     """The loss evaluation reports: the next-token cross-entropy, or the masked objective's."""
     from jaxgpt.model import GPT
     from jaxgpt.train_step import eval_step
 
-    return eval_step(params, windows, model=GPT(model_config))["loss"]
+    return eval_step(params, batch, model=GPT(model_config))["loss"]
 
 
 def print_table(rows: list[Row]) -> None:

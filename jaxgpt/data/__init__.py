@@ -14,13 +14,16 @@ The names below are what the rest of jaxgpt uses; `from jaxgpt import data; data
 from jaxgpt.data.batches import (
     EVAL_TRAIN_STREAM,
     TRAIN_STREAM,
+    TrainWindows,
     ValidationSet,
     aligned_starts,
     batch_at,
     check_long_enough,
     prefetch,
     sharded_batch,
+    train_windows,
     validation_batch,
+    validation_documents,
     validation_set,
 )
 from jaxgpt.data.prepared import (
@@ -42,6 +45,7 @@ __all__ = [
     "WORKERS_ENV",
     "Dataset",
     "TokenShards",
+    "TrainWindows",
     "ValidationSet",
     "aligned_starts",
     "batch_at",
@@ -54,7 +58,9 @@ __all__ = [
     "sharded_batch",
     "stop_for_damage",
     "tokenizing_workers",
+    "train_windows",
     "validation_batch",
+    "validation_documents",
     "validation_set",
     "vocab_size_for",
 ]

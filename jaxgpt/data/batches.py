@@ -1,4 +1,6 @@
-"""How batches are cut from the cached tokens: windows of block_size + 1 tokens.
+"""How batches are cut from the cached tokens: windows of block_size + 1 tokens, handed to the
+engine as the batch contract's dict (jaxgpt/batch.py): inputs and targets, and with
+data.attend_within_documents each token's document (segments) and its place in it (positions).
 
 Batches are a pure function of (seed, step): a resumed run sees exactly the batches it would
 have seen, with no iterator state to save. Validation is a fixed set of windows, the same at
@@ -14,6 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
+from jaxgpt.batch import segment_positions, windows_batch
 from jaxgpt.data.prepared import Dataset
 from jaxgpt.errors import UserError
 
@@ -35,12 +38,74 @@ def batch_at(
     (aligned_starts). Inputs are [:, :-1], targets [:, 1:]. `rows` reads only part of the batch
     (one process's share): the offsets of the whole batch are drawn, so every process agrees on
     them, but only those rows are read."""
+    offsets = window_offsets(len(tokens), seq_len, batch_size, seed, stream, index, rows, starts)
+    return read_windows(tokens, offsets, seq_len)
+
+
+def window_offsets(
+    split_tokens: int,
+    seq_len: int,
+    batch_size: int,
+    seed: int,
+    stream: int,
+    index: int,
+    rows: slice = slice(None),
+    starts: np.ndarray | None = None,
+) -> np.ndarray:
+    """Where `batch_at`'s windows begin."""
     rng = np.random.default_rng([seed, stream, index])
     if starts is None:
-        offsets = rng.integers(0, len(tokens) - seq_len, size=batch_size)[rows]
-    else:
-        offsets = starts[rng.integers(0, len(starts), size=batch_size)[rows]]
+        return rng.integers(0, split_tokens - seq_len, size=batch_size)[rows]
+    return starts[rng.integers(0, len(starts), size=batch_size)[rows]]
+
+
+def read_windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> np.ndarray:
     return np.stack([tokens[s : s + seq_len + 1] for s in offsets]).astype(np.int32)
+
+
+def windows_at(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, documents: np.ndarray | None) -> dict:
+    """The batch (jaxgpt/batch.py) of the windows at `offsets`; given the split's `documents`
+    (where each begins), with each token's document as its segment and its place there as its
+    position: attention stays within a document and positions restart at each (a window's
+    first tokens may be the end of a document begun before it: a segment of their own)."""
+    batch = windows_batch(read_windows(tokens, offsets, seq_len))
+    if documents is not None:
+        indices = offsets[:, None] + np.arange(seq_len)
+        segments = (np.searchsorted(documents, indices, side="right") - 1).astype(np.int32)
+        batch |= {"segments": segments, "positions": segment_positions(segments)}
+    return batch
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainWindows:
+    """The training split and how its windows are cut: at any offset or among `starts`
+    (data.align_to_documents), with each token's document from `documents` (the split's
+    document starts; data.attend_within_documents) or without."""
+
+    tokens: np.ndarray
+    starts: np.ndarray | None = None
+    documents: np.ndarray | None = None
+
+
+def train_windows(dataset: Dataset, run) -> TrainWindows:
+    """`dataset`'s training split as `run` (a RunConfig) cuts it."""
+    split_tokens = len(dataset.train)
+    documents = dataset.documents[dataset.documents < split_tokens]
+    starts = None
+    if run.data.align_to_documents:
+        # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
+        starts = aligned_starts(documents, split_tokens, run.model.block_size)
+    return TrainWindows(dataset.train, starts, documents if run.data.attend_within_documents else None)
+
+
+def validation_documents(dataset: Dataset, run) -> np.ndarray | None:
+    """Where the validation split's documents begin, for a run that attends within documents:
+    its first tokens end a document begun in the training split."""
+    if not run.data.attend_within_documents:
+        return None
+    split_tokens = len(dataset.train)
+    later = dataset.documents[dataset.documents >= split_tokens] - split_tokens
+    return later if len(later) and later[0] == 0 else np.concatenate([[0], later])
 
 
 def aligned_starts(documents: np.ndarray, split_tokens: int, seq_len: int) -> np.ndarray:
@@ -61,13 +126,15 @@ def aligned_starts(documents: np.ndarray, split_tokens: int, seq_len: int) -> np
 class ValidationSet:
     """The windows every evaluation scores: the same tokens each time, so two evaluations of
     one checkpoint agree bit for bit and runs compare. `starts` are window offsets into the
-    validation split, `batch_size` windows per evaluation batch."""
+    validation split, `batch_size` windows per evaluation batch; `documents` where the split's
+    documents begin, when tokens attend within their document."""
 
     starts: np.ndarray
     seq_len: int
     batch_size: int
     split_tokens: int
     target_bytes: int  # UTF-8 bytes of text the scored (target) tokens stand for
+    documents: np.ndarray | None = None
 
     @property
     def batches(self) -> int:
@@ -89,9 +156,17 @@ class ValidationSet:
         return bool(np.all(np.diff(self.starts) == self.seq_len))
 
 
-def validation_set(tokens: np.ndarray, token_bytes: np.ndarray, seq_len: int, batch_size: int, batches: int):
+def validation_set(
+    tokens: np.ndarray,
+    token_bytes: np.ndarray,
+    seq_len: int,
+    batch_size: int,
+    batches: int,
+    documents: np.ndarray | None = None,
+):
     """`batches` x `batch_size` windows of the validation split: back to back from its start
-    when it is long enough (a fixed prefix), else spread evenly over all of it (overlapping)."""
+    when it is long enough (a fixed prefix), else spread evenly over all of it (overlapping);
+    their tokens' documents from `documents` when given (`validation_documents`)."""
     count = batches * batch_size
     if count * seq_len + 1 <= len(tokens):
         starts = np.arange(count) * seq_len
@@ -101,7 +176,7 @@ def validation_set(tokens: np.ndarray, token_bytes: np.ndarray, seq_len: int, ba
     # in windows x seq_len (overlapping windows would repeat tokens)
     running = np.concatenate([[0], np.cumsum(token_bytes[tokens], dtype=np.int64)])
     target_bytes = int((running[starts + seq_len + 1] - running[starts + 1]).sum())
-    return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes)
+    return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes, documents)
 
 
 def validation_batch(tokens: np.ndarray, validation: ValidationSet, mesh, index: int):
@@ -110,23 +185,23 @@ def validation_batch(tokens: np.ndarray, validation: ValidationSet, mesh, index:
 
     b, t = validation.batch_size, validation.seq_len
 
-    def rows(start: int, stop: int) -> np.ndarray:
-        starts = validation.starts[index * b + start : index * b + stop]
-        return np.stack([tokens[s : s + t + 1] for s in starts]).astype(np.int32)
+    def rows(start: int, stop: int) -> dict:
+        return windows_at(tokens, validation.starts[index * b + start : index * b + stop], t, validation.documents)
 
     return global_batch(mesh, rows, b)
 
 
-def sharded_batch(tokens: np.ndarray, run, mesh, index: int, stream: int = TRAIN_STREAM, starts=None):
-    """Batch `index` of a stream for `run` (a RunConfig) as one array sharded over `mesh`'s
-    data axes, windows at `starts` when given; each process reads only its own rows."""
+def sharded_batch(split: TrainWindows, run, mesh, index: int, stream: int = TRAIN_STREAM) -> dict:
+    """Batch `index` of a stream for `run` (a RunConfig) as arrays sharded over `mesh`'s data
+    axes, cut from `split` (`train_windows`); each process reads only its own rows."""
     from jaxgpt.sharding import global_batch  # numpy-only callers of this module need no JAX
 
-    t = run.train
+    t, seq_len = run.train, run.model.block_size
 
-    def rows(start: int, stop: int) -> np.ndarray:
+    def rows(start: int, stop: int) -> dict:
         part = slice(start, stop)
-        return batch_at(tokens, run.model.block_size, t.batch_size, t.seed, stream, index, part, starts)
+        offsets = window_offsets(len(split.tokens), seq_len, t.batch_size, t.seed, stream, index, part, split.starts)
+        return windows_at(split.tokens, offsets, seq_len, split.documents)
 
     return global_batch(mesh, rows, t.batch_size)
 

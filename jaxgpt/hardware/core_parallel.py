@@ -28,20 +28,29 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import sharding
+from jaxgpt.batch import as_batch, rows_of
 from jaxgpt.program import TrainingProgram
-from jaxgpt.train_step import TrainState, apply_gradients, gradients
+from jaxgpt.train_step import TrainState, apply_gradients, batch_weight, gradients
 
 
-def core_gradients(params, key, step, windows, core, *, model, microbatches: int, batch_rows: int):
-    """One core's share of the step's measurements and gradient (train_step.gradients): its rows
-    are the batch's core * rows, core * rows + 1, ... (the batch is split over the cores in
-    order), and its dropout draws from fold_in(step key, core)."""
+def core_gradients(params, key, step, rows, core, weight=None, *, model, microbatches: int, batch_rows: int):
+    """One core's share of the step's measurements and gradient (train_step.gradients): its
+    `rows` (a batch, jaxgpt/batch.py) are the batch's core * n, core * n + 1, ... (the batch is
+    split over the cores in order), `weight` the whole batch's (`whole_batch_weight`; None
+    where the core can count it alone), and its dropout draws from fold_in(step key, core)."""
     step_key = jax.random.fold_in(key, step)
-    rows = windows.shape[0]
+    rows = as_batch(rows)
+    n = rows_of(rows)
     return gradients(
-        params, windows, step_key, model=model, microbatches=microbatches, example_ids=core * rows + jnp.arange(rows),
-        batch_rows=batch_rows, dropout_rng=jax.random.fold_in(step_key, core),
+        params, rows, step_key, model=model, microbatches=microbatches, example_ids=core * n + jnp.arange(n),
+        batch_rows=batch_rows, weight=weight, dropout_rng=jax.random.fold_in(step_key, core),
     )  # fmt: skip
+
+
+def whole_batch_weight(key, step, batch, *, model):
+    """What the whole batch scores (train_step.batch_weight), for a batch with weights: no core
+    can count it from its own rows."""
+    return batch_weight(model.config, jax.random.fold_in(key, step), batch)
 
 
 def add_and_apply(
@@ -70,6 +79,7 @@ class CoreParallelStep:
         self._gradients = jax.jit(
             partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
         )
+        self._whole_batch_weight = jax.jit(partial(whole_batch_weight, model=program.model))
         update = partial(add_and_apply, optimizer=program.optimizer, layer_grad_norms=t.log_layer_grad_norms)
         self._apply = jax.jit(update, donate_argnums=0)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
@@ -78,18 +88,23 @@ class CoreParallelStep:
         self._compiled_gradients: dict | None = None
         self._compiled_apply = None
 
-    def _gradient_inputs(self, state, windows) -> list[tuple]:
-        """Per core: its copy of (params, key, step), its rows, its index."""
-        rows = {shard.device: shard.data for shard in windows.addressable_shards}
+    def _gradient_inputs(self, state, batch) -> list[tuple]:
+        """Per core: its copy of (params, key, step), its rows, its index, the batch's weight."""
+        home = self.devices[0]
+        weight = None
+        if "weights" in batch:  # the whole batch on the first core, counted there
+            weight = self._whole_batch_weight(state.rng, state.step, jax.device_put(batch, home))
         shared = (state.params, state.rng, state.step)
-        return [
-            (*(shared if i == 0 else jax.device_put(shared, device)), rows[device], self._core_ids[i])
-            for i, device in enumerate(self.devices)
-        ]
+        inputs = []
+        for i, device in enumerate(self.devices):
+            rows = {name: core_rows(array, device) for name, array in batch.items()}
+            mine = (*shared, weight) if i == 0 else jax.device_put((*shared, weight), device)
+            inputs.append((*mine[:3], rows, self._core_ids[i], mine[3]))
+        return inputs
 
-    def __call__(self, state: TrainState, windows: jax.Array) -> tuple[TrainState, dict]:
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         gradients_on = self._compiled_gradients or {d: self._gradients for d in self.devices}
-        inputs = self._gradient_inputs(state, windows)
+        inputs = self._gradient_inputs(state, batch)
         results = [gradients_on[d](*args) for d, args in zip(self.devices, inputs, strict=True)]
         home = self.devices[0]
         results = [results[0]] + [jax.device_put(r, home) for r in results[1:]]  # runs when each core is done
@@ -102,10 +117,10 @@ class CoreParallelStep:
         n = len(self.devices)
         return [self._eval_loss(copies[i % n], make_batch(i, self.device_meshes[i % n])) for i in range(count)]
 
-    def trace(self, state: TrainState, windows: jax.Array) -> CoreParallelStep:
+    def trace(self, state: TrainState, batch: dict) -> CoreParallelStep:
         """Trace every core's gradient program and the update to StableHLO; returns self."""
         if self._lowered is None:
-            inputs = self._gradient_inputs(state, windows)
+            inputs = self._gradient_inputs(state, batch)
             gradients = [self._gradients.lower(*args) for args in inputs]  # tracing: once, then cached
             home = jax.sharding.SingleDeviceSharding(self.devices[0])
             result = jax.eval_shape(self._gradients, *inputs[0])
@@ -113,11 +128,11 @@ class CoreParallelStep:
             self._lowered = gradients, self._apply.lower(state, [result] * len(self.devices))
         return self
 
-    def compile(self, state: TrainState, windows: jax.Array) -> CoreParallelStep:
+    def compile(self, state: TrainState, batch: dict) -> CoreParallelStep:
         """Compile every core's program ahead of time, all at once (XLA compiles without the
         GIL, one compilation per core), and the update, unless already; returns self."""
         if self._compiled_gradients is None:
-            gradients, update = self.trace(state, windows)._lowered
+            gradients, update = self.trace(state, batch)._lowered
             with ThreadPoolExecutor(len(gradients)) as pool:
                 compiled = list(pool.map(lambda program: program.compile(), gradients))
             self._compiled_gradients = dict(zip(self.devices, compiled, strict=True))
@@ -134,8 +149,13 @@ class CoreParallelStep:
         cost = next(iter(self._compiled_gradients.values())).cost_analysis()
         return cost[0] if isinstance(cost, list) else cost
 
-    def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
+    def program_texts(self, state: TrainState, batch: dict) -> list[str]:
         """The compiled programs' HLO (each core's, then the update's): for checking that none
         holds a collective. Compiles them first unless `compile` already has."""
-        self.compile(state, windows)
+        self.compile(state, batch)
         return [c.as_text() for c in self._compiled_gradients.values()] + [self._compiled_apply.as_text()]
+
+
+def core_rows(array: jax.Array, device) -> jax.Array:
+    """The rows of a batch array sharded over the cores that live on `device`."""
+    return next(shard.data for shard in array.addressable_shards if shard.device == device)

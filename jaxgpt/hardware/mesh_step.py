@@ -10,9 +10,9 @@ from __future__ import annotations
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 
 from jaxgpt import sharding
+from jaxgpt.batch import batch_fields
 from jaxgpt.program import TrainingProgram
 from jaxgpt.train_step import TrainState, seed_key_data
 
@@ -40,9 +40,13 @@ def jit_train_step(program: TrainingProgram, mesh, layout):
     )
 
 
-def batch_layout(program: TrainingProgram, mesh) -> jax.ShapeDtypeStruct:
-    shape = (program.run.train.batch_size, program.run.model.block_size + 1)
-    return jax.ShapeDtypeStruct(shape, jnp.int32, sharding=sharding.batch_sharding(mesh))
+def batch_layout(program: TrainingProgram, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+    """The shapes, dtypes and shardings of the run's batches (jaxgpt/batch.py), nothing allocated."""
+    shape = (program.run.train.batch_size, program.run.model.block_size)
+    where = sharding.batch_sharding(mesh)
+    return {
+        name: jax.ShapeDtypeStruct(shape, dtype, sharding=where) for name, dtype in batch_fields(program.run).items()
+    }
 
 
 def initial_state(program: TrainingProgram, mesh) -> TrainState:
@@ -70,20 +74,20 @@ class MeshStep:
             out_shardings=jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec()),
         )
 
-    def __call__(self, state: TrainState, windows: jax.Array) -> tuple[TrainState, dict]:
-        return (self._compiled or self._step)(state, windows)
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        return (self._compiled or self._step)(state, batch)
 
-    def trace(self, state: TrainState, windows: jax.Array) -> MeshStep:
+    def trace(self, state: TrainState, batch: dict) -> MeshStep:
         """Trace the step to StableHLO for this state and batch (Python's share of the work,
         which no compilation cache skips); returns self."""
         if self._compiled is None and self._lowered is None:
-            self._lowered = self._step.lower(state, windows)
+            self._lowered = self._step.lower(state, batch)
         return self
 
-    def compile(self, state: TrainState, windows: jax.Array) -> MeshStep:
+    def compile(self, state: TrainState, batch: dict) -> MeshStep:
         """Compile ahead of time for this state and batch (unless already); returns self."""
         if self._compiled is None:
-            self._compiled = self.trace(state, windows)._lowered.compile()
+            self._compiled = self.trace(state, batch)._lowered.compile()
         return self
 
     def eval_losses(self, params, make_batch, count: int) -> list[dict[str, jax.Array]]:
@@ -99,6 +103,6 @@ class MeshStep:
         cost = self._compiled.cost_analysis()
         return cost[0] if isinstance(cost, list) else cost
 
-    def program_texts(self, state: TrainState, windows: jax.Array) -> list[str]:
+    def program_texts(self, state: TrainState, batch: dict) -> list[str]:
         """The compiled program's HLO, compiling it first if needed."""
-        return [self.compile(state, windows)._compiled.as_text()]
+        return [self.compile(state, batch)._compiled.as_text()]

@@ -26,7 +26,6 @@ from pathlib import Path
 from typing import NamedTuple
 
 import jax
-import numpy as np
 from jax.experimental import multihost_utils
 
 from jaxgpt import data, multiple_choice, sharding
@@ -159,7 +158,7 @@ class LoopInputs(NamedTuple):
     state: TrainState  # step 0's, born sharded (microbatches do not change its layout)
     checkpoints: Checkpoints
     validation: data.ValidationSet  # the fixed windows every evaluation scores
-    train_starts: np.ndarray | None  # where training windows may start; None: anywhere
+    train: data.TrainWindows  # the training split and how its windows are cut
     questions: list  # train.multiple_choice's, read once
 
 
@@ -167,17 +166,18 @@ def loop_inputs(resolved: ResolvedRun, placed: PlacedRun, workdir: Path) -> Loop
     """Stage 4: what the loop reads beside the step."""
     run, dataset = placed.run, resolved.dataset
     t = run.train
-    train_starts = None  # training windows at any offset, unless aligned to documents
-    if run.data.align_to_documents:
-        # never empty: the first document starts at 0, and the split holds a window (check_long_enough)
-        train_starts = data.aligned_starts(dataset.documents, len(dataset.train), run.model.block_size)
     validation = data.validation_set(
-        dataset.val, dataset.tokenizer.token_bytes(), run.model.block_size, t.batch_size, t.eval_batches
+        dataset.val,
+        dataset.tokenizer.token_bytes(),
+        run.model.block_size,
+        t.batch_size,
+        t.eval_batches,
+        data.validation_documents(dataset, run),
     )
     limit = t.multiple_choice_limit or None
     questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
     checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints)
-    return LoopInputs(resolved.create(), checkpoints, validation, train_starts, questions)
+    return LoopInputs(resolved.create(), checkpoints, validation, data.train_windows(dataset, run), questions)
 
 
 def write_run(workdir: Path, run: RunConfig, tokenizer) -> None:

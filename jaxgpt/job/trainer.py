@@ -159,7 +159,7 @@ class Trainer:
         self.schedule = placed.program.schedule  # the optimizer's own: the learning rate logged is the one applied
         # the state is held here alone (`inputs` is not kept), so a restored state replaces step 0's in
         # memory rather than beside it
-        self.state, self.checkpoints, self.validation, self.train_starts, self.questions = inputs
+        self.state, self.checkpoints, self.validation, self.train_windows, self.questions = inputs
         self.runaway = RunawayWatch(placed.run.model.vocab_size, self.checkpoints, warn)
 
     @classmethod
@@ -266,10 +266,10 @@ class Trainer:
             f"{describe_mfu(mfu)}; checkpoints in {self.checkpoints.directory}"
         )
 
-    def batch(self, step: int) -> jax.Array:
-        """Training batch `step` as one array sharded over the devices the train step splits it
-        over (the mesh's, or the CPU cores')."""
-        return data.sharded_batch(self.dataset.train, self.config, self.step.batch_mesh, step, starts=self.train_starts)
+    def batch(self, step: int) -> dict:
+        """Training batch `step` (jaxgpt/batch.py) sharded over the devices the train step splits
+        it over (the mesh's, or the CPU cores')."""
+        return data.sharded_batch(self.train_windows, self.config, self.step.batch_mesh, step)
 
     def evaluate(self) -> dict:
         """The loss over the fixed validation set, with its bits per byte (the loss in nats per
@@ -279,9 +279,7 @@ class Trainer:
         losses = partial(self.step.eval_losses, self.state.params)
         val = losses(lambda i, mesh: data.validation_batch(self.dataset.val, v, mesh, i), v.batches)
         train = losses(
-            lambda i, mesh: data.sharded_batch(
-                self.dataset.train, self.config, mesh, i, data.EVAL_TRAIN_STREAM, self.train_starts
-            ),
+            lambda i, mesh: data.sharded_batch(self.train_windows, self.config, mesh, i, data.EVAL_TRAIN_STREAM),
             self.config.train.eval_batches,
         )
         val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
