@@ -237,17 +237,23 @@ def test_per_layer_gradient_norms_are_logged_when_asked_and_make_up_the_global_n
 def test_aligned_to_documents_every_training_window_begins_at_a_document_or_a_window_into_one(tmp_path, monkeypatch):
     """data.align_to_documents on the built-in corpus (79 topics, one per document): every
     training batch the run reads, its evaluation's training batches too, is drawn from the
-    offsets data.aligned_starts gives (tests/test_data.py checks those offsets by hand)."""
+    offsets data.aligned_starts gives (tests/test_data.py checks those offsets by hand). With
+    data.attend_within_documents too, every batch, validation's included, carries its tokens'
+    documents (tests/test_batch_contract.py checks what attention and positions make of them)."""
     from jaxgpt import data
     from jaxgpt.data import batches
 
-    read = []
-    offsets = batches.window_offsets
-    monkeypatch.setattr(batches, "window_offsets", lambda *a, **k: read.append(k.get("starts", a[-1])) or offsets(*a, **k))
+    read, fields = [], set()
+    offsets, windows_at = batches.window_offsets, batches.windows_at
+    monkeypatch.setattr(
+        batches, "window_offsets", lambda *a, **k: read.append(k.get("starts", a[-1])) or offsets(*a, **k)
+    )
+    monkeypatch.setattr(batches, "windows_at", lambda *a: fields.add(tuple(sorted(windows_at(*a)))) or windows_at(*a))
     config = small_config(steps=2, warmup_steps=1, eval_every=2, eval_batches=1)
-    config.data.align_to_documents = True
+    config.data.align_to_documents = config.data.attend_within_documents = True
     train_and_evaluate(config, tmp_path, progress=False)
     dataset = data.prepare(resolve(config).data, progress=False)
     want = data.aligned_starts(dataset.documents, len(dataset.train), config.model.block_size)
     assert read and all(starts is not None and starts.tolist() == want.tolist() for starts in read)
-    assert json.loads((tmp_path / "config.json").read_text())["data"]["align_to_documents"] is True
+    assert fields == {("inputs", "positions", "segments", "targets")}
+    assert json.loads((tmp_path / "config.json").read_text())["data"]["attend_within_documents"] is True
