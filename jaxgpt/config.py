@@ -491,7 +491,8 @@ class DataConfig:
     """Where text comes from and how it becomes tokens.
 
     source: builtin:python-docs | builtin:repeated-random | text:PATH | hf:NAME[:CONFIG] (see
-        jaxgpt/data/sources.py).
+        jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates
+        (jaxgpt/data/pairs.py): examples of a source and its target, the loss on the target.
     tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base.
     val_fraction: share of the token stream, taken from its end, held out for validation.
     text_column: the column holding text in .jsonl/.parquet files and Hub datasets.
@@ -530,7 +531,20 @@ class DataConfig:
             problems.add("max_tokens", "must be >= 0 (0 means all)")
         if not self.shard_tokens >= 1:
             problems.add("shard_tokens", "must be >= 1")
+        for name in ("align_to_documents", "attend_within_documents"):
+            if self.pairs and getattr(self, name):
+                problems.add(name, "cuts windows from a stream; a pairs source packs whole examples already: drop it")
         problems.raise_if_any()
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the source is a set of (source, target) examples rather than a token stream."""
+        return is_pairs_source(self.source)
+
+
+def is_pairs_source(source: str) -> bool:
+    """pairs:PATH and builtin:dates (jaxgpt/data/pairs.py) give examples, the others a token stream."""
+    return source.startswith("pairs:") or source == "builtin:dates"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -131,6 +131,7 @@ def scored(
     batch_rows: int | None = None,
     weight: jax.Array | float | None = None,
     dropout_rng: jax.Array | None = None,
+    answers: bool = False,
 ) -> tuple[jax.Array, dict]:
     """(the objective to differentiate, what was measured) of a batch (jaxgpt/batch.py; an array
     of windows (rows, seq + 1) will do), a piece of a batch of `batch_rows` rows (default: the
@@ -150,7 +151,8 @@ def scored(
     (up to float32 summation order), and where every piece scores alike (next-token) the sum is
     the mean of the pieces' means. Measured: "loss" (the cross-entropy, without the router
     losses), "accuracy" for the masked objective, "router" for a mixture of experts
-    (router_statistics), each as the same share."""
+    (router_statistics), each as the same share. With `answers`, for a batch of examples
+    (weights and segments: text pairs), the "accuracy" of the scored tokens and `exact_matches`."""
     config = model.config
     batch = as_batch(batch)
     rows = rows_of(batch)
@@ -164,7 +166,8 @@ def scored(
         scores = scores if weights is None else scores * weights
     else:
         inputs, targets, scores = tokens, batch["targets"], weights
-    predict = config.objective == "masked"
+    examples = answers and weights is not None and "segments" in batch
+    predict = config.objective == "masked" or examples
     train = dropout_rng is not None
     apply = partial(
         model.apply,
@@ -185,6 +188,8 @@ def scored(
     measured = {"loss": loss}
     if predict:
         measured["accuracy"] = ((predictions == targets) * scores).sum() / weight
+    if examples:
+        measured |= exact_matches(predictions == targets, scores, batch["segments"])
     objective = loss
     if sown is not None:
         share = rows / batch_rows  # of the batch's sequences, each a routing group of its own
@@ -193,6 +198,22 @@ def scored(
         objective = objective + moe.aux_loss * router["aux_loss"].mean() + moe.z_loss * router["z_loss"].mean()
         measured["router"] = router
     return objective, measured
+
+
+def exact_matches(right: jax.Array, weights: jax.Array, segments: jax.Array) -> dict[str, jax.Array]:
+    """{"exact_matches": how many examples have every scored token right, "examples": how many
+    have a scored token}, of rows (b, t) whose examples are their segments. Every scored
+    token's most likely continuation right is what greedy decoding needs to write the whole
+    answer, so this is greedy decoding's exact match, read off one forward pass."""
+    rows, length = segments.shape
+    ids = (jnp.arange(rows)[:, None] * (length + 1) + segments).ravel()  # (row, segment): one id each
+    scored = weights.ravel() > 0
+    wrong = jax.ops.segment_sum((scored & ~right.ravel()).astype(jnp.int32), ids, rows * (length + 1))
+    has_answer = jax.ops.segment_sum(scored.astype(jnp.int32), ids, rows * (length + 1)) > 0
+    return {
+        "exact_matches": jnp.sum(has_answer & (wrong == 0)).astype(jnp.float32),
+        "examples": jnp.sum(has_answer).astype(jnp.float32),
+    }
 
 
 def chunked_losses(
@@ -371,9 +392,10 @@ def eval_step(params, batch, *, model: GPT) -> dict[str, jax.Array]:
         key = jax.random.key(EVALUATION_MASKS)
         hidden = batch_weight(model.config, key, batch)
         return scored(model, params, batch, key, weight=hidden)[1] | {"scored": hidden}
+    if "weights" in batch:  # examples with what they score: the loss, accuracy, exact matches
+        measured = scored(model, params, batch, jax.random.key(EVALUATION_MASKS), answers=True)[1]
+        return measured | {"scored": scored_weight(batch)}
     losses = {"loss": cross_entropy(model, params, batch)}
-    if "weights" in batch:
-        losses["scored"] = scored_weight(batch)
     if not model.config.causal:
         losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, batch)
     return losses

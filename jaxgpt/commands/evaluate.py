@@ -17,6 +17,10 @@ at (model.block_size) gets worse beyond it. Learned position embeddings have no 
 block_size, so longer lengths are refused for those runs, with that reason; RoPE, sinusoidal,
 ALiBi and no positions at all are evaluated at any length.
 
+A run trained on text pairs (data.source pairs:PATH or builtin:dates) is scored on every
+held-out pair instead: the loss on the answers, the share of their tokens right, and the share
+of answers greedy decoding writes exactly.
+
 Prints a row per run and length (the loss within the trained length and beyond it) and draws
 loss against position at each run's longest length beside mean loss against length, one
 colour per run.
@@ -228,6 +232,33 @@ def load_run(workdir: Path, step: int | None, say=print, budget: int | None = No
     return run, params, step, val
 
 
+def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
+    """A run trained on text pairs (jaxgpt/data/pairs.py), scored on every held-out pair: the
+    loss on the answers, the share of their tokens right, and the share written exactly right
+    by greedy decoding (every answer token the most likely: train_step.exact_matches)."""
+    from jaxgpt import data
+    from jaxgpt.data.pairs import pair_validation, split_examples
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.job.trainer import mean_losses
+    from jaxgpt.model import GPT
+    from jaxgpt.train_step import eval_step
+
+    run, params, _, step = load_latest(workdir, step=step, warn=say)
+    dataset = data.prepare(run.data, progress=False)
+    _, held_out = split_examples(dataset, run.model.block_size)
+    seq_len, rows = run.model.block_size, 16
+    validation = pair_validation(held_out, dataset.tokenizer.token_bytes(), seq_len, rows, most=len(held_out))
+    model = GPT(run.model.replace(dtype="float32", remat="none"))
+    score = jax.jit(lambda p, b: eval_step(p, b, model=model))
+    first = range(0, validation.batches * rows, rows)
+    got = mean_losses([score(params, {k: x[i : i + rows] for k, x in validation.rows.items()}) for i in first])
+    return (
+        f"{name}: step {step}, {int(got['examples']):,} held-out pairs: answer loss {got['loss']:.4f}, "
+        f"{got['accuracy']:.1%} of answer tokens and {got['exact_matches'] / got['examples']:.1%} of answers "
+        "exactly right (greedy decoding)"
+    )
+
+
 def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | None, say=print):
     """(run config, step, results by length) of one workdir; refused lengths are said, skipped."""
     run, params, step, val = load_run(workdir, step, say, budget)
@@ -310,6 +341,19 @@ def _lengths(text: list[str]) -> list[int]:
     return lengths
 
 
+def trained_on_pairs(workdir: Path) -> bool:
+    """Whether the run's config.json names a pairs source (without one, the checkpoint's own
+    record is read later, and the run is evaluated as a stream)."""
+    import json
+
+    from jaxgpt.config import is_pairs_source
+
+    try:
+        return is_pairs_source(json.loads((workdir / "config.json").read_text())["data"]["source"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return False
+
+
 def run_names(workdirs: list[Path]) -> list[str]:
     """Each workdir's name, with as many parent folders as it takes to tell them apart
     (compare's runs all end in seed0)."""
@@ -343,6 +387,15 @@ def _evaluate(argv: list[str] | None) -> None:
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
     names = run_names(workdirs)
+    if any(trained_on_pairs(w) for w in workdirs):  # examples, not a stream: their answers are scored
+        if not all(trained_on_pairs(w) for w in workdirs) or f.mask_heads or f.induction or f.prune is not None:
+            raise UserError(
+                "runs trained on text pairs are scored on their held-out answers alone; evaluate them apart from "
+                "other runs and without --mask_heads, --remove_heads, --prune or --induction"
+            )
+        for name, workdir in zip(names, workdirs, strict=True):
+            print(answers_line(name, workdir, f.step))
+        return
     if f.mask_heads:
         for name, workdir in zip(names, workdirs, strict=True):
             print("\n".join(head_table(name, *heads_of_run(workdir, f.tokens, f.step))))

@@ -70,10 +70,10 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     # the memory row measures that program.
     program, step, _ = choose_step(program, mesh, layout)
     run = program.run
-    split = data.train_windows(dataset, run)
-    batch = data.sharded_batch(split, run, mesh, 0)
+    train, _ = data.batch_sources(dataset, run)
+    batch = train.batch(run, mesh, 0, data.TRAIN_STREAM)
     # The same rows, placed as the step takes them (over the cores, when it runs one program per core).
-    step_batch = batch if step.batch_mesh is mesh else data.sharded_batch(split, run, step.batch_mesh, 0)
+    step_batch = batch if step.batch_mesh is mesh else train.batch(run, step.batch_mesh, 0, data.TRAIN_STREAM)
     own = create()
     memory_check = memory_row(step.compile(own, step_batch), own, mesh)
     del own  # its buffers: a large model's check holds one state at a time

@@ -4,9 +4,11 @@ Examples:
   python sample.py --workdir runs/tiny --prompt "The assert statement"
   python sample.py --workdir runs/tiny --num_samples 3 --temperature 0.6 --top_k 20
   python sample.py --workdir runs/tiny --prompt "for" --temperature 0      # greedy: the same text every time
+  python sample.py --workdir runs/dates --prompt "3rd of March, 2021" --temperature 0   # a pairs run answers
 
 Loads the newest checkpoint of the workdir with its config and tokenizer; a thin shell over
-jaxgpt.sampling.generate.
+jaxgpt.sampling.generate. A run trained on text pairs (data.source pairs:PATH or builtin:dates)
+reads the prompt as a source and prints it, a tab and its answer, which ends at the separator.
 """
 
 from pathlib import Path
@@ -59,12 +61,20 @@ def _sample(argv: list[str] | None) -> None:
     from jaxgpt.sampling import SamplingConfig, check_length
 
     runtime.enable_compilation_cache()
-    model_config, params, tokenizer = _load(f)
-    ids = (
-        tokenizer.encode(prompt)
-        if prompt
-        else [tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]]
-    )
+    model_config, params, tokenizer, pairs = _load(f)
+    if pairs:  # a run trained on text pairs answers the prompt as a source, and stops at its end
+        from jaxgpt.data.pairs import pair_separator, prompt_ids
+
+        if not prompt:
+            cli.fail(f"{f.workdir} was trained on text pairs; give the source to answer with --prompt")
+        ids, stop = prompt_ids(tokenizer, prompt), pair_separator(tokenizer)
+    else:
+        ids = (
+            tokenizer.encode(prompt)
+            if prompt
+            else [tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]]
+        )
+        stop = tokenizer.eot_id
     max_new_tokens = f.max_new_tokens or model_config.block_size - len(ids)
     check_length(model_config, len(ids), max_new_tokens)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
@@ -72,8 +82,9 @@ def _sample(argv: list[str] | None) -> None:
     model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
     sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
-    args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=tokenizer.eot_id)
-    _print_samples(f, prompt, tokenizer, model, params, tokens, jax.random.key(f.seed), **args)
+    args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop)
+    shown = f"{prompt.strip()}\t" if pairs else prompt
+    _print_samples(f, shown, tokenizer, model, params, tokens, jax.random.key(f.seed), **args)
 
 
 def _prompt(f: flags.FlagValues) -> str:
@@ -106,22 +117,23 @@ def _load(f: flags.FlagValues):
     if not f.init_from:
         run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
         cli.refuse_an_encoder(run.model, f.workdir, "it has no continuation to sample")
-        return run.model, params, tokenizer
+        return run.model, params, tokenizer, run.data.pairs
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
     model_config, params, family = load_pretrained(f.init_from)
-    return model_config, jax.device_put(params, shardings_like(params, mesh)), pretrained_tokenizer(f.init_from, family)
+    params = jax.device_put(params, shardings_like(params, mesh))
+    return model_config, params, pretrained_tokenizer(f.init_from, family), False
 
 
 def _print_samples(f: flags.FlagValues, prompt: str, tokenizer, model, params, tokens, rng, **args) -> None:
-    """Each sample after its prompt, cut at the end-of-text token; with --stream, the first
-    sample token by token as it is made."""
+    """Each sample after its prompt, cut at the end-of-text token (a pairs run's: the
+    separator); with --stream, the first sample token by token as it is made."""
     from jaxgpt.sampling import generate, generate_stream
 
     if f.stream:
         print(prompt, end="", flush=True)
         for token in generate_stream(model, params, tokens, rng, **args):
-            if int(token[0]) == tokenizer.eot_id:
+            if int(token[0]) == args["eot_id"]:
                 break
             print(tokenizer.decode([int(token[0])]), end="", flush=True)
         print()
@@ -129,7 +141,7 @@ def _print_samples(f: flags.FlagValues, prompt: str, tokenizer, model, params, t
     for i, row in enumerate(generate(model, params, tokens, rng, **args).tolist()):
         if f.num_samples > 1:
             print(f"--- sample {i + 1}")
-        made = row[: row.index(tokenizer.eot_id)] if tokenizer.eot_id in row else row
+        made = row[: row.index(args["eot_id"])] if args["eot_id"] in row else row
         print(prompt + tokenizer.decode(made))
 
 

@@ -7,6 +7,8 @@ Three steps, a module each:
                every start, memory-mapped (`prepare` returns the `Dataset`)
   batches.py   how batches are cut from them: a pure function of (seed, step), and a fixed
                validation set
+  pairs.py     text pairs (a source, the target to answer it with) as examples packed into
+               rows, the loss on the targets
 
 The names below are what the rest of jaxgpt uses; `from jaxgpt import data; data.prepare(...)`.
 """
@@ -18,6 +20,7 @@ from jaxgpt.data.batches import (
     ValidationSet,
     aligned_starts,
     batch_at,
+    batch_sources,
     check_long_enough,
     prefetch,
     sharded_batch,
@@ -26,6 +29,7 @@ from jaxgpt.data.batches import (
     validation_documents,
     validation_set,
 )
+from jaxgpt.data.pairs import PairValidation, TrainPairs
 from jaxgpt.data.prepared import (
     WORKERS_ENV,
     Dataset,
@@ -44,11 +48,14 @@ __all__ = [
     "TRAIN_STREAM",
     "WORKERS_ENV",
     "Dataset",
+    "PairValidation",
     "TokenShards",
+    "TrainPairs",
     "TrainWindows",
     "ValidationSet",
     "aligned_starts",
     "batch_at",
+    "batch_sources",
     "cache_folder",
     "cache_root",
     "check_long_enough",

@@ -17,6 +17,7 @@ from collections.abc import Callable, Iterable, Iterator
 import numpy as np
 
 from jaxgpt.batch import segment_positions, windows_batch
+from jaxgpt.data import pairs
 from jaxgpt.data.prepared import Dataset
 from jaxgpt.errors import UserError
 
@@ -86,6 +87,9 @@ class TrainWindows:
     starts: np.ndarray | None = None
     documents: np.ndarray | None = None
 
+    def batch(self, run, mesh, index: int, stream: int) -> dict:
+        return sharded_batch(self, run, mesh, index, stream)
+
 
 def train_windows(dataset: Dataset, run) -> TrainWindows:
     """`dataset`'s training split as `run` (a RunConfig) cuts it."""
@@ -135,6 +139,10 @@ class ValidationSet:
     split_tokens: int
     target_bytes: int  # UTF-8 bytes of text the scored (target) tokens stand for
     documents: np.ndarray | None = None
+    tokens: np.ndarray | None = dataclasses.field(default=None, repr=False)  # the validation split
+
+    def batch(self, mesh, index: int) -> dict:
+        return validation_batch(self.tokens, self, mesh, index)
 
     @property
     def batches(self) -> int:
@@ -176,7 +184,7 @@ def validation_set(
     # in windows x seq_len (overlapping windows would repeat tokens)
     running = np.concatenate([[0], np.cumsum(token_bytes[tokens], dtype=np.int64)])
     target_bytes = int((running[starts + seq_len + 1] - running[starts + 1]).sum())
-    return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes, documents)
+    return ValidationSet(starts, seq_len, batch_size, len(tokens), target_bytes, documents, tokens)
 
 
 def validation_batch(tokens: np.ndarray, validation: ValidationSet, mesh, index: int):
@@ -204,6 +212,33 @@ def sharded_batch(split: TrainWindows, run, mesh, index: int, stream: int = TRAI
         return windows_at(split.tokens, offsets, seq_len, split.documents)
 
     return global_batch(mesh, rows, t.batch_size)
+
+
+def batch_sources(dataset: Dataset, run):
+    """(what training batches are drawn from, the fixed validation batches) of `run` (a
+    RunConfig) over `dataset`: windows of its token stream, or its pairs packed into rows
+    (jaxgpt/data/pairs.py). Each has batch(...) giving the batch contract's dict, sharded."""
+    t, seq_len = run.train, run.model.block_size
+    if run.data.pairs:
+        train, held_out = pairs.split_examples(dataset, seq_len)
+        for split, examples in (("training", train), ("validation", held_out)):
+            if not len(examples):
+                raise UserError(
+                    f"no {split} pair fits in model.block_size + 1 = {seq_len + 1} tokens with its separators "
+                    f"({examples.left_out} are longer); raise model.block_size or shorten the pairs"
+                )
+        token_bytes = dataset.tokenizer.token_bytes()
+        validation = pairs.pair_validation(held_out, token_bytes, seq_len, t.batch_size, t.eval_batches)
+        return pairs.TrainPairs(train), dataclasses.replace(validation, left_out=train.left_out + held_out.left_out)
+    validation = validation_set(
+        dataset.val,
+        dataset.tokenizer.token_bytes(),
+        seq_len,
+        t.batch_size,
+        t.eval_batches,
+        validation_documents(dataset, run),
+    )
+    return train_windows(dataset, run), validation
 
 
 def check_long_enough(dataset: Dataset, seq_len: int) -> None:

@@ -195,6 +195,8 @@ def _fingerprint(config: DataConfig) -> str:
     kind, _, rest = config.source.partition(":")
     if kind == "text":  # local files can change under the same name
         key["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in local_files(rest)]
+    if kind == "pairs" and Path(rest).is_file():
+        key["files"] = [(rest, Path(rest).stat().st_size, Path(rest).stat().st_mtime_ns)]
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]

@@ -9,6 +9,7 @@ text:PATH            a file, a directory, or a glob: .jsonl and .parquet files a
                      records, any other file as UTF-8 text (one document per file), with
                      `datasets`' local builders.
 hf:NAME[:CONFIG]     a Hugging Face Hub dataset, streamed, using its text column.
+pairs:PATH, builtin:dates  text pairs, a document "source<TAB>target" each (jaxgpt/data/pairs.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.config import DataConfig
+from jaxgpt.data.pairs import BUILTIN_PAIRS, date_pairs, read_pairs
 from jaxgpt.errors import UserError
 
 # Files read as records; any other file is read as plain UTF-8 text, one document per file.
@@ -43,13 +45,19 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "builtin" and rest == "repeated-random":
         docs = repeated_random_documents()
         return docs, len(docs)
+    if kind == "builtin" and rest in BUILTIN_PAIRS:
+        docs = date_pairs()
+        return docs, len(docs)
+    if kind == "pairs" and rest:
+        docs = read_pairs(rest)
+        return docs, len(docs)
     if kind == "text" and rest:
         return _read_local(rest, config.text_column, progress)
     if kind == "hf" and rest:
         return _read_hub(rest, config.text_column), None
     raise UserError(
         f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, text:PATH (file, "
-        "directory or glob) or hf:NAME[:CONFIG]"
+        "directory or glob), hf:NAME[:CONFIG], or for text pairs builtin:dates or pairs:PATH"
     )
 
 

@@ -28,6 +28,8 @@ TAGS = {
     "val_loss_past_only": "loss/val_past_only",
     "val_bpb_past_only": "loss/val_bits_per_byte_past_only",
     "val_accuracy": "loss/val_masked_accuracy",
+    "val_token_accuracy": "loss/val_answer_token_accuracy",
+    "val_exact_match": "loss/val_exact_match",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "tokens_per_sec": "speed/tokens_per_sec",

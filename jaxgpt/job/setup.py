@@ -157,8 +157,8 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
 class LoopInputs(NamedTuple):
     state: TrainState  # step 0's, born sharded (microbatches do not change its layout)
     checkpoints: Checkpoints
-    validation: data.ValidationSet  # the fixed windows every evaluation scores
-    train: data.TrainWindows  # the training split and how its windows are cut
+    validation: data.ValidationSet | data.PairValidation  # the fixed batches every evaluation scores
+    train: data.TrainWindows | data.TrainPairs  # what training batches are drawn from (`batch`)
     questions: list  # train.multiple_choice's, read once
 
 
@@ -166,18 +166,11 @@ def loop_inputs(resolved: ResolvedRun, placed: PlacedRun, workdir: Path) -> Loop
     """Stage 4: what the loop reads beside the step."""
     run, dataset = placed.run, resolved.dataset
     t = run.train
-    validation = data.validation_set(
-        dataset.val,
-        dataset.tokenizer.token_bytes(),
-        run.model.block_size,
-        t.batch_size,
-        t.eval_batches,
-        data.validation_documents(dataset, run),
-    )
+    train, validation = data.batch_sources(dataset, run)
     limit = t.multiple_choice_limit or None
     questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
     checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints)
-    return LoopInputs(resolved.create(), checkpoints, validation, data.train_windows(dataset, run), questions)
+    return LoopInputs(resolved.create(), checkpoints, validation, train, questions)
 
 
 def write_run(workdir: Path, run: RunConfig, tokenizer) -> None:

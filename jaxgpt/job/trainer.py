@@ -61,6 +61,8 @@ def describe_val(record: dict) -> str:
     if "val_accuracy" in record:
         return f"{loss} (masked-token loss; {record['val_accuracy']:.1%} of hidden tokens right)"
     past_only = f", past-only {record['val_loss_past_only']:.4f}" if "val_loss_past_only" in record else ""
+    if "val_exact_match" in record:
+        past_only += f", {record['val_exact_match']:.1%} of answers exactly right"
     return f"{loss} ({record.get('val_bpb', float('nan')):.4f} bits/byte){past_only}"
 
 
@@ -109,13 +111,19 @@ def train_and_evaluate(
             return trainer.train(start, progress=progress and main, stop_at=stop_at)
 
 
+COUNTS = ("exact_matches", "examples")  # added over the batches, not averaged
+
+
 def mean_losses(batches: list[dict]) -> dict[str, float]:
     """Each loss's mean over the batches: over every token scored, where batches score different
-    numbers of tokens ("scored", the masked objective's hidden ones), else over the batches."""
+    numbers of tokens ("scored": the masked objective's hidden ones, the answers of text
+    pairs), else over the batches; counts (COUNTS) summed."""
+    counts = {key: float(sum(float(b[key]) for b in batches)) for key in COUNTS if key in batches[0]}
+    means = [key for key in batches[0] if key not in COUNTS and key != "scored"]
     if "scored" not in batches[0]:
-        return {key: float(np.mean([b[key] for b in batches])) for key in batches[0]}
+        return {key: float(np.mean([b[key] for b in batches])) for key in means} | counts
     scored = np.array([float(b["scored"]) for b in batches])
-    return {key: float(np.average([b[key] for b in batches], weights=scored)) for key in batches[0] if key != "scored"}
+    return {key: float(np.average([b[key] for b in batches], weights=scored)) for key in means} | counts
 
 
 class Due(NamedTuple):
@@ -159,7 +167,7 @@ class Trainer:
         self.schedule = placed.program.schedule  # the optimizer's own: the learning rate logged is the one applied
         # the state is held here alone (`inputs` is not kept), so a restored state replaces step 0's in
         # memory rather than beside it
-        self.state, self.checkpoints, self.validation, self.train_windows, self.questions = inputs
+        self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
         self.runaway = RunawayWatch(placed.run.model.vocab_size, self.checkpoints, warn)
 
     @classmethod
@@ -269,7 +277,7 @@ class Trainer:
     def batch(self, step: int) -> dict:
         """Training batch `step` (jaxgpt/batch.py) sharded over the devices the train step splits
         it over (the mesh's, or the CPU cores')."""
-        return data.sharded_batch(self.train_windows, self.config, self.step.batch_mesh, step)
+        return self.train_batches.batch(self.config, self.step.batch_mesh, step, data.TRAIN_STREAM)
 
     def evaluate(self) -> dict:
         """The loss over the fixed validation set, with its bits per byte (the loss in nats per
@@ -277,9 +285,9 @@ class Trainer:
         mean loss on train.eval_batches training batches (each the same every time)."""
         v = self.validation
         losses = partial(self.step.eval_losses, self.state.params)
-        val = losses(lambda i, mesh: data.validation_batch(self.dataset.val, v, mesh, i), v.batches)
+        val = losses(lambda i, mesh: v.batch(mesh, i), v.batches)
         train = losses(
-            lambda i, mesh: data.sharded_batch(self.train_windows, self.config, mesh, i, data.EVAL_TRAIN_STREAM),
+            lambda i, mesh: self.train_batches.batch(self.config, mesh, i, data.EVAL_TRAIN_STREAM),
             self.config.train.eval_batches,
         )
         val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
@@ -292,6 +300,8 @@ class Trainer:
             "val_perplexity": math.exp(val["loss"]) if val["loss"] < MAX_EXP else math.inf,  # not an OverflowError
             "eval_train_loss": train["loss"],
         }
+        if "examples" in val:  # text pairs: the answers' tokens right, and whole answers greedy decoding writes
+            record |= {"val_token_accuracy": val["accuracy"], "val_exact_match": val["exact_matches"] / val["examples"]}
         if "past_only_loss" in val:  # causal=False: the score a language model can be judged by
             past = val["past_only_loss"]
             record |= {"val_loss_past_only": past, "val_bpb_past_only": past * bits_per_byte}

@@ -1,0 +1,282 @@
+"""Text pairs: a source and the target a model should answer it with, one pair an example.
+
+    pairs:PATH     a UTF-8 file, one pair a line, source and target separated by a tab
+    builtin:dates  dates written many ways and their ISO form ("3rd of March, 2021" ->
+                   "2021-03-03"), 20,000 generated offline from a fixed seed (`date_pairs`)
+
+A pair is prepared as a document "source<TAB>target" (jaxgpt/data/prepared.py: tokenized by the
+run's tokenizer, cached, the last data.val_fraction held out), so the separator that ends every
+document ends every answer. A decoder-only model reads each example as one sequence,
+
+    <SEP> source <TAB> target <SEP>
+                         ^^^^^^^^^^^^ scored: the loss is on the target and its end alone
+
+several examples packed into a row of block_size + 1 tokens, each its own segment (attention
+never crosses from one example into another, positions restart at each; jaxgpt/batch.py), the
+rest of the row padding of weight 0. Generation gives the source and the tab, and stops at the
+separator. Batches are a pure function of (seed, stream, step), as windows are.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+
+import numpy as np
+
+from jaxgpt.batch import segment_positions
+from jaxgpt.errors import UserError
+
+BUILTIN_PAIRS = ("dates",)
+TAB = "\t"
+
+
+def read_pairs(path: str) -> list[str]:
+    """The file's pairs as documents "source<TAB>target", each side stripped of surrounding
+    whitespace; one line naming the first line that is not a pair."""
+    try:
+        lines = open(path, encoding="utf-8").read().splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise UserError(f"cannot read data.source pairs:{path} ({type(error).__name__}: {error})") from None
+    documents = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        parts = line.split(TAB)
+        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+            raise UserError(
+                f"line {number} of {path} is not a pair: one tab between a source and a target is needed, "
+                f"found {len(parts) - 1} tab(s) in {line[:60]!r}"
+            )
+        documents.append(f"{parts[0].strip()}{TAB}{parts[1].strip()}")
+    if not documents:
+        raise UserError(f"{path} holds no pairs; write one pair a line, source<TAB>target")
+    return documents
+
+
+MONTHS = [datetime.date(2000, m, 1).strftime("%B") for m in range(1, 13)]
+WEEKDAYS = [datetime.date(2000, 1, 3 + d).strftime("%A") for d in range(7)]  # Monday first
+
+
+def ordinal(day: int) -> str:
+    suffix = "th" if 10 <= day % 100 <= 20 else {1: "st", 2: "nd", 3: "rd"}.get(day % 10, "th")
+    return f"{day}{suffix}"
+
+
+DATE_FORMATS = (
+    lambda d: f"{ordinal(d.day)} of {MONTHS[d.month - 1]}, {d.year}",
+    lambda d: f"the {ordinal(d.day)} of {MONTHS[d.month - 1]} {d.year}",
+    lambda d: f"{MONTHS[d.month - 1]} {d.day}, {d.year}",
+    lambda d: f"{MONTHS[d.month - 1]} {ordinal(d.day)}, {d.year}",
+    lambda d: f"{d.day} {MONTHS[d.month - 1]} {d.year}",
+    lambda d: f"{d.day} {MONTHS[d.month - 1][:3]} {d.year}",
+    lambda d: f"{MONTHS[d.month - 1][:3]} {d.day}, {d.year}",
+    lambda d: f"{WEEKDAYS[d.weekday()]}, {MONTHS[d.month - 1]} {d.day}, {d.year}",
+    lambda d: f"{WEEKDAYS[d.weekday()][:3]} {d.day} {MONTHS[d.month - 1][:3]} {d.year}",
+    lambda d: f"{MONTHS[d.month - 1].upper()} {d.day}, {d.year}",
+    lambda d: f"{d.day} {MONTHS[d.month - 1].lower()} {d.year}",
+    lambda d: f"{d.year}/{d.month:02d}/{d.day:02d}",
+    lambda d: f"{d.day}-{MONTHS[d.month - 1][:3]}-{d.year}",
+)
+
+
+def date_pairs(count: int = 20_000, seed: int = 0) -> list[str]:
+    """`count` dates between 1900 and 2099, each written one of DATE_FORMATS' ways, paired
+    with its ISO 8601 form: the same list every time (numpy's generator, seeded)."""
+    rng = np.random.default_rng(seed)
+    first, last = datetime.date(1900, 1, 1).toordinal(), datetime.date(2099, 12, 31).toordinal()
+    days = rng.integers(first, last + 1, count)
+    styles = rng.integers(0, len(DATE_FORMATS), count)
+    return [
+        f"{DATE_FORMATS[style](date)}{TAB}{date.isoformat()}"
+        for date, style in zip(map(datetime.date.fromordinal, days.tolist()), styles.tolist(), strict=True)
+    ]
+
+
+@dataclasses.dataclass(frozen=True)
+class Examples:
+    """A split's pairs as token ranges of its stream: example i is tokens[starts[i]:ends[i]],
+    its source the first source_lengths[i] of them, then the tab, then the target."""
+
+    tokens: np.ndarray
+    starts: np.ndarray
+    ends: np.ndarray
+    source_lengths: np.ndarray
+    separator: int  # the token that starts and ends every example
+    left_out: int  # examples too long for a row of block_size + 1 tokens
+
+    def __len__(self) -> int:
+        return len(self.starts)
+
+    def unit(self, i: int) -> np.ndarray:
+        """Example i as the model reads it: separator, source, tab, target, separator."""
+        body = np.asarray(self.tokens[self.starts[i] : self.ends[i]], np.int64)
+        return np.concatenate([[self.separator], body, [self.separator]])
+
+    def unit_length(self, i: int) -> int:
+        return int(self.ends[i] - self.starts[i]) + 2
+
+
+def split_examples(dataset, seq_len: int) -> tuple[Examples, Examples]:
+    """(training, validation) pairs of a prepared pairs corpus: each document lies between the
+    separator before it (the stream's start, for the first) and the one after it; a document
+    the split cuts in two belongs to neither."""
+    documents = np.asarray(dataset.documents)
+    n_train, total = len(dataset.train), len(dataset.train) + len(dataset.val)
+    starts = np.where(np.arange(len(documents)) == 0, 0, documents + 1)
+    ends = np.append(documents[1:], total - 1)  # the separator after each: the stream ends with one
+    train = ends <= n_train
+    val = starts >= n_train
+    tokenizer = dataset.tokenizer
+    return (
+        examples_of(dataset.train, starts[train], ends[train], tokenizer, seq_len),
+        examples_of(dataset.val, starts[val] - n_train, ends[val] - n_train, tokenizer, seq_len),
+    )
+
+
+def examples_of(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, tokenizer, seq_len: int) -> Examples:
+    """The pairs at tokens[starts[i]:ends[i]] of a split; one longer than seq_len + 1 tokens
+    with its separators is left out (counted in `left_out`)."""
+    separator, tab = pair_separator(tokenizer), tab_token(tokenizer)
+    tabs = np.flatnonzero(np.asarray(tokens) == tab)
+    first_tab = tabs[np.minimum(np.searchsorted(tabs, starts), len(tabs) - 1)] if len(tabs) else starts - 1
+    found = (first_tab >= starts) & (first_tab < ends)
+    if not found.all():
+        raise UserError(
+            f"the tokenizer {tokenizer.name!r} joins the tab between source and target to its neighbours in "
+            f"{int((~found).sum())} pair(s); use data.tokenizer=char, byte or gpt2"
+        )
+    fits = ends - starts + 2 <= seq_len + 1
+    return Examples(tokens, starts[fits], ends[fits], (first_tab - starts)[fits], separator, int((~fits).sum()))
+
+
+def pair_separator(tokenizer) -> int:
+    ids = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+    return ids[0]
+
+
+def tab_token(tokenizer) -> int:
+    ids = tokenizer.encode(TAB)
+    if len(ids) != 1:
+        raise UserError(f"the tokenizer {tokenizer.name!r} has no single token for a tab; use data.tokenizer=char")
+    return ids[0]
+
+
+def prompt_ids(tokenizer, source: str) -> list[int]:
+    """What a model trained on pairs reads before answering `source`: the separator, the
+    source, the tab (as in training); its answer ends at the separator (`pair_separator`)."""
+    return [pair_separator(tokenizer), *tokenizer.encode(source.strip()), tab_token(tokenizer)]
+
+
+def packed_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
+    """One row of the batch contract (jaxgpt/batch.py): the examples `chosen` yields, packed in
+    order while they fit in seq_len + 1 tokens (the first always does), then padding."""
+    tokens = np.full(seq_len + 1, examples.separator, np.int64)
+    segments = np.zeros(seq_len + 1, np.int32)
+    weights = np.zeros(seq_len + 1, np.float32)  # weights[j]: of predicting tokens[j]
+    offset = 0
+    for segment, i in enumerate(chosen, 1):
+        length = examples.unit_length(i)
+        if offset + length > seq_len + 1:
+            break
+        tokens[offset : offset + length] = examples.unit(i)
+        segments[offset : offset + length] = segment
+        answer = offset + 2 + int(examples.source_lengths[i])  # past the separator, source and tab
+        weights[answer : offset + length] = 1.0
+        offset += length
+    return {
+        "inputs": tokens[:-1].astype(np.int32),
+        "targets": tokens[1:].astype(np.int32),
+        "weights": weights[1:],
+        "segments": segments[:-1],
+        "positions": segment_positions(segments[:-1]),
+    }
+
+
+def stacked(rows: list[dict]) -> dict[str, np.ndarray]:
+    return {name: np.stack([row[name] for row in rows]) for name in rows[0]}
+
+
+def random_rows(examples: Examples, seq_len: int, seed: int, stream: int, index: int, rows: range) -> dict:
+    """Rows `rows` of batch `index` of a stream: row r packs examples drawn at random from
+    (seed, stream, index, r) alone, so every process builds its own rows and a resumed run the
+    same batches."""
+
+    def drawn(r: int):
+        rng = np.random.default_rng([seed, stream, index, r])
+        while True:
+            yield int(rng.integers(0, len(examples)))
+
+    return stacked([packed_row(examples, drawn(r), seq_len) for r in rows])
+
+
+def rows_in_order(examples: Examples, seq_len: int) -> list[dict]:
+    """Every example once, packed in order: the fixed validation rows."""
+    rows, i = [], 0
+    while i < len(examples):
+        row = packed_row(examples, iter(range(i, len(examples))), seq_len)
+        i += int(row["segments"].max())
+        rows.append(row)
+    return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainPairs:
+    """The training split's pairs, batches drawn from them by (seed, stream, step)."""
+
+    examples: Examples
+
+    def batch(self, run, mesh, index: int, stream: int) -> dict:
+        from jaxgpt.sharding import global_batch
+
+        t = run.train
+
+        def rows(start: int, stop: int) -> dict:
+            return random_rows(self.examples, run.model.block_size, t.seed, stream, index, range(start, stop))
+
+        return global_batch(mesh, rows, t.batch_size)
+
+
+@dataclasses.dataclass(frozen=True)
+class PairValidation:
+    """The held-out pairs every evaluation scores: each once, packed in order, `batch_size`
+    rows a batch (the last filled out with empty rows of weight 0), at most `most` batches."""
+
+    rows: dict  # stacked rows, a multiple of batch_size
+    batch_size: int
+    examples: int
+    target_tokens: int  # positions scored: each answer's tokens and its end
+    target_bytes: int  # UTF-8 bytes they stand for
+    left_out: int = 0  # pairs too long for a row, in both splits
+
+    @property
+    def batches(self) -> int:
+        return len(self.rows["inputs"]) // self.batch_size
+
+    def batch(self, mesh, index: int) -> dict:
+        from jaxgpt.sharding import global_batch
+
+        first = index * self.batch_size
+        return global_batch(
+            mesh, lambda a, b: {name: x[first + a : first + b] for name, x in self.rows.items()}, self.batch_size
+        )
+
+    def describe(self) -> str:
+        return (
+            f"validation: {self.examples:,} held-out pairs in {self.batches * self.batch_size} packed rows, "
+            f"{self.target_tokens:,} answer tokens scored, {self.target_bytes:,} bytes of text"
+            + (f"; {self.left_out:,} pairs longer than a row left out" if self.left_out else "")
+        )
+
+
+def pair_validation(examples: Examples, token_bytes: np.ndarray, seq_len: int, batch_size: int, most: int):
+    rows = rows_in_order(examples, seq_len)
+    count = min(most * batch_size, -(-len(rows) // batch_size) * batch_size)
+    kept = rows[:count]
+    scored_examples = sum(int(row["segments"].max()) for row in kept)
+    empty = {name: np.zeros_like(x) for name, x in kept[0].items()}
+    kept += [empty] * (count - len(kept))
+    stacked_rows = stacked(kept)
+    weights = stacked_rows["weights"]
+    target_bytes = int((token_bytes[stacked_rows["targets"]] * weights).sum())
+    return PairValidation(stacked_rows, batch_size, scored_examples, int(weights.sum()), target_bytes)

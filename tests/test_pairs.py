@@ -1,0 +1,194 @@
+"""Text pairs (jaxgpt/data/pairs.py): read, generated, packed into rows with the loss on the
+answers, trained, resumed, evaluated and answered through the engine's own commands."""
+
+import datetime
+import json
+import re
+import subprocess
+import sys
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, small_run_config
+
+from jaxgpt import data
+from jaxgpt.data.pairs import DATE_FORMATS, Examples, date_pairs, packed_row, read_pairs, rows_in_order
+from jaxgpt.errors import UserError
+from jaxgpt.job.trainer import train_and_evaluate
+from jaxgpt.tokenizers import CharTokenizer
+from jaxgpt.train_step import exact_matches
+
+
+def test_a_pairs_file_is_read_a_pair_a_line_and_a_line_that_is_not_one_is_named(tmp_path):
+    path = tmp_path / "pairs.tsv"
+    path.write_text("  hello \tbonjour\n\nthank you\tmerci  \n")
+    assert read_pairs(str(path)) == ["hello\tbonjour", "thank you\tmerci"]
+    for line, tabs in (("no tab here", 0), ("a\tb\tc", 2), ("\tmerci", 1)):
+        path.write_text(f"hello\tbonjour\n{line}\n")
+        with pytest.raises(UserError, match=rf"line 2 of .* found {tabs} tab"):
+            read_pairs(str(path))
+
+
+def parsed(text: str) -> datetime.date:
+    """The date a source names, read back by strptime's formats (an independent reading)."""
+    text = re.sub(r"^the ", "", text)
+    text = re.sub(r"(\d+)(st|nd|rd|th)\b( of)?", r"\1", text)
+    for form in ("%d %B, %Y", "%d %B %Y", "%B %d, %Y", "%d %b %Y", "%b %d, %Y", "%A, %B %d, %Y", "%a %d %b %Y"):
+        try:
+            return datetime.datetime.strptime(text, form).date()
+        except ValueError:
+            continue
+    for form in ("%Y/%m/%d", "%d-%b-%Y"):
+        try:
+            return datetime.datetime.strptime(text, form).date()
+        except ValueError:
+            continue
+    raise AssertionError(f"no format reads {text!r}")
+
+
+def test_every_generated_date_names_the_day_its_iso_form_gives():
+    """All 20,000 pairs: the source, read back by strptime (weekday names checked too, since
+    strptime ignores them), is the ISO target's date; every format is used; the list is the
+    same every time."""
+    pairs = date_pairs()
+    assert pairs == date_pairs() and len(pairs) == 20_000
+    for pair in pairs:
+        source, target = pair.split("\t")
+        day = datetime.date.fromisoformat(target)
+        assert parsed(source) == day, pair
+        if "," in source and source.split(",")[0] in [day.strftime("%A"), day.strftime("%a")]:
+            assert source.split(",")[0] == day.strftime("%A")
+        if source[:3] in {datetime.date(2000, 1, 3 + d).strftime("%a") for d in range(7)} and " " in source[:4]:
+            assert source[:3] == day.strftime("%a")
+    shapes = {re.sub(r"\d", "9", re.sub(r"[A-Za-z]+", "w", pair.split("\t")[0])) for pair in pairs}
+    assert len(shapes) >= len(DATE_FORMATS) - 3  # formats that share a shape once words are masked
+
+
+def char_examples(pairs: list[str]) -> tuple[Examples, CharTokenizer]:
+    """`pairs` as a split of a stream, "\\n" their separator, as preparation writes them."""
+    tokenizer = CharTokenizer.from_text("".join(pairs) + "\n")
+    tokens = np.array(tokenizer.encode("\n".join(pairs) + "\n"))
+    lengths = np.array([len(p) for p in pairs])
+    starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])
+    sources = np.array([p.index("\t") for p in pairs])
+    examples = Examples(tokens, starts, starts + lengths, sources, tokenizer.encode("\n")[0], 0)
+    return examples, tokenizer
+
+
+def test_a_row_packs_whole_examples_and_scores_their_answers_alone():
+    """Worked by hand: "ab<TAB>c" and "d<TAB>ef" are 6 tokens each with their separators, so a
+    row of 14 tokens (seq_len 13) holds both and then 2 of padding, where "gh<TAB>ij" (7) would
+    not fit; the answer tokens and each example's end are scored, nothing else; each example
+    its own segment, positions from 0; padding segment 0."""
+    examples, tokenizer = char_examples(["ab\tc", "d\tef", "gh\tij"])
+    row = packed_row(examples, iter([0, 1, 2]), 13)
+    text = tokenizer.decode(np.append(row["inputs"], row["targets"][-1]))
+    assert text == "\nab\tc\n\nd\tef\n\n\n"  # two examples, then two tokens of padding (the separator)
+    scored = "".join(tokenizer.decode([t]) if w else "." for t, w in zip(row["targets"], row["weights"], strict=True))
+    assert scored == "...c\n...ef\n.."
+    assert row["segments"].tolist() == [1] * 6 + [2] * 6 + [0]
+    assert row["positions"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0]
+    rows = rows_in_order(examples, 13)
+    assert [r["segments"].max() for r in rows] == [2, 1]  # every example once, in order
+
+
+def test_exact_matches_count_examples_with_every_answer_token_right():
+    """Two rows: row 0 holds examples 1 (all right) and 2 (one wrong), row 1 example 1 (right)
+    and padding; a wrong token outside the answers (weight 0) does not count."""
+    segments = jnp.array([[1, 1, 1, 2, 2, 2], [1, 1, 1, 1, 0, 0]])
+    weights = jnp.array([[0, 1, 1, 0, 1, 1], [0, 0, 1, 1, 0, 0]], jnp.float32)
+    right = jnp.array([[0, 1, 1, 1, 1, 0], [0, 1, 1, 1, 0, 0]], bool)
+    counted = exact_matches(right, weights, segments)
+    assert (float(counted["exact_matches"]), float(counted["examples"])) == (2.0, 3.0)
+
+
+@pytest.fixture(scope="module")
+def pairs_run(tmp_path_factory):
+    """A 2-layer model trained 40 steps on 600 reversal pairs of a file, checkpointed at 20."""
+    folder = tmp_path_factory.mktemp("pairs")
+    rng = np.random.default_rng(0)
+    words = ["".join(rng.choice(list("abcdefgh"), rng.integers(2, 7))) for _ in range(600)]
+    (folder / "reverse.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in words))
+    config = small_run_config(steps=40, eval_every=20, checkpoint_every=20, eval_batches=2)
+    config.data.source = f"pairs:{folder / 'reverse.tsv'}"
+    config.model.position = "rope"
+    train_and_evaluate(config, folder / "run", progress=False)
+    return folder, config
+
+
+def metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_pairs_run_logs_the_answers_loss_accuracy_and_exact_match(pairs_run):
+    folder, _ = pairs_run
+    evaluated = [r for r in metrics(folder / "run") if "val_loss" in r]
+    assert [r["step"] for r in evaluated] == [20, 40]
+    last = evaluated[-1]
+    assert 0 <= last["val_exact_match"] <= last["val_token_accuracy"] <= 1
+    assert last["val_loss"] < evaluated[0]["val_loss"]
+
+
+def test_a_pairs_run_resumes_bit_for_bit(pairs_run, tmp_path):
+    """Stopped at 20 and resumed, the losses are those of the straight run: batches of packed
+    examples are a pure function of (seed, step), as windows are."""
+    folder, config = pairs_run
+    train_and_evaluate(config, tmp_path / "run", progress=False, stop_at=20)
+    train_and_evaluate(config, tmp_path / "run", progress=False)
+    straight = [r for r in metrics(folder / "run") if "train_loss" in r or "val_loss" in r]
+    resumed = [r for r in metrics(tmp_path / "run") if "train_loss" in r or "val_loss" in r]
+    keys = ("step", "train_loss", "val_loss", "val_exact_match")
+    assert [{k: r.get(k) for k in keys} for r in resumed] == [{k: r.get(k) for k in keys} for r in straight]
+
+
+def test_sample_answers_a_source_and_evaluate_scores_every_held_out_pair(pairs_run):
+    """sample.py frames the prompt as training framed sources and stops at the answer's end;
+    evaluate scores every held-out pair (more than the run's 2 evaluation batches hold)."""
+    folder, config = pairs_run
+    run = folder / "run"
+    answered = subprocess.run(
+        [sys.executable, "sample.py", "--workdir", str(run), "--prompt", "abcd", "--temperature", "0"],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    source, answer = answered.stdout.rstrip("\n").split("\t")
+    assert source == "abcd" and set(answer) <= set("abcdefgh") and "\n" not in answer
+    evaluated = subprocess.run(
+        [sys.executable, "-m", "jaxgpt", "evaluate", "--workdir", str(run)],
+        cwd=ROOT, capture_output=True, text=True, check=True,
+    )  # fmt: skip
+    held_out = data.pairs.split_examples(data.prepare(config_data(config), progress=False), 32)[1]
+    assert f"{len(held_out)} held-out pairs" in evaluated.stdout
+    assert "exactly right (greedy decoding)" in evaluated.stdout
+
+
+def config_data(config):
+    from jaxgpt.config_files import resolve
+
+    return resolve(config).data
+
+
+def test_a_pairs_source_refuses_window_switches():
+    config = small_run_config()
+    config.data.source = "builtin:dates"
+    config.data.align_to_documents = True
+    from jaxgpt.config_files import resolve
+
+    with pytest.raises(UserError, match="align_to_documents"):
+        resolve(config)
+
+
+def test_each_pair_is_in_one_split(pairs_run):
+    """Every example of either split is a line of the file, each line in one split (the pair
+    the split point cuts in two in neither)."""
+    folder, config = pairs_run
+    dataset = data.prepare(config_data(config), progress=False)
+    train, held_out = data.pairs.split_examples(dataset, 32)
+    lines = set((folder / "reverse.tsv").read_text().splitlines())
+
+    def texts(examples):
+        return [dataset.tokenizer.decode(examples.unit(i)[1:-1].tolist()) for i in range(len(examples))]
+
+    seen, unseen = texts(train), texts(held_out)
+    assert set(seen) <= lines and set(unseen) <= lines
+    assert len(seen) + len(unseen) in (600, 599) and len(unseen) > 0
