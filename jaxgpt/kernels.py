@@ -30,7 +30,8 @@ def dot_product_attention(q, k, v, mask, scale: float | None, fallback=None):
     with or without a sliding window (what cuDNN's masks express). jax's own check refuses what
     this GPU or cuDNN version cannot run (a head width over its limit, say) with
     NotImplementedError while tracing, and that case, like ALiBi, a KV-cache step and float32,
-    runs XLA's. It takes grouped-query attention natively (query heads as a multiple of
+    runs XLA's, as does a batch of packed sequences (segments), which cuDNN's kernel as jax.nn
+    calls it cannot mask. It takes grouped-query attention natively (query heads as a multiple of
     key/value heads, same head order as ours). A plain causal mask is passed as `is_causal`,
     which lets a fused kernel skip the masked blocks; any other mask is passed as a bias.
     """
@@ -80,9 +81,10 @@ def flash_tpu_attention(q, k, v, mask, scale: float | None, fallback=None):
     are computed block by block in on-chip memory and never written out whole.
 
     It works in blocks of 128 positions and wants equal query and key/value head counts, so
-    grouped keys and values are repeated to the query heads. Only plain causal self-attention
-    over a multiple of 128 positions runs in it; anything else (a KV-cache decode step, a
-    prompt of another length, ALiBi, a sliding window) goes to the XLA kernel.
+    grouped keys and values are repeated to the query heads. Causal self-attention over a
+    multiple of 128 positions runs in it, with a batch's segments (packed sequences, padding)
+    as the kernel's own segment ids; anything else (a KV-cache decode step, a prompt of another
+    length, ALiBi, a sliding window, an encoder) goes to the XLA kernel.
 
     XLA cannot split a Mosaic kernel over devices by itself, so on a mesh the kernel runs
     under shard_map, once per device on its rows of the batch and its heads: attention never
@@ -90,19 +92,25 @@ def flash_tpu_attention(q, k, v, mask, scale: float | None, fallback=None):
     traced under (`jaxgpt.sharding.traced_on`).
     """
     b, t, n_kv, group, d = q.shape
-    if not mask.plain_causal or t % FLASH_TPU_BLOCK:
+    plain = mask.cache_index is None and mask.slopes is None and not mask.window and mask.causal
+    if not plain or t % FLASH_TPU_BLOCK:
         return fallback(q, k, v, mask, scale)
-    from jax.experimental.pallas.ops.tpu.flash_attention import flash_attention
+    from jax.experimental.pallas.ops.tpu.flash_attention import SegmentIds, flash_attention
 
     heads = lambda x: x.reshape(b, t, n_kv * group, d).transpose(0, 2, 1, 3)  # noqa: E731
     repeated = lambda x: heads(jnp.repeat(x[:, :, :, None], group, axis=3))  # noqa: E731
     sm_scale = 1 / math.sqrt(d) if scale is None else scale
-    kernel = partial(flash_attention, causal=True, sm_scale=sm_scale)
+
+    def kernel(q, k, v, segments):
+        ids = None if segments is None else SegmentIds(segments, segments)
+        return flash_attention(q, k, v, segment_ids=ids, causal=True, sm_scale=sm_scale)
+
     mesh = jax.sharding.get_abstract_mesh()
     if not mesh.empty and mesh.size > 1:
         spec = per_device_heads_spec(mesh, b, n_kv)
-        kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(spec,) * 3, out_specs=spec, check_vma=False)
-    out = kernel(heads(q), repeated(k), repeated(v))
+        rows = PartitionSpec(spec[0]) if mask.segments is not None else None
+        kernel = jax.shard_map(kernel, mesh=mesh, in_specs=(spec,) * 3 + (rows,), out_specs=spec, check_vma=False)
+    out = kernel(heads(q), repeated(k), repeated(v), mask.segments)
     return out.transpose(0, 2, 1, 3).reshape(b, t, n_kv, group, d)
 
 

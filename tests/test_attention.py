@@ -160,19 +160,28 @@ def test_softmax_is_float32_under_bfloat16_inputs():
     np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, atol=1e-6)
 
 
-def test_pallas_tpu_flash_attention_matches_the_xla_kernel_with_gradients():
+PACKED = np.repeat(np.array([[1, 2, 3], [1, 1, 0]]), [40, 50, 38], axis=1)  # 3 sequences; 2 and padding
+
+
+@pytest.mark.parametrize(
+    "segments", [pytest.param(None, id="one-sequence"), pytest.param(PACKED, id="packed", marks=pytest.mark.slow)]
+)
+def test_pallas_tpu_flash_attention_matches_the_xla_kernel_with_gradients(segments):
     """The TPU kernel, run on the CPU in Pallas's TPU interpret mode (which simulates the TPU's
     memories and executes the same kernel code), against the readable kernel: outputs and the
-    gradients of q, k and v under grouped-query attention (2 kv heads x 3 queries each). Both are
-    float32 with a float32 softmax; the flash kernel's running max and rescaled partial sums
-    reorder the additions, a few ulps on O(1) values, and the backward pass's recomputed
-    softmax adds a few more: 1e-5 absolute."""
+    gradients of q, k and v under grouped-query attention (2 kv heads x 3 queries each), over
+    one sequence a row and over rows of packed sequences and padding (the batch's segments as
+    the kernel's segment ids; slow: 20 s of interpreted kernel). Both are float32 with a
+    float32 softmax; the flash kernel's running max and rescaled partial sums reorder the
+    additions, a few ulps on O(1) values, and the backward pass's recomputed softmax adds a few
+    more: 1e-5 absolute."""
     from jax.experimental.pallas import tpu as pltpu
 
     q, k, v = random_qkv(t=128, s=128)  # the kernel's block is 128 positions
+    segments = None if segments is None else jnp.asarray(segments, jnp.int32)
 
     def loss(kernel, q, k, v):
-        out = attend(q, k, v, kernel=kernel)
+        out = attend(q, k, v, kernel=kernel, segments=segments)
         return jnp.sum(out * jnp.cos(out)), out  # a nonlinear loss: the gradients are not just out
 
     with pltpu.force_tpu_interpret_mode():

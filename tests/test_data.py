@@ -13,6 +13,11 @@ from jaxgpt.data import sources
 from jaxgpt.errors import UserError
 
 
+def batch_at(tokens, seq_len, *draw, **where):
+    """Batch `draw` = (batch_size, seed, stream, index) of a stream as windows (rows, seq_len + 1)."""
+    return data.read_windows(tokens, data.window_offsets(len(tokens), seq_len, *draw, **where), seq_len)
+
+
 def test_builtin_corpus_prepares_offline_into_a_char_stream():
     dataset = data.prepare(DataConfig(source="builtin:python-docs"), progress=False)
     tok = dataset.tokenizer
@@ -84,12 +89,12 @@ def test_preparation_is_cached_and_reused(tmp_path):
 
 def test_batches_are_a_pure_function_of_seed_and_step():
     tokens = np.arange(1000, dtype=np.uint16)
-    later_first = data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 7)
+    later_first = batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 7)
     for step in range(7):
-        data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, step)
-    np.testing.assert_array_equal(data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 7), later_first)
-    assert not np.array_equal(data.batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 8), later_first)
-    assert not np.array_equal(data.batch_at(tokens, 16, 4, 1, data.TRAIN_STREAM, 7), later_first)
+        batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, step)
+    np.testing.assert_array_equal(batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 7), later_first)
+    assert not np.array_equal(batch_at(tokens, 16, 4, 0, data.TRAIN_STREAM, 8), later_first)
+    assert not np.array_equal(batch_at(tokens, 16, 4, 1, data.TRAIN_STREAM, 7), later_first)
     # Each row is a contiguous window: consecutive token ids here.
     assert later_first.shape == (4, 17) and np.all(np.diff(later_first, axis=1) == 1)
 
@@ -117,10 +122,10 @@ def test_aligned_windows_begin_at_documents_and_cover_long_ones_window_by_window
     assert data.aligned_starts(documents, 30, 8).tolist() == [0, 8, 10, 13, 21]  # the train split's first 30
     tokens = np.arange(60, dtype=np.uint16)
     starts = data.aligned_starts(documents, 60, 8)
-    batch = data.batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, starts=starts)
+    batch = batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, starts=starts)
     assert set(batch[:, 0].tolist()) <= set(starts.tolist()) and len(set(batch[:, 0].tolist())) > 5
-    np.testing.assert_array_equal(batch, data.batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, starts=starts))
-    half = data.batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, rows=slice(32, 64), starts=starts)
+    np.testing.assert_array_equal(batch, batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, starts=starts))
+    half = batch_at(tokens, 8, 64, 0, data.TRAIN_STREAM, 3, rows=slice(32, 64), starts=starts)
     np.testing.assert_array_equal(half, batch[32:])  # a process's share: the same draw, its rows
 
 
@@ -217,8 +222,8 @@ def test_shards_read_as_one_stream():
     stream = data.TokenShards(parts, 0, 50)
     for index in range(20):
         np.testing.assert_array_equal(
-            data.batch_at(stream, 9, 4, 0, data.TRAIN_STREAM, index),
-            data.batch_at(joined, 9, 4, 0, data.TRAIN_STREAM, index),
+            batch_at(stream, 9, 4, 0, data.TRAIN_STREAM, index),
+            batch_at(joined, 9, 4, 0, data.TRAIN_STREAM, index),
         )
 
 

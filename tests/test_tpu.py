@@ -70,9 +70,11 @@ def test_the_other_kernels_compile_sharded_for_a_v5e_8(v5e_8, kernel):
     assert MOSAIC not in step.program_text and step.temporaries_bytes > 0
 
 
-def test_the_sharded_flash_kernel_computes_the_readable_kernels_attention():
+@pytest.mark.parametrize("packed", [False, pytest.param(True, marks=pytest.mark.slow)], ids=["one-sequence", "packed"])
+def test_the_sharded_flash_kernel_computes_the_readable_kernels_attention(packed):
     """On 8 CPU devices (data 2 x fsdp 2 x tensor 2) in TPU interpret mode: the kernel under
-    shard_map, each device on its rows and heads, against the XLA kernel unsharded. Both are
+    shard_map, each device on its rows and heads, against the XLA kernel unsharded; packed, with
+    each row's segments split with its rows (slow: 10 s more of interpreted kernel). Both are
     float32; the flash kernel's running max and rescaled sums reorder additions: 1e-5."""
     from jax.experimental.pallas import tpu as pltpu
 
@@ -82,11 +84,12 @@ def test_the_sharded_flash_kernel_computes_the_readable_kernels_attention():
     k, v = (jnp.asarray(rng.standard_normal((4, 128, 2, 16)), jnp.float32) for _ in range(2))
     rows_and_heads = jax.sharding.NamedSharding(mesh, jax.sharding.PartitionSpec(("data", "fsdp"), None, "tensor"))
     q, k, v = (jax.device_put(x, rows_and_heads) for x in (q, k, v))
-    flash = sharding.traced_on(mesh, partial(attend, kernel="flash_tpu"))
+    segments = jnp.asarray(np.repeat([[1, 2], [1, 0], [3, 3], [5, 6]], [70, 58], axis=1)) if packed else None
+    flash = sharding.traced_on(mesh, partial(attend, kernel="flash_tpu", segments=segments))
     with pltpu.force_tpu_interpret_mode():
         got = jax.jit(flash)(q, k, v)
         assert "shard_map" in str(jax.make_jaxpr(flash)(q, k, v))
-    np.testing.assert_allclose(got, attend(q, k, v, kernel="xla"), atol=1e-5)
+    np.testing.assert_allclose(got, attend(q, k, v, kernel="xla", segments=segments), atol=1e-5)
 
 
 @needs_libtpu

@@ -19,15 +19,16 @@ from jaxgpt.data.batches import (
     TrainWindows,
     ValidationSet,
     aligned_starts,
-    batch_at,
     batch_sources,
     check_long_enough,
     prefetch,
+    read_windows,
     sharded_batch,
     train_windows,
     validation_batch,
     validation_documents,
     validation_set,
+    window_offsets,
 )
 from jaxgpt.data.pairs import PairValidation, TrainPairs
 from jaxgpt.data.prepared import (
@@ -54,12 +55,12 @@ __all__ = [
     "TrainWindows",
     "ValidationSet",
     "aligned_starts",
-    "batch_at",
     "batch_sources",
     "cache_folder",
     "cache_root",
     "check_long_enough",
     "prefetch",
+    "read_windows",
     "prepare",
     "read_documents",
     "sharded_batch",
@@ -69,5 +70,6 @@ __all__ = [
     "validation_batch",
     "validation_documents",
     "validation_set",
+    "window_offsets",
     "vocab_size_for",
 ]

@@ -24,25 +24,6 @@ from jaxgpt.errors import UserError
 TRAIN_STREAM, EVAL_TRAIN_STREAM = 0, 2  # stream 1 was random validation windows, now fixed ones
 
 
-def batch_at(
-    tokens: np.ndarray,
-    seq_len: int,
-    batch_size: int,
-    seed: int,
-    stream: int,
-    index: int,
-    rows: slice = slice(None),
-    starts: np.ndarray | None = None,
-) -> np.ndarray:
-    """Batch number `index` of a stream: (batch_size, seq_len + 1) int32 windows at random
-    offsets drawn from (seed, stream, index) alone: anywhere, or among `starts` when given
-    (aligned_starts). Inputs are [:, :-1], targets [:, 1:]. `rows` reads only part of the batch
-    (one process's share): the offsets of the whole batch are drawn, so every process agrees on
-    them, but only those rows are read."""
-    offsets = window_offsets(len(tokens), seq_len, batch_size, seed, stream, index, rows, starts)
-    return read_windows(tokens, offsets, seq_len)
-
-
 def window_offsets(
     split_tokens: int,
     seq_len: int,
@@ -53,7 +34,11 @@ def window_offsets(
     rows: slice = slice(None),
     starts: np.ndarray | None = None,
 ) -> np.ndarray:
-    """Where `batch_at`'s windows begin."""
+    """Where the windows of batch number `index` of a stream begin: batch_size random offsets
+    into a split of `split_tokens` tokens drawn from (seed, stream, index) alone, anywhere a
+    window of seq_len + 1 fits, or among `starts` when given (aligned_starts). `rows` keeps
+    only part of the batch (one process's share): the offsets of the whole batch are drawn, so
+    every process agrees on them, but only those rows are read."""
     rng = np.random.default_rng([seed, stream, index])
     if starts is None:
         return rng.integers(0, split_tokens - seq_len, size=batch_size)[rows]
@@ -61,6 +46,7 @@ def window_offsets(
 
 
 def read_windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> np.ndarray:
+    """(len(offsets), seq_len + 1) int32 windows: inputs are [:, :-1], targets [:, 1:]."""
     return np.stack([tokens[s : s + seq_len + 1] for s in offsets]).astype(np.int32)
 
 
