@@ -11,7 +11,6 @@ which picks a kernel from KERNELS by name: the two modules do not import each ot
 from __future__ import annotations
 
 import math
-from functools import partial
 
 import jax
 import jax.numpy as jnp

@@ -44,6 +44,21 @@ def test_a_longer_window_does_not_change_the_losses_of_its_first_positions():
     np.testing.assert_allclose(long.by_position[:32], short.by_position, rtol=1e-5, atol=1e-6)
 
 
+def test_a_run_that_attends_within_documents_is_scored_within_them():
+    """Documents beginning at 0 and 20: one window of 32 scores its positions 20..31 as a
+    window of the second document alone scores its first 12 (learned positions, which restart
+    at the document), and its first 20 as the first document's window does."""
+    model, params = model_and_params("learned")
+    text = evaluate.ValidationText(TEXT, np.array([0, 20]))
+    packed = evaluate.losses_by_position(model, params, text, length=32, budget=32)
+    second = evaluate.losses_by_position(model, params, TEXT[20:], length=12, budget=12)
+    first = evaluate.losses_by_position(model, params, TEXT, length=20, budget=20)
+    np.testing.assert_allclose(packed.by_position[20:], second.by_position, rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(packed.by_position[:20], first.by_position, rtol=1e-5, atol=1e-6)
+    plain = evaluate.losses_by_position(model, params, TEXT, length=32, budget=32)
+    assert np.abs(plain.by_position[20:] - packed.by_position[20:]).max() > 1e-3
+
+
 def test_lengths_learned_positions_cannot_reach_are_refused_with_the_reason():
     learned, _ = model_and_params("learned")
     rope, _ = model_and_params("rope")

@@ -94,13 +94,32 @@ def scorer(model: ModelConfig):
     return jax.jit(score)
 
 
+@dataclasses.dataclass(frozen=True)
+class ValidationText:
+    """A run's validation tokens, with where its documents begin for a run trained to attend
+    within them (data.attend_within_documents), so its windows are scored as it was trained."""
+
+    tokens: np.ndarray
+    documents: np.ndarray | None = None
+
+    def __len__(self) -> int:
+        return len(self.tokens)
+
+    def windows(self, starts: list[int], length: int) -> dict[str, np.ndarray]:
+        from jaxgpt.data.batches import windows_at
+
+        return windows_at(self.tokens, np.asarray(starts), length, self.documents)
+
+
 def losses_by_position(
-    model: ModelConfig, params, tokens: np.ndarray, length: int, budget: int, keep: np.ndarray | None = None
+    model: ModelConfig, params, tokens, length: int, budget: int, keep: np.ndarray | None = None
 ) -> LengthResult:
     """The mean loss at each position of the back-to-back windows of `length` + 1 tokens that
-    fit in the first `budget` tokens of `tokens` (at least one window); keep (n_layer, n_head)
-    zeroes the heads marked 0 (default: every head kept)."""
+    fit in the first `budget` tokens of `tokens` (an array, or a ValidationText; at least one
+    window); keep (n_layer, n_head) zeroes the heads marked 0 (default: every head kept)."""
     from jaxgpt.kernels import kernel_fallback
+
+    text = tokens if isinstance(tokens, ValidationText) else ValidationText(np.asarray(tokens))
 
     windows = max(1, min(budget, len(tokens) - 1) // length)
     model = model.replace(
@@ -113,9 +132,8 @@ def losses_by_position(
         starts = [i * length if i < windows else 0 for i in range(first, first + rows)]
         # the last group is filled up with the first window, so every call has one shape; only
         # the real windows are counted
-        batch = np.stack([tokens[s : s + length + 1] for s in starts])
         counted = min(rows, windows - first)
-        totals += np.asarray(scorer(model)(params, batch.astype(np.int32), keep))[:counted].sum(axis=0)
+        totals += np.asarray(scorer(model)(params, text.windows(starts, length), keep))[:counted].sum(axis=0)
     return LengthResult(length, windows, totals / windows)
 
 
@@ -217,7 +235,7 @@ def head_table(name: str, full: float, losses: np.ndarray) -> list[str]:
 
 
 def load_run(workdir: Path, step: int | None, say=print, budget: int | None = None):
-    """(run config, parameters, step, validation tokens) of a workdir's checkpoint; says so
+    """(run config, parameters, step, validation text) of a workdir's checkpoint; says so
     where the split holds fewer than the `budget` tokens asked to be scored."""
     from jaxgpt import data
     from jaxgpt.job.checkpoint import load_latest
@@ -226,7 +244,8 @@ def load_run(workdir: Path, step: int | None, say=print, budget: int | None = No
     cli.refuse_an_encoder(
         run.model, workdir, "it has no next-token loss to score by position (its val_loss is the masked-token loss)"
     )
-    val = np.asarray(data.prepare(run.data, progress=False).val)
+    dataset = data.prepare(run.data, progress=False)
+    val = ValidationText(np.asarray(dataset.val), data.validation_documents(dataset, run))
     if budget is not None and len(val) - 1 < budget:
         say(f"{workdir}: the validation split has {len(val):,} tokens, fewer than --tokens {budget:,}; all are scored")
     return run, params, step, val
