@@ -7,6 +7,7 @@ import re
 import subprocess
 import sys
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -65,9 +66,9 @@ def test_every_generated_date_names_the_day_its_iso_form_gives():
     assert len(shapes) >= len(DATE_FORMATS) - 3  # formats that share a shape once words are masked
 
 
-def char_examples(pairs: list[str]) -> tuple[Examples, CharTokenizer]:
+def char_examples(pairs: list[str], tokenizer=None) -> tuple[Examples, CharTokenizer]:
     """`pairs` as a split of a stream, "\\n" their separator, as preparation writes them."""
-    tokenizer = CharTokenizer.from_text("".join(pairs) + "\n")
+    tokenizer = tokenizer or CharTokenizer.from_text("".join(pairs) + "\n")
     tokens = np.array(tokenizer.encode("\n".join(pairs) + "\n"))
     lengths = np.array([len(p) for p in pairs])
     starts = np.concatenate([[0], np.cumsum(lengths + 1)[:-1]])
@@ -160,6 +161,41 @@ def test_sample_answers_a_source_and_evaluate_scores_every_held_out_pair(pairs_r
     held_out = data.pairs.split_examples(data.prepare(config_data(config), progress=False), 32)[1]
     assert f"{len(held_out)} held-out pairs" in evaluated.stdout
     assert "exactly right (greedy decoding)" in evaluated.stdout
+
+
+def test_exact_match_is_what_greedy_decoding_writes(pairs_run):
+    """The exact match evaluation logs, read off one teacher-forced pass, against answers
+    written by greedy decoding with the KV cache (sampling.generate): for 8 held-out sources,
+    the pair with the answer greedy decoding writes scores 1, and the same pair with its first
+    answer character changed scores 0."""
+    from jaxgpt.data.pairs import prompt_ids
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.model import GPT
+    from jaxgpt.sampling import SamplingConfig, generate
+    from jaxgpt.train_step import eval_step
+
+    folder, _ = pairs_run
+    run, params, tokenizer, _ = load_latest(folder / "run")
+    held_out = data.pairs.split_examples(data.prepare(run.data, progress=False), 32)[1]
+    separator, greedy = held_out.separator, SamplingConfig(temperature=0.0)
+    pairs = []
+    for i in range(8):
+        source = tokenizer.decode(held_out.unit(i)[1:-1].tolist()).split("\t")[0]
+        prompt = jnp.asarray([prompt_ids(tokenizer, source)], jnp.int32)
+        made = generate(
+            run.model, params, prompt, jax.random.key(0), max_new_tokens=12, sampling=greedy, eot_id=separator
+        )
+        made = made[0].tolist()
+        if separator in made:  # an answer that ends within the row
+            answer = tokenizer.decode(made[: made.index(separator)])
+            other = "a" if answer[:1] != "a" else "b"
+            pairs += [f"{source}\t{answer}", f"{source}\t{other}{answer[1:]}"]
+    assert len(pairs) >= 8
+    examples, _ = char_examples(pairs, tokenizer)
+    score = jax.jit(lambda p, b: eval_step(p, b, model=GPT(run.model)))
+    for i in range(len(pairs)):
+        row = {k: jnp.asarray(x[None]) for k, x in packed_row(examples, iter([i]), 32).items()}
+        assert float(score(params, row)["exact_matches"]) == (i % 2 == 0), pairs[i]
 
 
 def config_data(config):
