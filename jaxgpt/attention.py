@@ -34,6 +34,7 @@ def causal_score_bias(
     window: int = 0,
     causal: bool = True,
     segments: jnp.ndarray | None = None,
+    key_segments: jnp.ndarray | None = None,
 ) -> jnp.ndarray:
     """What is added to the attention scores: -inf above the diagonal, ALiBi's -m_h (i - j).
 
@@ -47,6 +48,9 @@ def causal_score_bias(
     segments (b, t), for queries and keys that are the same tokens: a key is visible only to
     queries of its own segment (packed sequences, padding; jaxgpt/batch.py). A segment's tokens
     are contiguous, so distances within it (causality, the window, ALiBi's) are the row's.
+    key_segments (b, s): the keys' own, where they are other tokens (cross-attention to an
+    encoder's output): a query sees the keys of its segment, and one whose segment has none
+    (padding) sees every key, so its softmax stays finite; its output is never scored.
     Returns (1, 1, 1, q_len, kv_len), (1, k, g, q_len, kv_len) with ALiBi slopes of shape
     (k, g), or b rows in place of the first 1 with segments: broadcastable to the scores.
     """
@@ -62,7 +66,10 @@ def causal_score_bias(
     if window:
         visible &= kv_pos > q_pos - window
     visible = visible[None]  # (1, t, s)
-    if segments is not None:
+    if key_segments is not None:
+        visible = visible & (segments[:, :, None] == key_segments[:, None, :])  # (b, t, s)
+        visible = visible | ~visible.any(axis=-1, keepdims=True)
+    elif segments is not None:
         assert cache_index is None, "segments describe a batch of whole sequences, not a KV-cache step"
         visible = visible & (segments[:, :, None] == segments[:, None, :])  # (b, t, s)
     bias = jnp.where(visible, 0.0, -jnp.inf).astype(jnp.float32)[:, None, None]
@@ -83,6 +90,8 @@ class Mask(NamedTuple):
         decoder's training see the future).
     segments: (b, t) each token's sequence, where a row holds several sequences or padding
         (jaxgpt/batch.py); None for one sequence a row.
+    key_segments: (b, s) the keys' sequences where they are not the queries' tokens
+        (cross-attention, `CrossAttention`); None for self-attention.
     """
 
     cache_index: jnp.ndarray | None = None
@@ -90,6 +99,7 @@ class Mask(NamedTuple):
     window: int = 0
     causal: bool = True
     segments: jnp.ndarray | None = None
+    key_segments: jnp.ndarray | None = None
 
     @property
     def plain_causal(self) -> bool:
@@ -102,7 +112,9 @@ class Mask(NamedTuple):
         return self.cache_index is None and self.slopes is None and self.causal and self.segments is None
 
     def bias(self, q_len: int, kv_len: int) -> jnp.ndarray:
-        return causal_score_bias(q_len, kv_len, self.cache_index, self.slopes, self.window, self.causal, self.segments)
+        return causal_score_bias(
+            q_len, kv_len, self.cache_index, self.slopes, self.window, self.causal, self.segments, self.key_segments
+        )
 
 
 def attention_scores(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
@@ -232,4 +244,37 @@ class CausalSelfAttention(nn.Module):
             kernel_init=residual_output_init(c),
             name="out",
             **dtypes(c),
+        )(y)
+
+
+class CrossAttention(nn.Module):
+    """The encoder–decoder's second attention (Vaswani et al. 2017, section 3.2.3): queries from
+    the decoder's tokens, keys and values from the encoder's output (`memory`, (b, s, d_model)),
+    no causal mask (the whole source is known) and no positions (source and target positions
+    are not on one axis; each side's own attention has placed them). With segments, a target
+    token sees only its own example's source (`Mask.key_segments`)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(
+        self, x: jnp.ndarray, memory: jnp.ndarray, segments: jnp.ndarray | None, memory_segments: jnp.ndarray | None
+    ) -> jnp.ndarray:
+        c = self.config
+        init = nn.initializers.normal(c.init_std)
+        q = nn.DenseGeneral(
+            (c.n_kv_head, c.group_size, c.head_dim), use_bias=c.bias, kernel_init=init, name="q", **dtypes(c)
+        )(x)
+        kv = nn.DenseGeneral((c.n_kv_head, 2, c.head_dim), use_bias=c.bias, kernel_init=init, name="kv", **dtypes(c))(
+            memory
+        )
+        k, v = kv[:, :, :, 0], kv[:, :, :, 1]  # (b, s, k, d)
+        paired = segments is not None and memory_segments is not None
+        mask = Mask(
+            causal=False, segments=segments if paired else None, key_segments=memory_segments if paired else None
+        )
+        y = kernel(c.attention)(q, k, v, mask, None)  # (b, t, k, g, d)
+        probes.record_attention(self, lambda: attention_scores(q, k, mask.bias(q.shape[1], k.shape[1])))
+        return nn.DenseGeneral(
+            c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c), name="out", **dtypes(c)
         )(y)

@@ -13,6 +13,12 @@ A batch is a dict of (rows, seq) arrays, row r of each describing the same seq p
     positions  int32    each token's position within its segment, what RoPE, ALiBi's
                         distances and position tables read; absent: 0, 1, ..., seq - 1
 
+and for an encoder–decoder (model.encoder_layers), what its encoder reads, (rows, source seq):
+
+    sources, source_segments, source_positions
+                        the source tokens, their segments (a target token attends to the
+                        source tokens of its own segment) and positions
+
 A field whose value would be its default is left out, so a batch of plain windows is
 {inputs, targets} and computes exactly what it did before the other fields existed (and a run
 compiles only what its batches use). A (rows, seq + 1) array of windows cut from a token stream
@@ -27,7 +33,8 @@ from collections.abc import Mapping
 import jax.numpy as jnp
 import numpy as np
 
-FIELDS = ("inputs", "targets", "weights", "segments", "positions")
+FIELDS = ("inputs", "targets", "weights", "segments", "positions", "sources", "source_segments", "source_positions")
+MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions")  # beside the inputs
 REQUIRED = ("inputs", "targets")
 
 
@@ -55,6 +62,8 @@ def batch_fields(run) -> dict[str, type]:
         fields["weights"] = jnp.float32
     if run.data.pairs or run.data.attend_within_documents:
         fields |= {"segments": jnp.int32, "positions": jnp.int32}
+    if run.model.encoder_layers:  # what the encoder reads
+        fields |= {"sources": jnp.int32, "source_segments": jnp.int32, "source_positions": jnp.int32}
     return fields
 
 

@@ -251,6 +251,11 @@ class ModelConfig:
         masked-token prediction; needs causal=False; jaxgpt/masked.py): the last id of the
         vocabulary is the mask token.
     mask_rate: the share of positions the masked objective hides and scores (BERT: 0.15).
+    encoder_layers: blocks of a bidirectional encoder in front of the decoder (the original
+        Transformer's encoder–decoder, Vaswani et al. 2017); each decoder block then attends
+        to the encoder's output (cross-attention) between its self-attention and its MLP. The
+        encoder reads a batch's sources (text pairs: jaxgpt/data/pairs.py), shares the token
+        embedding, and is built by the same switches as the decoder; 0: decoder-only.
     """
 
     vocab_size: int = 256
@@ -296,6 +301,7 @@ class ModelConfig:
     mask_token: int | None = None
     objective: str = "next_token"
     mask_rate: float = 0.15
+    encoder_layers: int = 0
 
     def __post_init__(self):
         # Resolve the derived defaults first so validation sees the numbers the model uses.
@@ -391,6 +397,10 @@ def _check_model(c: ModelConfig) -> None:
         problems.add("qkv_bias", "needs the projections it biases; set qkv_projections=True or qkv_bias=False")
     if c.objective == "masked":
         _check_masked(c, problems)
+    if not isinstance(c.encoder_layers, int) or isinstance(c.encoder_layers, bool) or c.encoder_layers < 0:
+        problems.add("encoder_layers", "must be a whole number of blocks, or 0 for a decoder alone")
+    elif c.encoder_layers and (c.objective != "next_token" or not c.causal):
+        problems.add("encoder_layers", "give the encoder to a causal next-token decoder (objective=next_token)")
     if c.mask_token is not None and not (isinstance(c.mask_token, int) and 0 <= c.mask_token < c.vocab_size):
         problems.add("mask_token", f"must be a token id below vocab_size={c.vocab_size}, or None for the last one")
     if c.head_transform and c.activation == "swiglu":

@@ -14,7 +14,7 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxgpt.attention import CausalSelfAttention
+from jaxgpt.attention import CausalSelfAttention, CrossAttention
 from jaxgpt.config import ModelConfig
 from jaxgpt.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
 from jaxgpt.moe import MixtureOfExpertsLayer
@@ -34,7 +34,9 @@ class Block(nn.Module):
     post-norm: norm(x + attn(x)), then norm(x + mlp(x))
 
     With config.mlp off (attention-only) the second line, its norm included, is not there; in
-    a mixture-of-experts block (moe) the experts take the MLP's place (jaxgpt/moe.py).
+    a mixture-of-experts block (moe) the experts take the MLP's place (jaxgpt/moe.py). Given an
+    encoder's output (`memory`: an encoder–decoder's decoder block), cross-attention to it is a
+    residual branch of its own between the two, normed as they are.
     """
 
     config: ModelConfig
@@ -48,9 +50,12 @@ class Block(nn.Module):
         positions: jnp.ndarray,
         cache_index: jnp.ndarray | None,
         segments: jnp.ndarray | None = None,
+        memory: jnp.ndarray | None = None,
+        memory_segments: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
         """cache_index: None, or where this call's tokens start in the KV cache (decoding);
-        segments: None, or each token's sequence in its row (jaxgpt/batch.py)."""
+        segments: None, or each token's sequence in its row (jaxgpt/batch.py); memory and
+        memory_segments: the encoder's output (b, s, d_model) and its tokens' segments."""
         c = self.config
         attention = CausalSelfAttention(c, name="attn")
         norm_1 = make_norm(c, "norm_1")
@@ -60,6 +65,12 @@ class Block(nn.Module):
             x = skip(x) + dropout(attention(norm_1(x), positions, cache_index, segments))
         else:
             x = norm_1(skip(x) + dropout(attention(x, positions, cache_index, segments)))
+        if memory is not None:
+            cross, norm_cross = CrossAttention(c, name="cross"), make_norm(c, "norm_cross")
+            if c.norm_position == "pre":
+                x = skip(x) + dropout(cross(norm_cross(x), memory, segments, memory_segments))
+            else:
+                x = norm_cross(skip(x) + dropout(cross(x, memory, segments, memory_segments)))
         if not c.mlp:  # the attention-only ablation
             return x
         mlp = MixtureOfExpertsLayer(c, name="moe") if self.moe else MLP(c, name="mlp")
@@ -110,8 +121,8 @@ def input_embeddings(config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, po
     return make_norm(c, "norm_embeddings")(x) if c.embedding_norm else x
 
 
-def _scan_step(block: Block, x, positions, cache_index, segments):
-    return block(x, positions, cache_index, segments), None
+def _scan_step(block: Block, x, positions, cache_index, segments, memory, memory_segments):
+    return block(x, positions, cache_index, segments, memory, memory_segments), None
 
 
 class GPT(nn.Module):
@@ -126,6 +137,11 @@ class GPT(nn.Module):
         *,
         segments: jnp.ndarray | None = None,
         positions: jnp.ndarray | None = None,
+        sources: jnp.ndarray | None = None,
+        source_segments: jnp.ndarray | None = None,
+        source_positions: jnp.ndarray | None = None,
+        memory: jnp.ndarray | None = None,
+        encode_only: bool = False,
         train: bool = False,
         decode: bool = False,
         head: bool = True,
@@ -134,17 +150,29 @@ class GPT(nn.Module):
 
         segments, positions: (batch, seq) where a row holds several sequences or padding: each
             token's sequence (attention stays within it) and its place there (jaxgpt/batch.py).
+        sources, source_segments, source_positions: (batch, source seq), an encoder–decoder's
+            (config.encoder_layers): what its encoder reads; or `memory`, what it made of them
+            (encode_only=True returns that, for decoding with the sources encoded once).
         train: enables dropout (needs a "dropout" rng).
         decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
         head: False stops before the LM head, returning what it reads (batch, seq, d_model):
             the loss then applies the head a chunk at a time (`head_logits`, model.loss_chunk).
         """
         c = self.config
-        positions, cache_index = token_positions(self, c, tokens.shape[1], decode, positions)
         wte = nn.Embed(c.vocab_size, c.d_model, embedding_init=embedding_init(c), **dtypes(c), name="wte")
+        if c.encoder_layers and memory is None:
+            if sources is None:
+                raise ValueError("an encoder–decoder (model.encoder_layers) reads sources: pass sources= or memory=")
+            memory = Encoder(c, name="encoder")(wte, sources, source_segments, source_positions, train=train)
+        if encode_only:
+            return memory
+        positions, cache_index = token_positions(self, c, tokens.shape[1], decode, positions)
         x = input_embeddings(c, wte, tokens, positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
-        x, residuals = self._blocks(x, positions, cache_index, segments, train=train)
+        beside = (segments, memory, source_segments)
+        x, residuals = stacked_blocks(
+            c, x, positions, cache_index, *beside, train=train, capturing=self.is_mutable_collection("intermediates")
+        )
         features = self._head_input()
         if not head:
             return features(x)
@@ -177,34 +205,69 @@ class GPT(nn.Module):
             weights["bias"] = self.param("head_bias", nn.initializers.zeros, (c.vocab_size,), jnp.dtype(c.param_dtype))
         return weights
 
-    def _blocks(self, x, positions, cache_index, segments, *, train: bool) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
-        """n_layer blocks, each rematerialised by config.remat; with config.scan_layers one
-        block traced once and iterated (compile time independent of depth; each parameter
-        gains a leading n_layer axis). Returns the output and, when the "intermediates"
-        collection is mutable and the layers are unscanned, the residual stream before the
-        first block and after each (else an empty list)."""
-        c = self.config
-        block = Block
-        if c.remat != "none":
-            # Under scan, XLA cannot common-subexpression the recomputation away, so the
-            # guard against it (prevent_cse) only costs speed there.
-            block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
-        if c.scan_layers:
-            scan = nn.scan(
-                _scan_step,
-                variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0},
-                split_rngs={"params": True, "dropout": True},
-                in_axes=(nn.broadcast, nn.broadcast, nn.broadcast),
-                length=c.n_layer,
-            )
-            blocks = block(c, train=train, moe=c.moe is not None, name="blocks")
-            x, _ = scan(blocks, x, positions, cache_index, segments)
-            return x, []
-        residuals = [x]
-        for i in range(c.n_layer):
-            x = block(c, train=train, moe=c.is_moe_layer(i), name=f"block_{i}")(x, positions, cache_index, segments)
-            residuals.append(x)
-        return x, residuals if self.is_mutable_collection("intermediates") else []
+
+def stacked_blocks(
+    c: ModelConfig,
+    x,
+    positions,
+    cache_index,
+    segments,
+    memory,
+    memory_segments,
+    *,
+    train: bool,
+    capturing: bool = False,
+    count: int | None = None,
+    prefix: str = "block",
+) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
+    """`count` (default n_layer) blocks in the calling module, each rematerialised by
+    config.remat; with config.scan_layers one block traced once and iterated (compile time
+    independent of depth; each parameter gains a leading layer axis). Returns the output and,
+    with `capturing` and the layers unscanned, the residual stream before the first block and
+    after each (else an empty list)."""
+    count = c.n_layer if count is None else count
+    block = Block
+    if c.remat != "none":
+        # Under scan, XLA cannot common-subexpression the recomputation away, so the
+        # guard against it (prevent_cse) only costs speed there.
+        block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
+    beside = (positions, cache_index, segments, memory, memory_segments)
+    if c.scan_layers:
+        scan = nn.scan(
+            _scan_step,
+            variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0},
+            split_rngs={"params": True, "dropout": True},
+            in_axes=(nn.broadcast,) * len(beside),
+            length=count,
+        )
+        x, _ = scan(block(c, train=train, moe=c.moe is not None, name=f"{prefix}s"), x, *beside)
+        return x, []
+    residuals = [x]
+    for i in range(count):
+        x = block(c, train=train, moe=c.is_moe_layer(i), name=f"{prefix}_{i}")(x, *beside)
+        residuals.append(x)
+    return x, residuals if capturing else []
+
+
+class Encoder(nn.Module):
+    """An encoder–decoder's encoder: the sources embedded by the shared table `wte` (plus their
+    own position table, for learned positions), config.encoder_layers blocks without the causal
+    mask, built by the same switches as the decoder's (dense: a mixture of experts stays in the
+    decoder), and the final norm of a pre-norm model. Returns what cross-attention reads, the
+    memory (batch, source seq, d_model)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, wte: nn.Embed, sources, segments=None, positions=None, *, train: bool = False) -> jnp.ndarray:
+        c = self.config.replace(causal=False, moe=None, encoder_layers=0)
+        positions, _ = token_positions(self, c, sources.shape[1], False, positions)
+        x = input_embeddings(c, wte, sources, positions)
+        x = nn.Dropout(c.dropout, deterministic=not train)(x)
+        x, _ = stacked_blocks(
+            c, x, positions, None, segments, None, None, train=train, count=self.config.encoder_layers
+        )
+        return make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x
 
 
 class LMHead(nn.Module):
@@ -252,13 +315,15 @@ def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jn
 def init_params(config: ModelConfig, rng: jax.Array) -> dict:
     """Freshly initialised parameters (the "params" collection) for `config`."""
     tokens = jnp.zeros((1, min(config.block_size, 8)), jnp.int32)
-    return GPT(config).init(rng, tokens)["params"]
+    sources = {"sources": tokens} if config.encoder_layers else {}
+    return GPT(config).init(rng, tokens, **sources)["params"]
 
 
 def init_cache(config: ModelConfig, batch_size: int) -> dict:
     """An empty KV cache (the "cache" collection) for `batch_size` sequences of up to block_size."""
     tokens = jnp.zeros((batch_size, 1), jnp.int32)
-    shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True))["cache"]
+    sources = {"sources": tokens} if config.encoder_layers else {}
+    shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True, **sources))["cache"]
     return zeros_shaped(shapes)
 
 

@@ -92,19 +92,32 @@ def check_length(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> N
         )
 
 
-def prefill(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig):
+def prefill(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig, memory=None):
     """Run the prompt through the model in one call, filling a new KV cache: (first sampled
-    token (batch,), cache)."""
-    apply = partial(GPT(config).apply, decode=True, mutable=["cache"])
+    token (batch,), cache). An encoder–decoder is given its encoder's output, `memory`
+    (`encode`), at every step: cross-attention reads it whole each time."""
+    apply = partial(GPT(config).apply, decode=True, mutable=["cache"], **encoded(memory))
     logits, state = apply({"params": params, "cache": init_cache(config, prompt.shape[0])}, prompt)
     return sample_token(logits[:, -1], jax.random.fold_in(rng, 0), sampling), state["cache"]
 
 
-def decode_step(config: ModelConfig, params, cache, token: jax.Array, rng: jax.Array, i, sampling: SamplingConfig):
+def decode_step(
+    config: ModelConfig, params, cache, token: jax.Array, rng: jax.Array, i, sampling: SamplingConfig, memory=None
+):
     """Feed `token` (batch,), made at step i - 1, and sample step i's token."""
-    apply = partial(GPT(config).apply, decode=True, mutable=["cache"])
+    apply = partial(GPT(config).apply, decode=True, mutable=["cache"], **encoded(memory))
     logits, state = apply({"params": params, "cache": cache}, token[:, None])
     return sample_token(logits[:, -1], jax.random.fold_in(rng, i), sampling), state["cache"]
+
+
+def encode(config: ModelConfig, params, sources: jax.Array) -> jax.Array:
+    """An encoder–decoder's encoder output for sources (batch, source seq): what every decoding
+    step's cross-attention reads."""
+    return GPT(config).apply({"params": params}, None, sources=sources, encode_only=True)
+
+
+def encoded(memory) -> dict:
+    return {} if memory is None else {"memory": memory}
 
 
 def _mask_finished(token: jax.Array, finished: jax.Array, eot_id: int | None) -> tuple[jax.Array, jax.Array]:
@@ -125,14 +138,16 @@ def generate(
     max_new_tokens: int,
     sampling: SamplingConfig = SamplingConfig(),
     eot_id: int | None = None,
+    memory: jax.Array | None = None,
 ) -> jax.Array:
-    """prompt (batch, prompt_len) int32 -> (batch, max_new_tokens) new tokens, one compiled loop.
+    """prompt (batch, prompt_len) int32 -> (batch, max_new_tokens) new tokens, one compiled loop;
+    an encoder–decoder's decoder given its encoder's output `memory` (`encode`).
 
     After a row emits eot_id the rest of it is eot_id (callers cut there); the loop ends early
     once every row has ended.
     """
     batch = prompt.shape[0]
-    token, cache = prefill(config, params, prompt, rng, sampling)
+    token, cache = prefill(config, params, prompt, rng, sampling, memory)
     out = jnp.full((batch, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
     _, finished = _mask_finished(token, jnp.zeros((batch,), bool), eot_id)
 
@@ -142,7 +157,7 @@ def generate(
 
     def step(carry):
         i, token, cache, out, finished = carry
-        new, cache = decode_step(config, params, cache, token, rng, i, sampling)
+        new, cache = decode_step(config, params, cache, token, rng, i, sampling, memory)
         new, finished = _mask_finished(new, finished, eot_id)
         return i + 1, new, cache, out.at[:, i].set(new), finished
 
@@ -158,15 +173,16 @@ def generate_stream(
     max_new_tokens: int,
     sampling: SamplingConfig = SamplingConfig(),
     eot_id: int | None = None,
+    memory: jax.Array | None = None,
 ) -> Iterator[jax.Array]:
     """The same tokens as `generate`, yielded one step (batch,) at a time as they are made."""
     first = jax.jit(prefill, static_argnames=("config", "sampling"))
     step = jax.jit(decode_step, static_argnames=("config", "sampling"), donate_argnums=(2,))
-    token, cache = first(config, params, prompt, rng, sampling=sampling)
+    token, cache = first(config, params, prompt, rng, sampling=sampling, memory=memory)
     finished = jnp.zeros(prompt.shape[0], bool)
     for i in range(max_new_tokens):
         if i:
-            token, cache = step(config, params, cache, token, rng, i, sampling=sampling)
+            token, cache = step(config, params, cache, token, rng, i, sampling=sampling, memory=memory)
         token, finished = _mask_finished(token, finished, eot_id)
         yield token
         if eot_id is not None and bool(finished.all()):

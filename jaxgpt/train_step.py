@@ -18,7 +18,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxgpt.batch import as_batch, length_of, rows_of, scored_weight
+from jaxgpt.batch import MODEL_INPUTS, as_batch, length_of, rows_of, scored_weight
 from jaxgpt.config import ModelConfig
 from jaxgpt.masked import example_keys, hidden_count, mask_examples
 from jaxgpt.model import GPT, head_logits, head_weights, init_params, zeros_shaped
@@ -60,8 +60,9 @@ def create_train_state(
 
 
 def model_inputs(batch: dict) -> dict:
-    """The batch's fields the model reads beside its tokens: segments and positions, where given."""
-    return {name: batch[name] for name in ("segments", "positions") if name in batch}
+    """The batch's fields the model reads beside its tokens (segments, positions, an
+    encoder–decoder's sources), where given."""
+    return {name: batch[name] for name in MODEL_INPUTS if name in batch}
 
 
 def token_losses(model: GPT, params, batch, rng: jax.Array | None = None, head_mask: dict | None = None) -> jax.Array:

@@ -266,7 +266,8 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
     dataset = data.prepare(run.data, progress=False)
     _, held_out = split_examples(dataset, run.model.block_size)
     seq_len, rows = run.model.block_size, 16
-    validation = pair_validation(held_out, dataset.tokenizer.token_bytes(), seq_len, rows, most=len(held_out))
+    encoder = bool(run.model.encoder_layers)
+    validation = pair_validation(held_out, dataset.tokenizer.token_bytes(), seq_len, rows, len(held_out), encoder)
     model = GPT(run.model.replace(dtype="float32", remat="none"))
     score = jax.jit(lambda p, b: eval_step(p, b, model=model))
     first = range(0, validation.batches * rows, rows)

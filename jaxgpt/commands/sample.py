@@ -62,12 +62,20 @@ def _sample(argv: list[str] | None) -> None:
 
     runtime.enable_compilation_cache()
     model_config, params, tokenizer, pairs = _load(f)
+    memory = None  # an encoder–decoder's encoded source
     if pairs:  # a run trained on text pairs answers the prompt as a source, and stops at its end
         from jaxgpt.data.pairs import pair_separator, prompt_ids
 
         if not prompt:
             cli.fail(f"{f.workdir} was trained on text pairs; give the source to answer with --prompt")
         ids, stop = prompt_ids(tokenizer, prompt), pair_separator(tokenizer)
+        if model_config.encoder_layers:  # the encoder reads the source; the decoder starts from the separator
+            from jaxgpt.data.pairs import source_ids
+            from jaxgpt.sampling import encode
+
+            sources = jnp.asarray([source_ids(tokenizer, prompt)] * f.num_samples, jnp.int32)
+            memory = encode(model_config, params, sources)
+            ids = [stop]
     else:
         ids = (
             tokenizer.encode(prompt)
@@ -82,7 +90,7 @@ def _sample(argv: list[str] | None) -> None:
     model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
     sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
-    args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop)
+    args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop, memory=memory)
     shown = f"{prompt.strip()}\t" if pairs else prompt
     _print_samples(f, shown, tokenizer, model, params, tokens, jax.random.key(f.seed), **args)
 

@@ -213,9 +213,10 @@ def batch_sources(dataset: Dataset, run):
                     f"no {split} pair fits in model.block_size + 1 = {seq_len + 1} tokens with its separators "
                     f"({examples.left_out} are longer); raise model.block_size or shorten the pairs"
                 )
-        token_bytes = dataset.tokenizer.token_bytes()
-        validation = pairs.pair_validation(held_out, token_bytes, seq_len, t.batch_size, t.eval_batches)
-        return pairs.TrainPairs(train), dataclasses.replace(validation, left_out=train.left_out + held_out.left_out)
+        token_bytes, encoder = dataset.tokenizer.token_bytes(), bool(run.model.encoder_layers)
+        validation = pairs.pair_validation(held_out, token_bytes, seq_len, t.batch_size, t.eval_batches, encoder)
+        left_out = train.left_out + held_out.left_out
+        return pairs.TrainPairs(train, encoder), dataclasses.replace(validation, left_out=left_out)
     validation = validation_set(
         dataset.val,
         dataset.tokenizer.token_bytes(),

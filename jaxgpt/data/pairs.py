@@ -168,6 +168,12 @@ def prompt_ids(tokenizer, source: str) -> list[int]:
     return [pair_separator(tokenizer), *tokenizer.encode(source.strip()), tab_token(tokenizer)]
 
 
+def source_ids(tokenizer, source: str) -> list[int]:
+    """What an encoder–decoder trained on pairs encodes: the source and the separator (its
+    decoder starts from the separator alone)."""
+    return [*tokenizer.encode(source.strip()), pair_separator(tokenizer)]
+
+
 def packed_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
     """One row of the batch contract (jaxgpt/batch.py): the examples `chosen` yields, packed in
     order while they fit in seq_len + 1 tokens (the first always does), then padding."""
@@ -193,11 +199,54 @@ def packed_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray
     }
 
 
+def encoder_decoder_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
+    """One row for an encoder–decoder (model.encoder_layers): the sources packed into the
+    encoder's row of seq_len tokens, each "source <SEP>", and the targets into the decoder's
+    of seq_len + 1, each "<SEP> target <SEP>", the k-th of both segment k, so a target token
+    attends to its own source alone; scored: each target and its end."""
+    tokens = np.full(seq_len + 1, examples.separator, np.int64)
+    segments = np.zeros(seq_len + 1, np.int32)
+    weights = np.zeros(seq_len + 1, np.float32)
+    sources = np.full(seq_len, examples.separator, np.int64)
+    source_segments = np.zeros(seq_len, np.int32)
+    offset = source_offset = 0
+    for segment, i in enumerate(chosen, 1):
+        unit = examples.unit(i)  # separator, source, tab, target, separator
+        n = int(examples.source_lengths[i])
+        source, target = unit[1 : n + 2], np.concatenate([[examples.separator], unit[n + 2 :]])
+        source[-1] = examples.separator  # the tab's place: the source's end
+        if offset + len(target) > seq_len + 1 or source_offset + len(source) > seq_len:
+            break
+        tokens[offset : offset + len(target)] = target
+        segments[offset : offset + len(target)] = segment
+        weights[offset + 1 : offset + len(target)] = 1.0
+        sources[source_offset : source_offset + len(source)] = source
+        source_segments[source_offset : source_offset + len(source)] = segment
+        offset, source_offset = offset + len(target), source_offset + len(source)
+    return {
+        "inputs": tokens[:-1].astype(np.int32),
+        "targets": tokens[1:].astype(np.int32),
+        "weights": weights[1:],
+        "segments": segments[:-1],
+        "positions": segment_positions(segments[:-1]),
+        "sources": sources.astype(np.int32),
+        "source_segments": source_segments,
+        "source_positions": segment_positions(source_segments),
+    }
+
+
 def stacked(rows: list[dict]) -> dict[str, np.ndarray]:
     return {name: np.stack([row[name] for row in rows]) for name in rows[0]}
 
 
-def random_rows(examples: Examples, seq_len: int, seed: int, stream: int, index: int, rows: range) -> dict:
+def row_maker(encoder: bool):
+    """How a row is packed: for a decoder alone (`packed_row`) or an encoder–decoder."""
+    return encoder_decoder_row if encoder else packed_row
+
+
+def random_rows(
+    examples: Examples, seq_len: int, seed: int, stream: int, index: int, rows: range, encoder: bool = False
+) -> dict:
     """Rows `rows` of batch `index` of a stream: row r packs examples drawn at random from
     (seed, stream, index, r) alone, so every process builds its own rows and a resumed run the
     same batches."""
@@ -207,14 +256,14 @@ def random_rows(examples: Examples, seq_len: int, seed: int, stream: int, index:
         while True:
             yield int(rng.integers(0, len(examples)))
 
-    return stacked([packed_row(examples, drawn(r), seq_len) for r in rows])
+    return stacked([row_maker(encoder)(examples, drawn(r), seq_len) for r in rows])
 
 
-def rows_in_order(examples: Examples, seq_len: int) -> list[dict]:
+def rows_in_order(examples: Examples, seq_len: int, encoder: bool = False) -> list[dict]:
     """Every example once, packed in order: the fixed validation rows."""
     rows, i = [], 0
     while i < len(examples):
-        row = packed_row(examples, iter(range(i, len(examples))), seq_len)
+        row = row_maker(encoder)(examples, iter(range(i, len(examples))), seq_len)
         i += int(row["segments"].max())
         rows.append(row)
     return rows
@@ -225,6 +274,7 @@ class TrainPairs:
     """The training split's pairs, batches drawn from them by (seed, stream, step)."""
 
     examples: Examples
+    encoder: bool = False  # rows for an encoder–decoder
 
     def batch(self, run, mesh, index: int, stream: int) -> dict:
         from jaxgpt.sharding import global_batch
@@ -232,7 +282,8 @@ class TrainPairs:
         t = run.train
 
         def rows(start: int, stop: int) -> dict:
-            return random_rows(self.examples, run.model.block_size, t.seed, stream, index, range(start, stop))
+            part = range(start, stop)
+            return random_rows(self.examples, run.model.block_size, t.seed, stream, index, part, self.encoder)
 
         return global_batch(mesh, rows, t.batch_size)
 
@@ -269,8 +320,10 @@ class PairValidation:
         )
 
 
-def pair_validation(examples: Examples, token_bytes: np.ndarray, seq_len: int, batch_size: int, most: int):
-    rows = rows_in_order(examples, seq_len)
+def pair_validation(
+    examples: Examples, token_bytes: np.ndarray, seq_len: int, batch_size: int, most: int, encoder: bool = False
+):
+    rows = rows_in_order(examples, seq_len, encoder)
     count = min(most * batch_size, -(-len(rows) // batch_size) * batch_size)
     kept = rows[:count]
     scored_examples = sum(int(row["segments"].max()) for row in kept)
