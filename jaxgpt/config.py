@@ -501,8 +501,9 @@ class DataConfig:
     """Where text comes from and how it becomes tokens.
 
     source: builtin:python-docs | builtin:repeated-random | text:PATH | hf:NAME[:CONFIG] (see
-        jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates
-        (jaxgpt/data/pairs.py): examples of a source and its target, the loss on the target.
+        jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates |
+        builtin:reverse | builtin:sort (jaxgpt/data/pairs.py): examples of a source and its
+        target, the loss on the target.
     tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base.
     val_fraction: share of the token stream, taken from its end, held out for validation.
     text_column: the column holding text in .jsonl/.parquet files and Hub datasets.
@@ -552,9 +553,14 @@ class DataConfig:
         return is_pairs_source(self.source)
 
 
+BUILTIN_PAIRS = ("dates", "reverse", "sort")  # builtin:NAME sources of text pairs (jaxgpt/data/pairs.py)
+
+
 def is_pairs_source(source: str) -> bool:
-    """pairs:PATH and builtin:dates (jaxgpt/data/pairs.py) give examples, the others a token stream."""
-    return source.startswith("pairs:") or source == "builtin:dates"
+    """pairs:PATH and builtin:dates, reverse and sort (jaxgpt/data/pairs.py) give examples, the
+    others a token stream."""
+    kind, _, rest = source.partition(":")
+    return kind == "pairs" or (kind == "builtin" and rest in BUILTIN_PAIRS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -728,6 +734,12 @@ class RunConfig:
             raise ConfigError(
                 f"mesh.expert={self.mesh.expert} does not divide model.moe.experts={experts}; choose a divisor so "
                 "each device holds whole experts"
+            )
+        if self.model.encoder_layers and not self.data.pairs:
+            raise ConfigError(
+                f"model.encoder_layers={self.model.encoder_layers} gives the model an encoder, which reads a source "
+                f"for each target, and data.source={self.data.source!r} is one stream of text; give it text pairs "
+                "(pairs:PATH, builtin:reverse, builtin:sort or builtin:dates), or set model.encoder_layers=0"
             )
         tokens = self.train.batch_size * self.model.block_size
         if self.model.objective == "masked" and self.model.mask_rate * tokens < 1:

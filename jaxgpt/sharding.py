@@ -39,6 +39,8 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("up", "bias"): ("tensor",),
     ("down", "kernel"): ("tensor", "fsdp"),  # (hidden, d_model)
     ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
+    ("q", "kernel"): ("fsdp", "tensor", None, None),  # cross-attention's (d_model, kv_heads, group, head_dim)
+    ("kv", "kernel"): ("fsdp", "tensor", None, None),  # and its (d_model, kv_heads, 2, head_dim)
 }
 SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
 # A mixture of experts (jaxgpt/moe.py): the experts split over the expert axis, each expert's

@@ -31,6 +31,8 @@ GENERATIONS = {
     "induction": (V6E,),
     "llama_tiny": (V6E,),
     "moe_tiny": (V5E,),  # experts replicated on every chip, tokens split over the data axis
+    "seq2seq_reverse": (V6E,),  # an encoder–decoder: cross-attention over packed pairs
+    "seq2seq_sort": (V5E,),
     "shakespeare_char": (V5E,),
     "tiny": (V6E,),
     "tiny_speedrun": (V6E,),

@@ -4,6 +4,7 @@ Examples:
   python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --out docs/images/attention.png
   python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --layer 0 --init
   python -m jaxgpt attention-maps --init_from gpt2 --prompt "The cat sat on the mat. The cat"
+  python -m jaxgpt attention-maps --workdir runs/seq2seq_reverse --prompt 31415926
 
 One panel per head (a row per layer, or only layer L): query position down, key position
 across, brightness the attention weight (or, with --scores, the pre-softmax score, the masked
@@ -13,9 +14,10 @@ parameters its seed gives at step 0), or Hugging Face weights (--init_from).
 Patterns worth looking for: a bright first column (an attention sink), a bright diagonal
 just below the main one (a previous-token head), and stripes that jump to the token after an
 earlier copy of the current one (an induction head; try a prompt that repeats itself).
-On an encoder–decoder saved by `python -m jaxgpt seq2seq --workdir DIR`, the prompt is a source
-of digits: the model answers it, and its cross-attention is drawn, answer positions down and
-source digits across.
+On an encoder–decoder run (model.encoder_layers, e.g. configs/seq2seq_reverse.py) the prompt is
+a source: the model answers it greedily, and its cross-attention is drawn, answer positions down
+and source tokens across, with the encoder's and the decoder's self-attention in two more files
+beside it (<out>_encoder.png, <out>_decoder.png).
 """
 
 from __future__ import annotations
@@ -81,35 +83,70 @@ def draw(
     return save_png(figure, out)
 
 
-def draw_cross_attention(config: ModelConfig, params, source: np.ndarray, answer: np.ndarray, out: Path) -> Path:
-    """An encoder–decoder's cross-attention (jaxgpt/encoder_decoder.py) on one source (s,) and
-    the answer (t,) it is read with: rows are the decoder's positions (BOS, then the answer
-    but its last token), columns the source's."""
-    from jaxgpt.seq2seq_tasks import cross_attention_weights
-
-    weights = cross_attention_weights(config, params, np.asarray(source)[None], np.asarray(answer)[None])[:, 0]
-    rows = ["BOS", *map(str, np.asarray(answer)[:-1])]
-    return draw(weights, rows, 0, out, key_labels=list(map(str, np.asarray(source))), kind="cross ")
-
-
-def _draw_seq2seq(f: flags.FlagValues) -> None:
-    """attention-maps on a `seq2seq --workdir` model: the prompt is a source of digits, answered
-    greedily, and the cross-attention is drawn."""
+def encoder_decoder_maps(config: ModelConfig, params, source: np.ndarray, decoder_input: np.ndarray) -> dict:
+    """An encoder–decoder's attention weights on one source (s,) read with one decoder input
+    (t,), teacher-forced: {"encoder": (encoder_layers, n_head, s, s), "decoder": (n_layer,
+    n_head, t, t), "cross": (n_layer, n_head, t, s)}, from one forward pass."""
+    import jax
     import jax.numpy as jnp
 
-    from jaxgpt import seq2seq_tasks as tasks
+    from jaxgpt.model import GPT, unstack_blocks
 
-    workdir = Path(f.workdir)
-    config, task, params = tasks.load(workdir)
-    length = config.block_size
-    if not (f.prompt or "").isdigit() or len(f.prompt) != length:
-        example = "31415926535897932384"[:length]
-        raise UserError(f"--prompt {f.prompt!r}: this {task} model reads exactly {length} digits, e.g. {example}")
-    source = np.array([int(c) for c in f.prompt], np.int32)
-    answer = np.asarray(tasks.greedy_decode(config, params, jnp.asarray(source)[None], length))[0]
-    out = draw_cross_attention(config, params, source, answer, Path(f.out) if f.out else workdir / "attention.png")
-    print(f"{task}: {f.prompt} -> {''.join(map(str, answer))}")
-    print(f"wrote {out} (cross-attention: {config.n_layer} decoder layer(s) x {config.n_head} heads)")
+    if config.scan_layers:  # sown values come out per block from unscanned layers
+        params = unstack_blocks(params) | {"encoder": unstack_blocks(params["encoder"])}
+    config = config.replace(scan_layers=False, dtype="float32", remat="none")
+    model = GPT(config)
+    tokens, sources = jnp.asarray(decoder_input)[None], jnp.asarray(source)[None]
+    _, state = jax.jit(lambda p: model.apply({"params": p}, tokens, sources=sources, mutable=["intermediates"]))(params)
+    sown = state["intermediates"]
+
+    def stacked(blocks: dict, count: int, layer: str) -> np.ndarray:
+        maps = [np.asarray(blocks[f"block_{i}"][layer]["attention_weights"][0]) for i in range(count)]
+        return np.stack([m.reshape(config.n_head, *m.shape[-2:]) for m in maps])
+
+    return {
+        "encoder": stacked(sown["encoder"], config.encoder_layers, "attn"),
+        "decoder": stacked(sown, config.n_layer, "attn"),
+        "cross": stacked(sown, config.n_layer, "cross"),
+    }
+
+
+def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, tokenizer) -> None:
+    """attention-maps on an encoder–decoder run: the prompt is a source, answered greedily
+    with the caches; its cross-attention is drawn (answer positions down, source tokens
+    across) in --out, the encoder's and the decoder's self-attention beside it."""
+    import jax
+    import jax.numpy as jnp
+
+    from jaxgpt.data.pairs import pair_separator, source_ids
+    from jaxgpt.sampling import SamplingConfig, encode, generate
+
+    source = np.asarray(source_ids(tokenizer, f.prompt))
+    if len(source) > config.block_size:
+        raise UserError(f"the source is {len(source)} tokens with its end; give at most {config.block_size}")
+    stop = pair_separator(tokenizer)
+    memory = encode(config, params, jnp.asarray(source)[None])
+    greedy, start = SamplingConfig(temperature=0.0), jnp.asarray([[stop]], jnp.int32)
+    made = generate(
+        config, params, start, jax.random.key(0), max_new_tokens=config.block_size - 1, sampling=greedy, eot_id=stop,
+        memory=memory,
+    )[0].tolist()  # fmt: skip
+    answer = made[: made.index(stop)] if stop in made else made
+    decoder_input = np.asarray([stop, *answer])
+    maps = encoder_decoder_maps(config, params, source, decoder_input)
+
+    def labels(ids) -> list[str]:
+        return [repr(tokenizer.decode([int(i)]))[1:-1] for i in ids]
+
+    out = Path(f.out) if f.out else Path(f.workdir) / "attention.png"
+    written = [draw(maps["cross"], labels(decoder_input), 0, out, key_labels=labels(source), kind="cross ")]
+    for side, ids in (("encoder", source), ("decoder", decoder_input)):
+        written.append(
+            draw(maps[side], labels(ids), 0, out.with_name(f"{out.stem}_{side}{out.suffix}"), kind=f"{side} ")
+        )
+    print(f"{f.prompt.strip()} -> {tokenizer.decode(answer)}")
+    print(f"wrote {written[0]} (cross-attention: {config.n_layer} decoder layer(s) x {config.n_head} heads), "
+          f"{written[1]} and {written[2]} (the encoder's and the decoder's self-attention)")  # fmt: skip
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -124,11 +161,9 @@ def _draw_maps(argv: list[str] | None) -> None:
     flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
-    from jaxgpt.seq2seq_tasks import is_saved
-
-    if f.workdir and is_saved(Path(f.workdir)):  # an encoder-decoder saved by seq2seq --workdir
-        return _draw_seq2seq(f)
     config, params, tokenizer, source = inspected.load_model(f)
+    if config.encoder_layers:
+        return _draw_encoder_decoder(f, config, params, tokenizer)
     if f.layer is not None and not 0 <= f.layer < config.n_layer:
         raise UserError(f"--layer {f.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)

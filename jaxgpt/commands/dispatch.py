@@ -21,7 +21,7 @@ COMMANDS = {
     "attention-maps": ("attention_maps", "draw what every attention head looks at"),
     "logit-lens": ("logit_lens", "what the model would predict after each layer"),
     "fill": ("fill", "fill in [MASK] blanks with an encoder (model.objective=masked)"),
-    "seq2seq": ("seq2seq", "train an encoder-decoder on a digit task; accuracy and cross-attention maps"),
+    "seq2seq": ("seq2seq", "retired: says how an encoder-decoder trains now (train.py, configs/seq2seq_*.py)"),
     "hellaswag": ("hellaswag", "score a model on multiple-choice questions"),
 }
 

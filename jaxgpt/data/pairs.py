@@ -1,8 +1,13 @@
 """Text pairs: a source and the target a model should answer it with, one pair an example.
 
-    pairs:PATH     a UTF-8 file, one pair a line, source and target separated by a tab
-    builtin:dates  dates written many ways and their ISO form ("3rd of March, 2021" ->
-                   "2021-03-03"), 20,000 generated offline from a fixed seed (`date_pairs`)
+    pairs:PATH       a UTF-8 file, one pair a line, source and target separated by a tab
+    builtin:dates    dates written many ways and their ISO form ("3rd of March, 2021" ->
+                     "2021-03-03"), 20,000 generated offline from a fixed seed (`date_pairs`)
+    builtin:reverse  strings of 4 to 12 digits and the same reversed ("31415" -> "51413"):
+                     output position i reads source position L - 1 - i, so cross-attention
+                     learns an anti-diagonal, the paper's alignment made visible
+    builtin:sort     the same digits sorted ("31415" -> "11345"): each output digit depends on
+                     the whole source, so no single source position answers it
 
 A pair is prepared as a document "source<TAB>target" (jaxgpt/data/prepared.py: tokenized by the
 run's tokenizer, cached, the last data.val_fraction held out), so the separator that ends every
@@ -27,7 +32,6 @@ import numpy as np
 from jaxgpt.batch import segment_positions
 from jaxgpt.errors import UserError
 
-BUILTIN_PAIRS = ("dates",)
 TAB = "\t"
 
 
@@ -91,6 +95,21 @@ def date_pairs(count: int = 20_000, seed: int = 0) -> list[str]:
         f"{DATE_FORMATS[style](date)}{TAB}{date.isoformat()}"
         for date, style in zip(map(datetime.date.fromordinal, days.tolist()), styles.tolist(), strict=True)
     ]
+
+
+def digit_pairs(task: str, count: int = 20_000, seed: int = 0) -> list[str]:
+    """`count` strings of 4 to 12 digits with the task's answer (reverse or sort): the same
+    list every time."""
+    rng = np.random.default_rng(seed)
+    lengths = rng.integers(4, 13, count)
+    answer = {"reverse": lambda digits: digits[::-1], "sort": lambda digits: "".join(sorted(digits))}[task]
+    strings = ["".join(map(str, rng.integers(0, 10, n))) for n in lengths]
+    return [f"{digits}{TAB}{answer(digits)}" for digits in strings]
+
+
+def builtin_pairs(name: str) -> list[str]:
+    """builtin:NAME's pairs, as documents."""
+    return date_pairs() if name == "dates" else digit_pairs(name)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -9,7 +9,8 @@ text:PATH            a file, a directory, or a glob: .jsonl and .parquet files a
                      records, any other file as UTF-8 text (one document per file), with
                      `datasets`' local builders.
 hf:NAME[:CONFIG]     a Hugging Face Hub dataset, streamed, using its text column.
-pairs:PATH, builtin:dates  text pairs, a document "source<TAB>target" each (jaxgpt/data/pairs.py).
+pairs:PATH, builtin:dates, builtin:reverse, builtin:sort
+                     text pairs, a document "source<TAB>target" each (jaxgpt/data/pairs.py).
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.config import DataConfig
-from jaxgpt.data.pairs import BUILTIN_PAIRS, date_pairs, read_pairs
+from jaxgpt.config import BUILTIN_PAIRS, DataConfig
+from jaxgpt.data.pairs import builtin_pairs, read_pairs
 from jaxgpt.errors import UserError
 
 # Files read as records; any other file is read as plain UTF-8 text, one document per file.
@@ -46,7 +47,7 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
         docs = repeated_random_documents()
         return docs, len(docs)
     if kind == "builtin" and rest in BUILTIN_PAIRS:
-        docs = date_pairs()
+        docs = builtin_pairs(rest)
         return docs, len(docs)
     if kind == "pairs" and rest:
         docs = read_pairs(rest)
@@ -57,7 +58,7 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
         return _read_hub(rest, config.text_column), None
     raise UserError(
         f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, text:PATH (file, "
-        "directory or glob), hf:NAME[:CONFIG], or for text pairs builtin:dates or pairs:PATH"
+        "directory or glob), hf:NAME[:CONFIG], or for text pairs pairs:PATH or builtin:dates, reverse or sort"
     )
 
 
