@@ -741,6 +741,11 @@ class RunConfig:
                 f"for each target, and data.source={self.data.source!r} is one stream of text; give it text pairs "
                 "(pairs:PATH, builtin:reverse, builtin:sort or builtin:dates), or set model.encoder_layers=0"
             )
+        if self.model.encoder_layers and self.train.multiple_choice:
+            raise ConfigError(
+                "train.multiple_choice scores endings as text continuing text, which an encoder–decoder's decoder "
+                "does not read; leave it empty for a run with model.encoder_layers"
+            )
         tokens = self.train.batch_size * self.model.block_size
         if self.model.objective == "masked" and self.model.mask_rate * tokens < 1:
             raise ConfigError(

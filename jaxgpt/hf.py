@@ -566,6 +566,11 @@ WORKBENCH_FIELDS = (
 
 def _family_of(c: ModelConfig) -> str:
     """Which Hugging Face architecture a jaxgpt config is, if any."""
+    if c.encoder_layers:
+        raise UserError(
+            f"model.encoder_layers={c.encoder_layers}: jaxgpt writes no Hugging Face encoder–decoder family (BART, T5) "
+            "yet; only decoder-only models and BERT-style encoders can be exported"
+        )
     if c.objective == "masked":
         return _bert_family(c)
     if c.moe is not None:

@@ -388,7 +388,10 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
     (`active_params`). 6 N is a forward (2 N) and backward (4 N) multiply-add per
     parameter; 12 L d T adds attention's score and value matmuls over a context of T tokens
     (default block_size), with d = n_head * head_dim = d_model. Norms, softmax and
-    elementwise work are not counted; MFU figures use this convention.
+    elementwise work are not counted; MFU figures use this convention. For an encoder–decoder
+    the encoder's parameters count against the target tokens too, and its attention and the
+    cross-attention's are counted as the decoder's (L = n_layer + encoder_layers): a figure
+    of the same order, not an exact count, since sources and targets differ in length.
     """
     seq_len = seq_len or config.block_size
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
@@ -397,4 +400,4 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
         n -= count_params(shapes["wpe"])
     if not config.tie_embeddings:
         n -= count_params(shapes["wte"])
-    return 6.0 * n + 12.0 * config.n_layer * config.d_model * seq_len
+    return 6.0 * n + 12.0 * (config.n_layer + config.encoder_layers) * config.d_model * seq_len

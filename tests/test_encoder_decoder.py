@@ -186,6 +186,16 @@ def test_the_seq2seq_command_names_its_successor():
     assert done.returncode == 2 and "configs/seq2seq_reverse.py" in done.stderr and len(done.stderr.splitlines()) == 1
 
 
+def test_the_commands_that_read_a_decoder_alone_refuse_an_encoder_decoder_in_one_line(one_device):
+    argv = [sys.executable, "-m", "jaxgpt", "logit-lens", "--workdir", str(one_device), "--prompt", "12"]
+    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
+    assert done.returncode == 2 and done.stderr.startswith("error: ") and "is an encoder–decoder" in done.stderr
+    config = reverse_run()
+    config.train.multiple_choice = "questions.jsonl"
+    with pytest.raises(ConfigError, match="multiple_choice"):
+        resolve(config)
+
+
 @pytest.mark.slow  # configs/seq2seq_reverse.py as shipped, 600 steps: about 25 s on a Zen 4
 def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit(tmp_path):
     """The shipped config: more than 95% of held-out answers exactly right (chance is about

@@ -278,6 +278,16 @@ def refuse_an_encoder(model, where, what_it_lacks: str) -> None:
         )
 
 
+def refuse_an_encoder_decoder(model, where, what_it_lacks: str) -> None:
+    """One line where a command that reads a decoder's text alone (logit-lens, hellaswag) is
+    given an encoder–decoder, whose decoder answers a source, naming the commands that suit it."""
+    if model.encoder_layers:
+        raise UserError(
+            f"{where} is an encoder–decoder (model.encoder_layers={model.encoder_layers}), whose decoder answers a "
+            f"source: {what_it_lacks}; sample.py --prompt SOURCE, evaluate and attention-maps --workdir take it"
+        )
+
+
 def run(main: Callable[[], None], interrupted: str = "interrupted", starts_jax: bool = True) -> None:
     """Run main(), reporting a UserError as one line and exit status 2; Ctrl-C at any moment
     prints `interrupted` and exits 130 (jaxgpt.commands.interrupt says how, and why not as a

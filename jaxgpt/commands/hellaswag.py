@@ -37,6 +37,7 @@ def _score(argv: list[str] | None) -> None:
             raise UserError(f"--{flag} {f[flag].value}: give at least 1")
     questions = multiple_choice.read_questions(f.questions, f.limit)
     config, params, tokenizer, source = inspected.load_model(f)
+    cli.refuse_an_encoder_decoder(config, f.workdir or f.init_from, "its endings are scored as text continuing text")
     with tqdm(total=len(questions), unit="question", leave=False, disable=None) as bar:
         result = multiple_choice.score(config, params, tokenizer, questions, f.batch, progress=bar.update)
     print(result.line(f"{f.questions} ({source})"))

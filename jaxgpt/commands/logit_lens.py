@@ -74,6 +74,7 @@ def _lens(argv: list[str] | None) -> None:
         raise UserError(f"--positions {f.positions}: show at least 1")
     config, params, tokenizer, source = inspected.load_model(f)
     cli.refuse_an_encoder(config, f.workdir or f.init_from, "its layers have no next-token guesses to read")
+    cli.refuse_an_encoder_decoder(config, f.workdir or f.init_from, "the logit lens reads a decoder given text alone")
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)
     captured = capture(config, params, ids[None])
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
