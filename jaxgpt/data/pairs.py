@@ -193,29 +193,58 @@ def source_ids(tokenizer, source: str) -> list[int]:
     return [*tokenizer.encode(source.strip()), pair_separator(tokenizer)]
 
 
+class PackedRow:
+    """A row of `length` tokens being filled with whole examples, each its own segment (from 1);
+    the rest is padding: the separator, segment 0, weight 0."""
+
+    def __init__(self, length: int, separator: int):
+        self.tokens = np.full(length, separator, np.int64)
+        self.segments = np.zeros(length, np.int32)
+        self.weights = np.zeros(length, np.float32)  # weights[j]: of predicting tokens[j]
+        self.used = 0
+
+    def fits(self, unit: np.ndarray) -> bool:
+        return self.used + len(unit) <= len(self.tokens)
+
+    def add(self, unit: np.ndarray, segment: int, scored_from: int | None = None) -> None:
+        """`unit` next, its tokens from `scored_from` on scored (None: none)."""
+        span = slice(self.used, self.used + len(unit))
+        self.tokens[span], self.segments[span] = unit, segment
+        if scored_from is not None:
+            self.weights[self.used + scored_from : span.stop] = 1.0
+        self.used = span.stop
+
+    def decoder_fields(self) -> dict[str, np.ndarray]:
+        """The row as the batch contract's inputs and targets (each token predicting the next)."""
+        segments = self.segments[:-1]
+        return {
+            "inputs": self.tokens[:-1].astype(np.int32),
+            "targets": self.tokens[1:].astype(np.int32),
+            "weights": self.weights[1:],
+            "segments": segments,
+            "positions": segment_positions(segments),
+        }
+
+    def encoder_fields(self) -> dict[str, np.ndarray]:
+        """The row as what an encoder–decoder's encoder reads."""
+        return {
+            "sources": self.tokens.astype(np.int32),
+            "source_segments": self.segments,
+            "source_positions": segment_positions(self.segments),
+        }
+
+
 def packed_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
     """One row of the batch contract (jaxgpt/batch.py): the examples `chosen` yields, packed in
-    order while they fit in seq_len + 1 tokens (the first always does), then padding."""
-    tokens = np.full(seq_len + 1, examples.separator, np.int64)
-    segments = np.zeros(seq_len + 1, np.int32)
-    weights = np.zeros(seq_len + 1, np.float32)  # weights[j]: of predicting tokens[j]
-    offset = 0
+    order while they fit in seq_len + 1 tokens (the first always does), then padding; scored:
+    each answer and its end."""
+    row = PackedRow(seq_len + 1, examples.separator)
     for segment, i in enumerate(chosen, 1):
-        length = examples.unit_length(i)
-        if offset + length > seq_len + 1:
+        unit = examples.unit(i)
+        if not row.fits(unit):
             break
-        tokens[offset : offset + length] = examples.unit(i)
-        segments[offset : offset + length] = segment
-        answer = offset + 2 + int(examples.source_lengths[i])  # past the separator, source and tab
-        weights[answer : offset + length] = 1.0
-        offset += length
-    return {
-        "inputs": tokens[:-1].astype(np.int32),
-        "targets": tokens[1:].astype(np.int32),
-        "weights": weights[1:],
-        "segments": segments[:-1],
-        "positions": segment_positions(segments[:-1]),
-    }
+        row.add(unit, segment, scored_from=2 + int(examples.source_lengths[i]))  # past separator, source, tab
+    return row.decoder_fields()
 
 
 def encoder_decoder_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
@@ -223,35 +252,17 @@ def encoder_decoder_row(examples: Examples, chosen, seq_len: int) -> dict[str, n
     encoder's row of seq_len tokens, each "source <SEP>", and the targets into the decoder's
     of seq_len + 1, each "<SEP> target <SEP>", the k-th of both segment k, so a target token
     attends to its own source alone; scored: each target and its end."""
-    tokens = np.full(seq_len + 1, examples.separator, np.int64)
-    segments = np.zeros(seq_len + 1, np.int32)
-    weights = np.zeros(seq_len + 1, np.float32)
-    sources = np.full(seq_len, examples.separator, np.int64)
-    source_segments = np.zeros(seq_len, np.int32)
-    offset = source_offset = 0
+    targets, sources = PackedRow(seq_len + 1, examples.separator), PackedRow(seq_len, examples.separator)
     for segment, i in enumerate(chosen, 1):
         unit = examples.unit(i)  # separator, source, tab, target, separator
         n = int(examples.source_lengths[i])
-        source, target = unit[1 : n + 2], np.concatenate([[examples.separator], unit[n + 2 :]])
-        source[-1] = examples.separator  # the tab's place: the source's end
-        if offset + len(target) > seq_len + 1 or source_offset + len(source) > seq_len:
+        source = np.append(unit[1 : n + 1], examples.separator)
+        target = np.concatenate([[examples.separator], unit[n + 2 :]])
+        if not (targets.fits(target) and sources.fits(source)):
             break
-        tokens[offset : offset + len(target)] = target
-        segments[offset : offset + len(target)] = segment
-        weights[offset + 1 : offset + len(target)] = 1.0
-        sources[source_offset : source_offset + len(source)] = source
-        source_segments[source_offset : source_offset + len(source)] = segment
-        offset, source_offset = offset + len(target), source_offset + len(source)
-    return {
-        "inputs": tokens[:-1].astype(np.int32),
-        "targets": tokens[1:].astype(np.int32),
-        "weights": weights[1:],
-        "segments": segments[:-1],
-        "positions": segment_positions(segments[:-1]),
-        "sources": sources.astype(np.int32),
-        "source_segments": source_segments,
-        "source_positions": segment_positions(source_segments),
-    }
+        targets.add(target, segment, scored_from=1)
+        sources.add(source, segment)
+    return targets.decoder_fields() | sources.encoder_fields()
 
 
 def stacked(rows: list[dict]) -> dict[str, np.ndarray]:
