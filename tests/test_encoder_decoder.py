@@ -36,7 +36,7 @@ def digits(seed, shape):
 
 @pytest.fixture(scope="module")
 def params():
-    return visible(init_params(CONFIG, jax.random.key(0)))
+    return visible(jax.jit(init_params, static_argnums=0)(CONFIG, jax.random.key(0)))
 
 
 def test_every_source_token_reaches_every_output_and_the_decoder_sees_only_the_past(params):
@@ -62,13 +62,16 @@ def test_decoding_with_the_kv_cache_gives_the_full_forward_passs_logits(params):
     to every step, gives the teacher-forced forward pass's logits: float32 agreement, the same
     sums in another order (1e-4 on logits of O(1))."""
     source, inputs = digits(3, (2, 8)), digits(4, (2, 8))
-    full = GPT(CONFIG).apply({"params": params}, inputs, sources=source)
-    memory = encode(CONFIG, params, source)
+    full = jax.jit(lambda p: GPT(CONFIG).apply({"params": p}, inputs, sources=source))(params)
+    memory = jax.jit(encode, static_argnums=0)(CONFIG, params, source)
+    step = jax.jit(
+        lambda p, cache, token: GPT(CONFIG).apply(
+            {"params": p, "cache": cache}, token, memory=memory, decode=True, mutable=["cache"]
+        )
+    )
     cache, steps = init_cache(CONFIG, 2), []
     for i in range(8):
-        logits, state = GPT(CONFIG).apply(
-            {"params": params, "cache": cache}, inputs[:, i : i + 1], memory=memory, decode=True, mutable=["cache"]
-        )
+        logits, state = step(params, cache, inputs[:, i : i + 1])
         cache = state["cache"]
         steps.append(logits[:, 0])
     assert np.abs(full).max() > 1.0
@@ -97,9 +100,10 @@ def test_packed_examples_compute_what_each_computes_alone(params):
     examples, _ = char_examples(["12\t21", "345\t543"])
     row = {k: jnp.asarray(x[None]) for k, x in encoder_decoder_row(examples, iter([0, 1]), 9).items()}
     model_inputs = {k: row[k] for k in ("segments", "positions", "sources", "source_segments", "source_positions")}
-    packed = np.asarray(GPT(CONFIG).apply({"params": params}, row["inputs"], **model_inputs))
+    apply = jax.jit(lambda p, tokens, **given: GPT(CONFIG).apply({"params": p}, tokens, **given))
+    packed = np.asarray(apply(params, row["inputs"], **model_inputs))
     for (a, b), (sa, sb) in (((0, 4), (0, 3)), ((4, 9), (3, 7))):
-        alone = GPT(CONFIG).apply({"params": params}, row["inputs"][:, a:b], sources=row["sources"][:, sa:sb])
+        alone = apply(params, row["inputs"][:, a:b], sources=row["sources"][:, sa:sb])
         np.testing.assert_allclose(packed[:, a:b], alone, atol=2e-5, rtol=2e-5)
 
 
@@ -115,11 +119,13 @@ def test_the_decoder_blocks_take_the_decoder_only_switches(changes):
     """Each decoder block holds cross-attention beside what the switch builds (the experts in
     the MLP's place; the encoder stays dense), and the forward pass runs."""
     config = CONFIG.replace(**changes)
-    p = init_params(config, jax.random.key(0))
+    p = jax.jit(init_params, static_argnums=0)(config, jax.random.key(0))
     block = p["block_1"]
     assert {"cross", "norm_cross", "attn"} <= set(block) and set(p["encoder"]) >= {"block_0", "block_1"}
     assert ("moe" in block) == ("moe" in changes) and "moe" not in p["encoder"]["block_1"]
-    logits = GPT(config).apply({"params": p}, digits(5, (2, 8)), sources=digits(6, (2, 8)))
+    logits = jax.jit(lambda p, t, s: GPT(config).apply({"params": p}, t, sources=s))(
+        p, digits(5, (2, 8)), digits(6, (2, 8))
+    )
     assert logits.shape == (2, 8, 12) and np.isfinite(np.asarray(logits)).all()
 
 
@@ -128,14 +134,19 @@ def test_scanned_layers_with_remat_compute_what_unrolled_layers_do(params):
     with the same weights stacked, the logits agree (float32, another order of the same sums)."""
     config = CONFIG.replace(scan_layers=True, remat="full")
     stacked = stack_blocks(params, 2) | {"encoder": stack_blocks(params["encoder"], 2)}
-    assert set(init_params(config, jax.random.key(0))["encoder"]) == set(stacked["encoder"])
+    assert set(jax.eval_shape(lambda key: init_params(config, key), jax.random.key(0))["encoder"]) == set(
+        stacked["encoder"]
+    )
     source, inputs = digits(7, (2, 8)), digits(8, (2, 8))
-    scanned = GPT(config).apply({"params": stacked}, inputs, sources=source)
-    np.testing.assert_allclose(scanned, GPT(CONFIG).apply({"params": params}, inputs, sources=source), atol=1e-5)
+
+    def logits(config, p):
+        return jax.jit(lambda p: GPT(config).apply({"params": p}, inputs, sources=source))(p)
+
+    np.testing.assert_allclose(logits(config, stacked), logits(CONFIG, params), atol=1e-5)
 
 
-def reverse_run(steps=40, **mesh):
-    config = small_run_config(steps=steps, log_every=1, eval_every=steps, checkpoint_every=20, eval_batches=2)
+def reverse_run(steps=10, **mesh):
+    config = small_run_config(steps=steps, log_every=1, eval_every=steps, checkpoint_every=5, eval_batches=1)
     config.data.source = "builtin:reverse"
     config.model.encoder_layers = 2
     config.mesh.update(mesh)
@@ -159,8 +170,9 @@ def test_an_encoder_decoder_trains_on_a_mesh_as_on_one_device(one_device, tmp_pa
     assert {"val_loss", "val_token_accuracy", "val_exact_match"} <= set(last)
 
 
+@pytest.mark.slow  # 6 s: tests/test_pairs.py resumes a pairs run in the quick set
 def test_an_encoder_decoder_resumes_bit_for_bit(one_device, tmp_path):
-    train_and_evaluate(reverse_run(), tmp_path, progress=False, stop_at=20)
+    train_and_evaluate(reverse_run(), tmp_path, progress=False, stop_at=5)
     train_and_evaluate(reverse_run(), tmp_path, progress=False)
     assert train_losses(tmp_path).tolist() == train_losses(one_device).tolist()
 
@@ -186,10 +198,13 @@ def test_the_seq2seq_command_names_its_successor():
     assert done.returncode == 2 and "configs/seq2seq_reverse.py" in done.stderr and len(done.stderr.splitlines()) == 1
 
 
-def test_the_commands_that_read_a_decoder_alone_refuse_an_encoder_decoder_in_one_line(one_device):
-    argv = [sys.executable, "-m", "jaxgpt", "logit-lens", "--workdir", str(one_device), "--prompt", "12"]
-    done = subprocess.run(argv, cwd=ROOT, capture_output=True, text=True)
-    assert done.returncode == 2 and done.stderr.startswith("error: ") and "is an encoder–decoder" in done.stderr
+def test_the_commands_that_read_a_decoder_alone_refuse_an_encoder_decoder_in_one_line(one_device, capsys):
+    from jaxgpt.commands import logit_lens
+
+    with pytest.raises(SystemExit) as stop:
+        logit_lens.main(["--workdir", str(one_device), "--prompt", "12"])
+    said = capsys.readouterr().err
+    assert stop.value.code == 2 and said.startswith("error: ") and "is an encoder–decoder" in said
     config = reverse_run()
     config.train.multiple_choice = "questions.jsonl"
     with pytest.raises(ConfigError, match="multiple_choice"):

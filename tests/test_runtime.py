@@ -28,7 +28,8 @@ mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())  # as the trainer bu
 program = training_program(run)
 layout, create = state_layout(program, mesh)
 program, step, _ = step_choice.choose_step(program, mesh, layout)  # as the trainer chooses
-batch = jax.device_put(jax.numpy.zeros((12, 129), "int32"), sharding.batch_sharding(step.batch_mesh))
+windows = jax.numpy.zeros((12, 129), "int32")
+batch = jax.device_put({"inputs": windows[:, :-1], "targets": windows[:, 1:]}, sharding.batch_sharding(step.batch_mesh))
 texts = step.program_texts(create(), batch)
 used = len(step.devices)
 print(json.dumps({"mesh": mesh.size, "cores": len(step_choice.cores_for(mesh)), "used": used, "texts": texts}))

@@ -203,4 +203,5 @@ def test_every_command_answers_help_through_the_one_entry_point(name):
     examples = [line.strip() for line in doc.splitlines() if line.strip().startswith("python ")]
     shown = " ".join(result.stdout.split())
     assert doc.split(":")[0] in shown and examples and all(" ".join(e.split()) in shown for e in examples), shown[:800]
-    assert "(default: " in result.stdout, result.stdout[-1500:]
+    if not COMMANDS[name][1].startswith("retired"):  # a retired command has no flags left to show
+        assert "(default: " in result.stdout, result.stdout[-1500:]

@@ -6,7 +6,7 @@ save format of its own. An encoder–decoder now trains through train.py like an
   python sample.py --workdir runs/reverse --prompt 31415926 --temperature 0
   python -m jaxgpt attention-maps --workdir runs/reverse --prompt 31415926
 
-This command says so in one line and exits 2.
+This command says so in one line and exits 2 (--help prints this page).
 """
 
 from __future__ import annotations
@@ -21,7 +21,15 @@ RETIRED = (
 
 
 def main(argv: list[str] | None = None) -> None:
-    cli.run(lambda: cli.fail(RETIRED), starts_jax=False)
+    """--help says this page, as every command's does; anything else, the line above."""
+    argv, f = cli.command_flags(argv)
+
+    def retired():
+        if any(arg in ("--help", "-h", "--helpfull") for arg in argv[1:]):
+            cli.parse_flags(argv, __doc__, f)  # prints the page and exits 0
+        cli.fail(RETIRED)
+
+    cli.run(retired, starts_jax=False)
 
 
 if __name__ == "__main__":
