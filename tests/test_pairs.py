@@ -230,3 +230,18 @@ def test_each_pair_is_in_one_split(pairs_run):
     seen, unseen = texts(train), texts(held_out)
     assert set(seen) <= lines and set(unseen) <= lines
     assert len(seen) + len(unseen) in (600, 599) and len(unseen) > 0
+
+
+def test_a_small_pairs_file_trains_and_one_of_pairs_too_long_says_so(tmp_path):
+    """The held-out tenth of 40 short pairs is fewer tokens than one window of block_size + 1,
+    which a token stream could not cut from, but rows of whole pairs can: it trains. Pairs all
+    longer than a row are refused in one line before anything is trained."""
+    (tmp_path / "short.tsv").write_text("".join(f"{w}\t{w[::-1]}\n" for w in ["ab", "cde", "fgh", "ij"] * 10))
+    config = small_run_config(steps=2, eval_every=2, checkpoint_every=2, eval_batches=1)
+    config.data.source = f"pairs:{tmp_path / 'short.tsv'}"
+    assert train_and_evaluate(config, tmp_path / "run", progress=False)["step"] == 2
+    (tmp_path / "long.tsv").write_text("".join(f"{'x' * 30}\t{'y' * 30}\n" for _ in range(40)))
+    config.data.source = f"pairs:{tmp_path / 'long.tsv'}"
+    with pytest.raises(UserError, match="no training pair fits in model.block_size"):
+        train_and_evaluate(config, tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused" / "checkpoints").exists()

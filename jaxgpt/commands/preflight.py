@@ -51,7 +51,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     """Every check, in the order of the table, on the config's model, data and mesh."""
     dataset = data.prepare(config.data, progress=False)
     run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
-    data.check_long_enough(dataset, run.model.block_size)
+    data.check_batches_fit(dataset, run)
     from jaxgpt.hardware import runtime
     from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step

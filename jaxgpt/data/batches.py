@@ -206,13 +206,7 @@ def batch_sources(dataset: Dataset, run):
     (jaxgpt/data/pairs.py). Each has batch(...) giving the batch contract's dict, sharded."""
     t, seq_len = run.train, run.model.block_size
     if run.data.pairs:
-        train, held_out = pairs.split_examples(dataset, seq_len)
-        for split, examples in (("training", train), ("validation", held_out)):
-            if not len(examples):
-                raise UserError(
-                    f"no {split} pair fits in model.block_size + 1 = {seq_len + 1} tokens with its separators "
-                    f"({examples.left_out} are longer); raise model.block_size or shorten the pairs"
-                )
+        train, held_out = pair_examples(dataset, seq_len)
         token_bytes, encoder = dataset.tokenizer.token_bytes(), bool(run.model.encoder_layers)
         validation = pairs.pair_validation(held_out, token_bytes, seq_len, t.batch_size, t.eval_batches, encoder)
         left_out = train.left_out + held_out.left_out
@@ -226,6 +220,28 @@ def batch_sources(dataset: Dataset, run):
         validation_documents(dataset, run),
     )
     return train_windows(dataset, run), validation
+
+
+def pair_examples(dataset: Dataset, seq_len: int):
+    """(training, validation) pairs of a pairs corpus (jaxgpt/data/pairs.py); one line where
+    either split has none that fits a row."""
+    train, held_out = pairs.split_examples(dataset, seq_len)
+    for split, examples in (("training", train), ("validation", held_out)):
+        if not len(examples):
+            raise UserError(
+                f"no {split} pair fits in model.block_size + 1 = {seq_len + 1} tokens with its separators "
+                f"({examples.left_out} are longer); raise model.block_size or shorten the pairs"
+            )
+    return train, held_out
+
+
+def check_batches_fit(dataset: Dataset, run) -> None:
+    """One line, before any state exists, where `run`'s batches cannot be cut from `dataset`:
+    a split shorter than a window, or (text pairs) no pair that fits a row."""
+    if run.data.pairs:
+        pair_examples(dataset, run.model.block_size)
+    else:
+        check_long_enough(dataset, run.model.block_size)
 
 
 def check_long_enough(dataset: Dataset, seq_len: int) -> None:

@@ -86,7 +86,7 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
     run = check_runnable(config, notes)  # every check that needs no data, before the slow work
     dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
     run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)  # the data's (a character corpus)
-    data.check_long_enough(dataset, run.model.block_size)
+    data.check_batches_fit(dataset, run)
     check_init_from_run(run)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
