@@ -243,6 +243,8 @@ class ModelConfig:
         (BERT's embedding LayerNorm).
     head_transform: BERT's prediction head: between the last block and the readout a d_model
         dense layer, the activation and a norm, and the logits get a bias per token.
+    logits_bias: a bias per token added to the logits without head_transform's layers (BART's
+        final_logits_bias).
     mask_token: the masked objective's mask token id; None: the last of the vocabulary
         (jaxgpt/masked.py). Imported BERT weights set their tokenizer's [MASK].
 
@@ -298,6 +300,7 @@ class ModelConfig:
     moe: MixtureOfExperts | None = None
     embedding_norm: bool = False
     head_transform: bool = False
+    logits_bias: bool = False
     mask_token: int | None = None
     objective: str = "next_token"
     mask_rate: float = 0.15
@@ -314,6 +317,11 @@ class ModelConfig:
         _check_model(self)
         if self.mlp_hidden is None:
             object.__setattr__(self, "mlp_hidden", default_mlp_hidden(self.d_model, self.activation))
+
+    @property
+    def has_logits_bias(self) -> bool:
+        """Whether the LM head adds a bias per token (BERT's head, or logits_bias)."""
+        return self.head_transform or self.logits_bias
 
     @property
     def head_dim(self) -> int:

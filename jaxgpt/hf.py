@@ -1,8 +1,10 @@
 """Hugging Face checkpoints <-> jaxgpt: GPT2LMHeadModel, LlamaForCausalLM (Llama 3.1 and LongRoPE
 scaling included), MistralForCausalLM (Llama with a sliding window), Qwen2ForCausalLM (Llama with
 biases on the query, key and value projections), MixtralForCausalLM (Mistral with a mixture of
-experts in every block: dropless top-k routing, renormalised, jaxgpt/moe.py) and the encoder
-BertForMaskedLM (model.objective=masked).
+experts in every block: dropless top-k routing, renormalised, jaxgpt/moe.py), the encoder
+BertForMaskedLM (model.objective=masked) and the encoder–decoder BartForConditionalGeneration
+(model.encoder_layers: BART's post-norm blocks, learned positions read from row 2 of its tables,
+embedding LayerNorms and final_logits_bias are all switches of jaxgpt's own model).
 
     config, params = load_pretrained("path/to/dir")     # or a Hub name such as "gpt2", online
     save_pretrained(config, params, "out/dir")          # safetensors + config.json for transformers
@@ -384,6 +386,7 @@ def _rope_parameters(c: ModelConfig) -> dict:
 # ----------------------------------------------------------------------------- BERT
 
 BERT_ACTIVATIONS = {"gelu": "gelu_exact", "gelu_new": "gelu", "gelu_pytorch_tanh": "gelu", "relu": "relu"}
+HF_ACTIVATION_NAMES = {ours: theirs for theirs, ours in BERT_ACTIVATIONS.items() if theirs != "gelu_pytorch_tanh"}
 
 
 def _bert_config(hf: dict) -> ModelConfig:
@@ -432,18 +435,50 @@ def _dense(w: dict, name: str, shape: tuple[int, ...] | None = None) -> dict:
     return {"kernel": kernel.reshape(shape), "bias": bias.reshape(shape[1:])}
 
 
-def _bert_params(c: ModelConfig, w: dict) -> dict:
+def _multi_head(c: ModelConfig, w: dict, query: str, key: str, value: str, out: str) -> dict:
+    """Separate torch query, key and value Linears (multi-head, with biases) and the output
+    Linear, as a jaxgpt self-attention layer's qkv and out."""
     H, hd, D = c.n_head, c.head_dim, c.d_model
+    q, k, v = (_dense(w, name, (D, H, 1, hd)) for name in (query, key, value))
+    return {
+        "qkv": {name: np.concatenate([q[name], k[name], v[name]], axis=-2) for name in ("kernel", "bias")},
+        "out": _output(c, w, out),
+    }
 
+
+def _output(c: ModelConfig, w: dict, name: str) -> dict:
+    """An attention layer's output Linear as jaxgpt's out (heads, 1, head_dim, d_model)."""
+    out = _dense(w, name)
+    return {"kernel": out["kernel"].reshape(c.n_head, 1, c.head_dim, c.d_model), "bias": out["bias"]}
+
+
+def _linear(p: dict, name: str, d_in: int | None = None) -> dict:
+    """A flax kernel and its bias as a torch Linear's weight (out, in) and bias: a kernel of
+    (in..., out), or given `d_in` one of (d_in, out...)."""
+    kernel = p["kernel"].reshape(d_in, -1) if d_in else p["kernel"].reshape(-1, p["kernel"].shape[-1])
+    return {f"{name}.weight": kernel.T, f"{name}.bias": p["bias"].reshape(-1)}
+
+
+def _layer_norm_weights(p: dict, name: str) -> dict:
+    return {f"{name}.weight": p["scale"], f"{name}.bias": p["bias"]}
+
+
+def _multi_head_weights(c: ModelConfig, attn: dict, query: str, key: str, value: str, out: str) -> dict:
+    """The inverse of `_multi_head`: a jaxgpt self-attention layer as torch Linears."""
+    D, qkv = c.d_model, attn["qkv"]  # kernel (D, H, 3, hd), bias (H, 3, hd)
+    w = {}
+    for j, name in enumerate((query, key, value)):
+        w[f"{name}.weight"] = qkv["kernel"][:, :, j].reshape(D, D).T
+        w[f"{name}.bias"] = qkv["bias"][:, j].reshape(D)
+    return w | _linear(attn["out"], out)
+
+
+def _bert_params(c: ModelConfig, w: dict) -> dict:
     def layer(i):
         p = f"bert.encoder.layer.{i}."
-        q, k, v = (_dense(w, p + f"attention.self.{n}", (D, H, 1, hd)) for n in ("query", "key", "value"))
-        out = _dense(w, p + "attention.output.dense")
+        self_attention = (f"{p}attention.self.{n}" for n in ("query", "key", "value"))
         return {
-            "attn": {
-                "qkv": {name: np.concatenate([q[name], k[name], v[name]], axis=-2) for name in ("kernel", "bias")},
-                "out": {"kernel": out["kernel"].reshape(H, 1, hd, D), "bias": out["bias"]},
-            },
+            "attn": _multi_head(c, w, *self_attention, p + "attention.output.dense"),
             "mlp": {"up": _dense(w, p + "intermediate.dense"), "down": _dense(w, p + "output.dense")},
             "norm_1": _layer_norm(w, p + "attention.output.LayerNorm"),
             "norm_2": _layer_norm(w, p + "output.LayerNorm"),
@@ -464,42 +499,28 @@ def _bert_params(c: ModelConfig, w: dict) -> dict:
 
 
 def _bert_weights(c: ModelConfig, params: dict) -> dict:
-    D = c.d_model
-
-    def linear(p: dict, name: str) -> dict:
-        return {
-            f"{name}.weight": p["kernel"].reshape(-1, p["kernel"].shape[-1]).T,
-            f"{name}.bias": p["bias"].reshape(-1),
-        }
-
-    def layer_norm(p: dict, name: str) -> dict:
-        return {f"{name}.weight": p["scale"], f"{name}.bias": p["bias"]}
-
     w = {
         "bert.embeddings.word_embeddings.weight": params["wte"]["embedding"],
         "bert.embeddings.position_embeddings.weight": params["wpe"]["embedding"],
-        "bert.embeddings.token_type_embeddings.weight": np.zeros((2, D), np.float32),  # segment 0 is in the table
+        "bert.embeddings.token_type_embeddings.weight": np.zeros((2, c.d_model), np.float32),  # 0 is in the table
         "cls.predictions.bias": params["head_bias"],
     }
-    w |= layer_norm(params["norm_embeddings"], "bert.embeddings.LayerNorm")
-    w |= linear(params["head_dense"], "cls.predictions.transform.dense")
-    w |= layer_norm(params["head_norm"], "cls.predictions.transform.LayerNorm")
+    w |= _layer_norm_weights(params["norm_embeddings"], "bert.embeddings.LayerNorm")
+    w |= _linear(params["head_dense"], "cls.predictions.transform.dense")
+    w |= _layer_norm_weights(params["head_norm"], "cls.predictions.transform.LayerNorm")
     if not c.tie_embeddings:
         w["cls.predictions.decoder.weight"] = params["lm_head"]["kernel"].T
     for i in range(c.n_layer):
         b, p = params[f"block_{i}"], f"bert.encoder.layer.{i}."
-        qkv = b["attn"]["qkv"]  # kernel (D, H, 3, hd), bias (H, 3, hd)
-        for j, name in enumerate(("query", "key", "value")):
-            w[f"{p}attention.self.{name}.weight"] = qkv["kernel"][:, :, j].reshape(D, D).T
-            w[f"{p}attention.self.{name}.bias"] = qkv["bias"][:, j].reshape(D)
-        w |= linear(b["attn"]["out"], p + "attention.output.dense")
-        w |= linear(b["mlp"]["up"], p + "intermediate.dense") | linear(b["mlp"]["down"], p + "output.dense")
-        w |= layer_norm(b["norm_1"], p + "attention.output.LayerNorm") | layer_norm(b["norm_2"], p + "output.LayerNorm")
+        self_attention = (f"{p}attention.self.{n}" for n in ("query", "key", "value"))
+        w |= _multi_head_weights(c, b["attn"], *self_attention, p + "attention.output.dense")
+        w |= _linear(b["mlp"]["up"], p + "intermediate.dense") | _linear(b["mlp"]["down"], p + "output.dense")
+        w |= _layer_norm_weights(b["norm_1"], p + "attention.output.LayerNorm")
+        w |= _layer_norm_weights(b["norm_2"], p + "output.LayerNorm")
     return w
 
 
 def _bert_hf_config(c: ModelConfig) -> dict:
-    activation = {ours: theirs for theirs, ours in BERT_ACTIVATIONS.items() if theirs != "gelu_pytorch_tanh"}
     return {
         "model_type": "bert",
         "architectures": ["BertForMaskedLM"],
@@ -508,7 +529,7 @@ def _bert_hf_config(c: ModelConfig) -> dict:
         "num_hidden_layers": c.n_layer,
         "num_attention_heads": c.n_head,
         "intermediate_size": c.mlp_hidden,
-        "hidden_act": activation[c.activation],
+        "hidden_act": HF_ACTIVATION_NAMES[c.activation],
         "max_position_embeddings": c.block_size,
         "type_vocab_size": 2,
         "layer_norm_eps": c.norm_eps,
@@ -537,6 +558,158 @@ def _bert_family(c: ModelConfig) -> str:
     return "bert"
 
 
+# ----------------------------------------------------------------------------- BART
+
+BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding reads row position + 2 of its table
+BART_EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
+
+
+def _bart_config(hf: dict) -> ModelConfig:
+    """BartForConditionalGeneration (Lewis et al. 2020): an encoder–decoder of post-norm LayerNorm
+    blocks with biases, learned positions (a table for each side), a LayerNorm over each side's
+    embeddings, one token embedding for the encoder, the decoder and the head, and a bias per
+    token on the logits (final_logits_bias). Dropout is the run's to choose, as for every family."""
+    for encoder_side, decoder_side in (("encoder_attention_heads", "decoder_attention_heads"),
+                                       ("encoder_ffn_dim", "decoder_ffn_dim")):  # fmt: skip
+        if hf[encoder_side] != hf[decoder_side]:
+            raise UserError(
+                f"config.json {encoder_side}={hf[encoder_side]} but {decoder_side}={hf[decoder_side]}: jaxgpt's "
+                "encoder and decoder blocks have the same heads and MLP width"
+            )
+    if hf.get("activation_function", "gelu") not in BERT_ACTIVATIONS:
+        raise UserError(
+            f"config.json activation_function={hf['activation_function']!r}: jaxgpt converts "
+            f"{', '.join(BERT_ACTIVATIONS)}"
+        )
+    if not hf.get("tie_word_embeddings", True):
+        raise UserError(
+            "config.json tie_word_embeddings=false: jaxgpt's encoder–decoder has one token embedding for its encoder, "
+            "decoder and head, as BART's own checkpoints do"
+        )
+    return ModelConfig(
+        vocab_size=hf["vocab_size"],
+        block_size=hf["max_position_embeddings"],
+        n_layer=hf["decoder_layers"],
+        encoder_layers=hf["encoder_layers"],
+        n_head=hf["decoder_attention_heads"],
+        d_model=hf["d_model"],
+        mlp_hidden=hf["decoder_ffn_dim"],
+        activation=BERT_ACTIVATIONS[hf.get("activation_function", "gelu")],
+        norm_position="post",
+        position="learned",
+        scale_embeddings=hf.get("scale_embedding", False),
+        embedding_norm=True,
+        logits_bias=True,
+    )
+
+
+def _bart_params(c: ModelConfig, w: dict) -> dict:
+    D, H, hd = c.d_model, c.n_head, c.head_dim
+
+    def block(side: str, i: int) -> dict:
+        p = f"model.{side}.layers.{i}."
+        b = {
+            "attn": _multi_head(c, w, *(f"{p}self_attn.{n}_proj" for n in "qkv"), p + "self_attn.out_proj"),
+            "mlp": {"up": _dense(w, p + "fc1"), "down": _dense(w, p + "fc2")},
+            "norm_1": _layer_norm(w, p + "self_attn_layer_norm"),
+            "norm_2": _layer_norm(w, p + "final_layer_norm"),
+        }
+        if side == "decoder":  # cross-attention: queries from the decoder, keys and values from the encoder
+            q, k, v = (_dense(w, f"{p}encoder_attn.{n}_proj", (D, H, 1, hd)) for n in "qkv")
+            kv = {name: np.concatenate([k[name], v[name]], axis=-2) for name in ("kernel", "bias")}
+            b["cross"] = {"q": q, "kv": kv, "out": _output(c, w, p + "encoder_attn.out_proj")}
+            b["norm_cross"] = _layer_norm(w, p + "encoder_attn_layer_norm")
+        return b
+
+    def embeddings(side: str) -> dict:
+        table = w[f"model.{side}.embed_positions.weight"][BART_POSITION_OFFSET:]
+        return {"wpe": {"embedding": table}, "norm_embeddings": _layer_norm(w, f"model.{side}.layernorm_embedding")}
+
+    encoder = {f"block_{i}": block("encoder", i) for i in range(c.encoder_layers)} | embeddings("encoder")
+    params = {f"block_{i}": block("decoder", i) for i in range(c.n_layer)} | embeddings("decoder")
+    shared = next((name for name in BART_EMBEDDINGS if name in w), BART_EMBEDDINGS[0])
+    return params | {
+        "encoder": encoder,
+        "wte": {"embedding": w[shared]},
+        "head_bias": w["final_logits_bias"].reshape(-1),
+    }
+
+
+def _bart_weights(c: ModelConfig, params: dict) -> dict:
+    def block(b: dict, p: str) -> dict:
+        w = _multi_head_weights(c, b["attn"], *(f"{p}self_attn.{n}_proj" for n in "qkv"), p + "self_attn.out_proj")
+        w |= _linear(b["mlp"]["up"], p + "fc1") | _linear(b["mlp"]["down"], p + "fc2")
+        w |= _layer_norm_weights(b["norm_1"], p + "self_attn_layer_norm")
+        w |= _layer_norm_weights(b["norm_2"], p + "final_layer_norm")
+        if "cross" in b:
+            kv, D = b["cross"]["kv"], c.d_model  # kernel (D, H, 2, hd), bias (H, 2, hd)
+            for j, n in enumerate("kv"):
+                one = {"kernel": kv["kernel"][:, :, j], "bias": kv["bias"][:, j]}
+                w |= _linear(one, f"{p}encoder_attn.{n}_proj", d_in=D)
+            w |= _linear(b["cross"]["q"], p + "encoder_attn.q_proj", d_in=D)
+            w |= _linear(b["cross"]["out"], p + "encoder_attn.out_proj")
+            w |= _layer_norm_weights(b["norm_cross"], p + "encoder_attn_layer_norm")
+        return w
+
+    unused_rows = np.zeros((BART_POSITION_OFFSET, c.d_model), np.float32)
+    bias = params["head_bias"] if c.logits_bias else np.zeros(c.vocab_size, np.float32)
+    w = {"model.shared.weight": params["wte"]["embedding"], "final_logits_bias": bias.reshape(1, -1)}
+    for side, tree, count in (("encoder", params["encoder"], c.encoder_layers), ("decoder", params, c.n_layer)):
+        w[f"model.{side}.embed_positions.weight"] = np.concatenate([unused_rows, tree["wpe"]["embedding"]])
+        w |= _layer_norm_weights(tree["norm_embeddings"], f"model.{side}.layernorm_embedding")
+        for i in range(count):
+            w |= block(tree[f"block_{i}"], f"model.{side}.layers.{i}.")
+    return w
+
+
+def _bart_hf_config(c: ModelConfig) -> dict:
+    # Not BART's default forced_eos_token_id=2, which forces token 2 last into every generation:
+    # the end of a jaxgpt model's answers is its own (save_pretrained's special_tokens).
+    return {
+        "model_type": "bart",
+        "architectures": ["BartForConditionalGeneration"],
+        "is_encoder_decoder": True,
+        "vocab_size": c.vocab_size,
+        "d_model": c.d_model,
+        "encoder_layers": c.encoder_layers,
+        "decoder_layers": c.n_layer,
+        "encoder_attention_heads": c.n_head,
+        "decoder_attention_heads": c.n_head,
+        "encoder_ffn_dim": c.mlp_hidden,
+        "decoder_ffn_dim": c.mlp_hidden,
+        "activation_function": HF_ACTIVATION_NAMES[c.activation],
+        "max_position_embeddings": c.block_size,
+        "scale_embedding": c.scale_embeddings,
+        "tie_word_embeddings": True,
+        "dropout": c.dropout,
+        "attention_dropout": 0.0,
+        "activation_dropout": 0.0,
+        "forced_eos_token_id": None,
+    }
+
+
+def _bart_family(c: ModelConfig) -> str:
+    """ "bart" for an encoder–decoder BartForConditionalGeneration can describe; else one line
+    naming what it lacks."""
+    recipe = dict(
+        position="learned", norm="layernorm", norm_position="post", bias=True, embedding_norm=True,
+        head_transform=False, tie_embeddings=True, moe=None, n_kv_head=c.n_head,
+    )  # fmt: skip
+    differences = [f"{field}={getattr(c, field)!r}" for field, want in recipe.items() if getattr(c, field) != want]
+    if c.activation not in HF_ACTIVATION_NAMES:
+        differences.append(f"activation={c.activation!r}")
+    bart_has = ("embedding_norm", "head_transform", "scale_embeddings")
+    switched = [f for f in WORKBENCH_FIELDS if f not in bart_has and getattr(c, f) != getattr(ModelConfig, f)]
+    differences += [f"{f}={getattr(c, f)!r}" for f in switched]
+    if differences:
+        raise UserError(
+            f"model.{differences[0]}: an encoder–decoder exports as BartForConditionalGeneration (learned positions, "
+            "post-norm LayerNorm blocks with biases, a norm over the embeddings, one tied embedding, multi-head "
+            "attention, dense MLPs)"
+        )
+    return "bart"
+
+
 # ----------------------------------------------------------------------------- families
 
 FAMILIES = {
@@ -546,6 +719,7 @@ FAMILIES = {
     "qwen2": (_qwen2_config, _llama_params, _llama_weights, _llama_hf_config),  # Llama with q, k, v biases
     "mixtral": (_mixtral_config, _llama_params, _llama_weights, _llama_hf_config),  # Mistral with experts
     "bert": (_bert_config, _bert_params, _bert_weights, _bert_hf_config),  # an encoder
+    "bart": (_bart_config, _bart_params, _bart_weights, _bart_hf_config),  # an encoder–decoder
 }
 ARCHITECTURES = {
     "gpt2": "GPT2LMHeadModel",
@@ -554,6 +728,7 @@ ARCHITECTURES = {
     "qwen2": "Qwen2ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "bert": "BertForMaskedLM",
+    "bart": "BartForConditionalGeneration",
 }
 
 
@@ -567,10 +742,7 @@ WORKBENCH_FIELDS = (
 def _family_of(c: ModelConfig) -> str:
     """Which Hugging Face architecture a jaxgpt config is, if any."""
     if c.encoder_layers:
-        raise UserError(
-            f"model.encoder_layers={c.encoder_layers}: jaxgpt writes no Hugging Face encoder–decoder family (BART, T5) "
-            "yet; only decoder-only models and BERT-style encoders can be exported"
-        )
+        return _bart_family(c)
     if c.objective == "masked":
         return _bert_family(c)
     if c.moe is not None:
@@ -744,7 +916,7 @@ def pretrained_config(config_json: str | Path) -> tuple[ModelConfig, str]:
     if family not in FAMILIES:
         raise UserError(
             f"{config_json}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral, qwen2, "
-            "mixtral and bert"
+            "mixtral, bert and bart"
         )
     try:
         return FAMILIES[family][0](hf), family
@@ -816,7 +988,7 @@ def _left_by_design(name: str, config: ModelConfig) -> bool:
     """Whether a weight no conversion reads is one jaxgpt leaves out on purpose (a buffer, BERT's
     heads for other tasks, a tied head's copy of the embedding), rather than one of a layer the
     config lacks."""
-    tied_copy = config.tie_embeddings and name in ("lm_head.weight", "cls.predictions.decoder.weight")
+    tied_copy = config.tie_embeddings and name in ("lm_head.weight", "cls.predictions.decoder.weight", *BART_EMBEDDINGS)
     return tied_copy or name.endswith(LEFT_BY_DESIGN) or name.startswith(LEFT_BY_DESIGN_PREFIXES)
 
 
@@ -833,8 +1005,13 @@ def _check_shapes(config: ModelConfig, params: dict, source) -> None:
             raise UserError(f"{source}: weight {name} has shape {array.shape}, but config.json implies {shape}")
 
 
-def save_pretrained(config: ModelConfig, params: dict, directory: str | Path) -> Path:
-    """Write a directory transformers loads: config.json and model.safetensors."""
+def save_pretrained(
+    config: ModelConfig, params: dict, directory: str | Path, special_tokens: dict | None = None
+) -> Path:
+    """Write a directory transformers loads: config.json and model.safetensors. `special_tokens`
+    join config.json: an encoder–decoder trained on pairs starts and ends its answers at the
+    pair separator, {"decoder_start_token_id": sep, "eos_token_id": sep}, for
+    transformers' generate to do the same."""
     from safetensors.numpy import save_file
 
     family = _family_of(config)
@@ -844,5 +1021,5 @@ def save_pretrained(config: ModelConfig, params: dict, directory: str | Path) ->
     numpy_params = jax.tree.map(lambda a: np.asarray(a, np.float32), params)
     weights = {k: np.ascontiguousarray(v) for k, v in to_weights(config, numpy_params).items()}
     save_file(weights, directory / "model.safetensors", metadata={"format": "pt"})
-    (directory / "config.json").write_text(json.dumps(to_hf_config(config), indent=2))
+    (directory / "config.json").write_text(json.dumps(to_hf_config(config) | (special_tokens or {}), indent=2))
     return directory

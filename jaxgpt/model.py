@@ -201,7 +201,7 @@ class GPT(nn.Module):
         """The LM head's parameters, as `head_weights` reads them from a params tree."""
         c = self.config
         weights = {"embedding": wte.embedding} if c.tie_embeddings else {"kernel": LMHead(c, name="lm_head")()}
-        if c.head_transform:  # BERT's bias per token
+        if c.has_logits_bias:  # BERT's and BART's bias per token
             weights["bias"] = self.param("head_bias", nn.initializers.zeros, (c.vocab_size,), jnp.dtype(c.param_dtype))
         return weights
 
@@ -284,18 +284,18 @@ class LMHead(nn.Module):
 
 def head_weights(config: ModelConfig, params: dict) -> dict:
     """The LM head's parameters in a GPT's params tree: the tied embedding or lm_head's
-    kernel, and BERT's bias per token."""
+    kernel, and BERT's or BART's bias per token."""
     if config.tie_embeddings:
         weights = {"embedding": params["wte"]["embedding"]}
     else:
         weights = {"kernel": params["lm_head"]["kernel"]}
-    return weights | ({"bias": params["head_bias"]} if config.head_transform else {})
+    return weights | ({"bias": params["head_bias"]} if config.has_logits_bias else {})
 
 
 def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jnp.ndarray:
     """(..., d_model) head input -> (..., vocab) float32 logits: the LM head (the embedding's
     transpose, or its own matrix; in the compute dtype, as nn.Embed.attend and nn.Dense
-    compute), BERT's bias per token, the soft cap. One definition for the model's forward pass
+    compute), a bias per token (BERT's, BART's), the soft cap. One definition for the model's forward pass
     and the chunked loss."""
     dtype = jnp.dtype(config.dtype)
     x = features.astype(dtype)

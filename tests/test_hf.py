@@ -21,7 +21,7 @@ from jaxgpt.config import MixtureOfExperts, ModelConfig, RopeScaling  # noqa: E4
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.hf import load_pretrained, save_pretrained  # noqa: E402
 from jaxgpt.model import GPT, init_params  # noqa: E402
-from jaxgpt.sampling import SamplingConfig, generate  # noqa: E402
+from jaxgpt.sampling import SamplingConfig, encode, generate  # noqa: E402
 
 VOCAB = 64
 
@@ -544,3 +544,167 @@ def test_fill_reads_a_bert_directory_with_its_wordpiece_tokenizer(tmp_path, caps
     assert printed.startswith(f"filled ({tmp_path}): ") and re.search(
         r"^blank 1 \(token 2\): '\S+' 0\.\d+", printed, re.M
     )
+
+
+def bart_model(seed: int = 0, **changes):
+    """A small random BartForConditionalGeneration: 2 encoder and 3 decoder post-norm layers of 4
+    heads, every weight visible: drawn with std 0.3 (final_logits_bias too), the LayerNorms'
+    scales about 1 and their biases small, so the logits vary from position to position rather
+    than follow the norms' biases (with every norm weight drawn about 0, greedy decoding repeats one
+    token whatever the source)."""
+    config = transformers.BartConfig(
+        **dict(vocab_size=VOCAB, d_model=32, encoder_layers=2, decoder_layers=3, encoder_attention_heads=4,
+               decoder_attention_heads=4, encoder_ffn_dim=64, decoder_ffn_dim=64, max_position_embeddings=32) | changes
+    )  # fmt: skip
+    model = with_visible_weights(transformers.BartForConditionalGeneration(config), seed)
+    with torch.no_grad():
+        model.final_logits_bias.normal_(0.0, 0.3)
+        for name, p in model.named_parameters():
+            if "norm" in name:
+                p.normal_(1.0, 0.3) if name.endswith("weight") else p.normal_(0.0, 0.05)
+    return model
+
+
+BART_START = 2  # BART's decoder_start_token_id: its decoder reads </s> first
+
+
+@pytest.fixture(scope="module")
+def bart_directory(tmp_path_factory):
+    directory = tmp_path_factory.mktemp("bart")
+    model = bart_model()
+    model.save_pretrained(directory)
+    return model, directory
+
+
+def bart_pair(rows: int = 2, seed: int = 0):
+    """Sources of 10 tokens and decoder inputs of 7 starting at BART_START, none of them BART's
+    pad (1) or start, which transformers treats specially."""
+    rng = np.random.default_rng(seed)
+    sources, targets = rng.integers(3, VOCAB, (rows, 10)), rng.integers(3, VOCAB, (rows, 7))
+    targets[:, 0] = BART_START
+    return sources, targets
+
+
+def bart_logits(model, sources, targets, source_mask=None) -> np.ndarray:
+    mask = None if source_mask is None else torch.tensor(source_mask)
+    with torch.no_grad():
+        return model(
+            input_ids=torch.tensor(sources), attention_mask=mask, decoder_input_ids=torch.tensor(targets)
+        ).logits.numpy()
+
+
+def test_bart_logits_equal_transformers(bart_directory):
+    """Every decoder position's logits: the encoder, cross-attention, BART's offset position
+    tables, embedding LayerNorms, post-norm blocks, exact GELU and final_logits_bias."""
+    model, directory = bart_directory
+    config, params, family = load_pretrained(str(directory))
+    assert family == "bart" and (config.encoder_layers, config.n_layer) == (2, 3) and config.logits_bias
+    sources, targets = bart_pair()
+    ours = np.asarray(
+        jax.jit(GPT(config).apply)({"params": params}, jnp.asarray(targets), sources=jnp.asarray(sources))
+    )
+    theirs = bart_logits(model, sources, targets)
+    assert np.abs(theirs).max() > 1.0 and len(np.unique(theirs.argmax(-1))) > 3  # logits that really vary
+    np.testing.assert_allclose(ours, theirs, atol=1e-4)  # two float32 implementations, logits of O(5)
+
+
+def test_bart_logits_with_padded_sources_equal_transformers(bart_directory):
+    """Sources of unequal length, padded on the right: transformers' attention mask is jaxgpt's
+    source segments (1 a source token, 0 padding), in the encoder's attention and the decoder's
+    cross-attention, and the logits agree wherever the decoder reads."""
+    model, directory = bart_directory
+    config, params, _ = load_pretrained(str(directory))
+    sources, targets = bart_pair(rows=3, seed=1)
+    lengths = np.array([10, 6, 3])
+    source_mask = (np.arange(10) < lengths[:, None]).astype(np.int32)
+    ours = jax.jit(GPT(config).apply)(
+        {"params": params},
+        jnp.asarray(targets),
+        segments=jnp.ones(targets.shape, jnp.int32),
+        sources=jnp.asarray(np.where(source_mask, sources, 1)),
+        source_segments=jnp.asarray(source_mask),
+    )
+    theirs = bart_logits(model, np.where(source_mask, sources, 1), targets, source_mask)
+    np.testing.assert_allclose(np.asarray(ours), theirs, atol=1e-4)
+    unpadded = bart_logits(model, sources[1:2, :6], targets[1:2])  # the padding changed nothing
+    np.testing.assert_allclose(theirs[1:2], unpadded, atol=1e-5)
+
+
+def test_bart_greedy_generation_equals_transformers_generate(bart_directory):
+    """jaxgpt's KV-cache decoding (the sources encoded once) against transformers' generate,
+    token for token, every row starting from BART's decoder start token."""
+    model, directory = bart_directory
+    config, params, _ = load_pretrained(str(directory))
+    sources, _ = bart_pair(rows=4, seed=2)
+    start = np.full((4, 1), BART_START)
+    ours = generate(
+        config, params, jnp.asarray(start), jax.random.key(0), max_new_tokens=12,
+        sampling=SamplingConfig(temperature=0.0), memory=encode(config, params, jnp.asarray(sources)),
+    )  # fmt: skip
+    with torch.no_grad():
+        theirs = model.generate(
+            input_ids=torch.tensor(sources), decoder_input_ids=torch.tensor(start), max_new_tokens=12,
+            min_new_tokens=12, do_sample=False, num_beams=1, forced_eos_token_id=None,
+        )  # fmt: skip
+    assert len(np.unique(np.asarray(ours))) > 3  # not one token repeated
+    np.testing.assert_array_equal(np.asarray(ours), theirs[:, 1:].numpy())
+
+
+def test_bart_parity_depends_on_the_position_offset_and_the_logits_bias(bart_directory):
+    """The same weights read from row 0 of the position tables (BART reads row position + 2),
+    or without final_logits_bias, give other logits by whole units: each part is read and used."""
+    _, directory = bart_directory
+    config, params, _ = load_pretrained(str(directory))
+    sources, targets = (jnp.asarray(a) for a in bart_pair())
+    apply = jax.jit(GPT(config).apply)
+    logits = lambda p: np.asarray(apply({"params": p}, targets, sources=sources))  # noqa: E731
+    weights = transformers.BartForConditionalGeneration.from_pretrained(directory).state_dict()
+    table = weights["model.decoder.embed_positions.weight"].numpy()[: config.block_size]
+    unshifted = params | {"wpe": {"embedding": table}}
+    without_bias = params | {"head_bias": np.zeros_like(params["head_bias"])}
+    assert np.abs(logits(params) - logits(unshifted)).max() > 0.1
+    assert np.abs(logits(params) - logits(without_bias)).max() > 0.1
+
+
+def test_an_encoder_decoder_exports_as_bart_and_loads_in_transformers_with_the_same_logits(bart_directory, tmp_path):
+    model, directory = bart_directory
+    config, params, _ = load_pretrained(str(directory))
+    save_pretrained(config, params, tmp_path, {"decoder_start_token_id": BART_START})
+    exported = transformers.AutoModelForSeq2SeqLM.from_pretrained(tmp_path).eval()
+    assert exported.generation_config.decoder_start_token_id == BART_START
+    sources, targets = bart_pair()
+    np.testing.assert_array_equal(bart_logits(exported, sources, targets), bart_logits(model, sources, targets))
+
+
+def test_a_jaxgpt_encoder_decoder_round_trips_through_bart_exactly(tmp_path):
+    config = ModelConfig(
+        vocab_size=VOCAB, block_size=32, n_layer=2, encoder_layers=1, n_head=4, d_model=32, norm_position="post",
+        activation="gelu_exact", embedding_norm=True, logits_bias=True,
+    )  # fmt: skip
+    params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(3))
+    save_pretrained(config, params, tmp_path)
+    loaded_config, loaded, family = load_pretrained(str(tmp_path))
+    assert family == "bart" and loaded_config == config
+    jax.tree.map(np.testing.assert_array_equal, loaded, jax.device_get(params))
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"tie_word_embeddings": False}, "tie_word_embeddings=false"),
+        ({"decoder_ffn_dim": 48}, "encoder_ffn_dim=64 but decoder_ffn_dim=48"),
+        ({"activation_function": "silu"}, "activation_function='silu'"),
+    ],
+)
+def test_an_unsupported_bart_variant_is_refused_naming_the_field(bart_directory, edit, message, tmp_path):
+    _, directory = bart_directory
+    (tmp_path / "config.json").write_text(json.dumps(json.loads((directory / "config.json").read_text()) | edit))
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_pretrained(str(tmp_path))
+
+
+def test_an_encoder_decoder_bart_cannot_describe_is_refused_naming_the_setting(tmp_path):
+    config = ModelConfig(vocab_size=VOCAB, block_size=32, n_layer=1, encoder_layers=1, n_head=4, d_model=32)
+    with pytest.raises(UserError, match=r"model.norm_position='pre': an encoder–decoder exports as Bart"):
+        save_pretrained(config, {}, tmp_path)  # refused before its weights are read
+    assert not (tmp_path / "model.safetensors").exists()

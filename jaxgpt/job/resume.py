@@ -46,6 +46,8 @@ ARCHITECTURE_FIELDS = (
     "scale_embeddings",
     "embedding_norm",
     "head_transform",
+    "logits_bias",
+    "encoder_layers",
     "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
 )
 
