@@ -177,8 +177,10 @@ class GPT(nn.Module):
         if not head:
             return features(x)
 
+        weights = self._head_weights(wte)  # once: a parameter may be created only once
+
         def readout(x):
-            return head_logits(c, self._head_weights(wte), features(x))
+            return head_logits(c, weights, features(x))
 
         if residuals:  # capturing (jaxgpt.capture): the logit lens, the readout after every layer
             self.sow("intermediates", "residual", jnp.stack(residuals))

@@ -708,3 +708,25 @@ def test_an_encoder_decoder_bart_cannot_describe_is_refused_naming_the_setting(t
     with pytest.raises(UserError, match=r"model.norm_position='pre': an encoder–decoder exports as Bart"):
         save_pretrained(config, {}, tmp_path)  # refused before its weights are read
     assert not (tmp_path / "model.safetensors").exists()
+
+
+def test_the_logit_lens_of_a_head_with_a_bias_per_token_reads_out_every_layer(bert_directory):
+    """BERT's head (its bias per token a parameter of its own) read after every block: the last
+    readout is the model's logits (the head's parameters are made once however often it reads)."""
+    from jaxgpt.capture import capture
+
+    _, directory = bert_directory
+    config, params, _ = load_pretrained(str(directory))
+    captured = capture(config, params, tokens())
+    assert captured.logit_lens.shape[0] == config.n_layer + 1
+    np.testing.assert_allclose(captured.logit_lens[-1], captured.logits, atol=1e-5)
+
+
+def test_the_commands_refuse_a_pretrained_encoder_decoder_in_one_line(bart_directory):
+    """sample.py, attention-maps and fill given a BART folder by --init_from: one line naming
+    where its answers can be had, before a tokenizer is looked for (this folder has none)."""
+    from jaxgpt.commands.inspected import load
+
+    _, directory = bart_directory
+    with pytest.raises(UserError, match=r"is an encoder–decoder \(BART\): .* jaxgpt.hf.load_pretrained"):
+        load(None, str(directory))

@@ -288,6 +288,18 @@ def refuse_an_encoder_decoder(model, where, what_it_lacks: str) -> None:
         )
 
 
+def refuse_a_pretrained_encoder_decoder(model, source: str) -> None:
+    """One line where a command is given a Hugging Face encoder–decoder (BART) by --init_from:
+    the commands answer sources with a run trained on pairs here, whose tokenizer says where a
+    source ends and its answer starts."""
+    if model.encoder_layers:
+        raise UserError(
+            f"{source} is an encoder–decoder (BART): the commands answer sources with a model trained on pairs by "
+            "train.py (--workdir); load this one in Python with jaxgpt.hf.load_pretrained and decode with "
+            "jaxgpt.sampling.encode and generate"
+        )
+
+
 def run(main: Callable[[], None], interrupted: str = "interrupted", starts_jax: bool = True) -> None:
     """Run main(), reporting a UserError as one line and exit status 2; Ctrl-C at any moment
     prints `interrupted` and exits 130 (jaxgpt.commands.interrupt says how, and why not as a

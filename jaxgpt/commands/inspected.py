@@ -49,6 +49,7 @@ def load(workdir: Path | None, init_from: str | None = None, step: int | None = 
                 "--step and --init choose a checkpoint of a --workdir run; --init_from weights have neither"
             )
         config, params, family = load_pretrained(init_from)
+        cli.refuse_a_pretrained_encoder_decoder(config, init_from)
         return config, params, pretrained_tokenizer(init_from, family), init_from
     if init:
         import jax

@@ -129,6 +129,7 @@ def _load(f: flags.FlagValues):
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
     model_config, params, family = load_pretrained(f.init_from)
+    cli.refuse_a_pretrained_encoder_decoder(model_config, f.init_from)
     params = jax.device_put(params, shardings_like(params, mesh))
     return model_config, params, pretrained_tokenizer(f.init_from, family), False
 
