@@ -211,9 +211,11 @@ def test_the_commands_that_read_a_decoder_alone_refuse_an_encoder_decoder_in_one
         resolve(config)
 
 
-@pytest.mark.slow  # configs/seq2seq_reverse.py as shipped, 600 steps: about 25 s on a Zen 4
+@pytest.mark.slow  # configs/seq2seq_reverse.py, 400 of its 600 steps: about 17 s alone on a Zen 4
 def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit(tmp_path):
-    """The shipped config: more than 95% of held-out answers exactly right (chance is about
+    """The shipped config trained for 400 steps instead of 600, its learning rate decaying over
+    those (as shipped it is 98.8% exact at step 400 already, docs/lab.md): more than 95% of
+    held-out answers exactly right (chance is about
     10^-8), and in the last decoder layer, averaged over its heads, output position i
     (predicting answer digit i) attends to source digit L - 1 - i, the one it copies, with
     weight above 0.5 on 31415926."""
@@ -221,10 +223,11 @@ def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit(tmp_pa
     from jaxgpt.job.checkpoint import load_latest
 
     env = {"PYTHONPATH": str(ROOT)}
-    argv = [sys.executable, "train.py", "--config", "configs/seq2seq_reverse.py", f"--workdir={tmp_path}", "--quiet"]
+    config = ["--config", "configs/seq2seq_reverse.py", "--config.train.steps=400"]
+    argv = [sys.executable, "train.py", *config, f"--workdir={tmp_path}", "--quiet"]
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, env=env | dict(__import__("os").environ))
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
-    assert last["val_exact_match"] > 0.95
+    assert last["step"] == 400 and last["val_exact_match"] > 0.95
     run, params, tokenizer, _ = load_latest(tmp_path)
     source = np.asarray(tokenizer.encode("31415926\n"))
     decoder_input = np.asarray(tokenizer.encode("\n62951413"))
