@@ -97,7 +97,7 @@ def torch_steps(model, batches, decay_embeddings: bool):
 
 def jax_steps(directory, batches, decay_embeddings: bool):
     config, params, family = load_pretrained(directory)
-    to_weights = FAMILIES[family][2]  # jaxgpt layout -> Hugging Face names (a linear relabelling)
+    to_weights = FAMILIES[family].weights  # jaxgpt layout -> Hugging Face names (a linear relabelling)
     model = GPT(config)
     optimizer = make_optimizer(TrainConfig(**TRAIN, decay_embeddings=decay_embeddings, microbatches=MICROBATCHES))
     params = jax.tree.map(jnp.asarray, params)
