@@ -8,7 +8,7 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.hf.family import Family, switched_on
+from jaxgpt.hf.family import Family, read_sizes, switched_on, written_sizes
 from jaxgpt.hf.layers import (
     ACTIVATION_NAMES,
     ACTIVATIONS,
@@ -22,6 +22,15 @@ from jaxgpt.hf.layers import (
 )
 
 BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding reads row position + 2 of its table
+SIZES = {
+    "vocab_size": "vocab_size",
+    "block_size": "max_position_embeddings",
+    "n_layer": "decoder_layers",
+    "encoder_layers": "encoder_layers",
+    "n_head": "decoder_attention_heads",
+    "d_model": "d_model",
+    "mlp_hidden": "decoder_ffn_dim",
+}  # fmt: skip (the encoder's heads and width are the decoder's: read_config checks they match)
 BART_HAS = ("embedding_norm", "head_transform", "scale_embeddings")  # of the workbench's switches
 BART_EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 
@@ -48,13 +57,7 @@ def read_config(hf: dict) -> ModelConfig:
             "decoder and head, as BART's own checkpoints do"
         )
     return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        block_size=hf["max_position_embeddings"],
-        n_layer=hf["decoder_layers"],
-        encoder_layers=hf["encoder_layers"],
-        n_head=hf["decoder_attention_heads"],
-        d_model=hf["d_model"],
-        mlp_hidden=hf["decoder_ffn_dim"],
+        **read_sizes(hf, SIZES),
         activation=ACTIVATIONS[hf.get("activation_function", "gelu")],
         norm_position="post",
         position="learned",
@@ -126,18 +129,11 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
 def to_hf_config(c: ModelConfig) -> dict:
     # Not BART's default forced_eos_token_id=2, which forces token 2 last into every generation:
     # the end of a jaxgpt model's answers is its own (save_pretrained's special_tokens).
-    return {
+    return written_sizes(c, SIZES) | {
         "is_encoder_decoder": True,
-        "vocab_size": c.vocab_size,
-        "d_model": c.d_model,
-        "encoder_layers": c.encoder_layers,
-        "decoder_layers": c.n_layer,
         "encoder_attention_heads": c.n_head,
-        "decoder_attention_heads": c.n_head,
         "encoder_ffn_dim": c.mlp_hidden,
-        "decoder_ffn_dim": c.mlp_hidden,
         "activation_function": ACTIVATION_NAMES[c.activation],
-        "max_position_embeddings": c.block_size,
         "scale_embedding": c.scale_embeddings,
         "tie_word_embeddings": True,
         "dropout": c.dropout,

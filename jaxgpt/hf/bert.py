@@ -7,7 +7,7 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.hf.family import Family
+from jaxgpt.hf.family import Family, read_sizes, written_sizes
 from jaxgpt.hf.layers import (
     ACTIVATION_NAMES,
     ACTIVATIONS,
@@ -18,6 +18,11 @@ from jaxgpt.hf.layers import (
     multi_head,
     multi_head_weights,
 )
+
+SIZES = {
+    "vocab_size": "vocab_size", "block_size": "max_position_embeddings", "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads", "d_model": "hidden_size", "mlp_hidden": "intermediate_size",
+}  # fmt: skip
 
 
 def read_config(hf: dict) -> ModelConfig:
@@ -33,12 +38,7 @@ def read_config(hf: dict) -> ModelConfig:
             "'absolute' (learned) positions only"
         )
     return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        block_size=hf["max_position_embeddings"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=hf["num_attention_heads"],
-        d_model=hf["hidden_size"],
-        mlp_hidden=hf["intermediate_size"],
+        **read_sizes(hf, SIZES),
         activation=ACTIVATIONS[hf.get("hidden_act", "gelu")],
         norm_position="post",
         norm_eps=hf.get("layer_norm_eps", 1e-12),
@@ -100,14 +100,8 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
 
 
 def to_hf_config(c: ModelConfig) -> dict:
-    return {
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model,
-        "num_hidden_layers": c.n_layer,
-        "num_attention_heads": c.n_head,
-        "intermediate_size": c.mlp_hidden,
+    return written_sizes(c, SIZES) | {
         "hidden_act": ACTIVATION_NAMES[c.activation],
-        "max_position_embeddings": c.block_size,
         "type_vocab_size": 2,
         "layer_norm_eps": c.norm_eps,
         "position_embedding_type": "absolute",

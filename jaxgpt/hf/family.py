@@ -28,3 +28,14 @@ def switched_on(c: ModelConfig, besides: tuple[str, ...] = ()) -> list[str]:
     """The workbench fields `c` sets away from their defaults, other than `besides` (those a
     family has)."""
     return [f for f in WORKBENCH_FIELDS if f not in besides and getattr(c, f) != getattr(ModelConfig, f)]
+
+
+def read_sizes(hf: dict, names: dict[str, str]) -> dict:
+    """A config.json's sizes as ModelConfig fields: `names` maps each field to the family's own
+    name for it (GPT-2's n_embd, BERT's hidden_size, BART's d_model)."""
+    return {ours: hf[theirs] for ours, theirs in names.items()}
+
+
+def written_sizes(c: ModelConfig, names: dict[str, str]) -> dict:
+    """The inverse of `read_sizes`: the model's sizes under the family's names."""
+    return {theirs: getattr(c, ours) for ours, theirs in names.items()}

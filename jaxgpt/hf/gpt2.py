@@ -5,18 +5,22 @@ from __future__ import annotations
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.hf.family import Family
+from jaxgpt.hf.family import Family, read_sizes, written_sizes
+
+SIZES = {
+    "vocab_size": "vocab_size",
+    "block_size": "n_positions",
+    "n_layer": "n_layer",
+    "n_head": "n_head",
+    "d_model": "n_embd",
+}
 
 
 def read_config(hf: dict) -> ModelConfig:
     if hf.get("activation_function", "gelu_new") not in ("gelu_new", "gelu_pytorch_tanh"):
         raise UserError(f"GPT-2 activation {hf['activation_function']!r} is not supported (jaxgpt's GELU is tanh)")
     return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        block_size=hf["n_positions"],
-        n_layer=hf["n_layer"],
-        n_head=hf["n_head"],
-        d_model=hf["n_embd"],
+        **read_sizes(hf, SIZES),
         mlp_hidden=hf.get("n_inner") or 4 * hf["n_embd"],
         norm_eps=hf.get("layer_norm_epsilon", 1e-5),
         position="learned",
@@ -76,12 +80,7 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
 
 
 def to_hf_config(c: ModelConfig) -> dict:
-    return {
-        "vocab_size": c.vocab_size,
-        "n_positions": c.block_size,
-        "n_embd": c.d_model,
-        "n_layer": c.n_layer,
-        "n_head": c.n_head,
+    return written_sizes(c, SIZES) | {
         "n_inner": c.mlp_hidden,
         "activation_function": "gelu_new",
         "layer_norm_epsilon": c.norm_eps,

@@ -12,7 +12,12 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig, RopeScaling
 from jaxgpt.errors import UserError
-from jaxgpt.hf.family import Family
+from jaxgpt.hf.family import Family, read_sizes, written_sizes
+
+SIZES = {
+    "vocab_size": "vocab_size", "block_size": "max_position_embeddings", "n_layer": "num_hidden_layers",
+    "n_head": "num_attention_heads", "d_model": "hidden_size",
+}  # fmt: skip
 
 
 def read_rope(hf: dict) -> tuple[float, RopeScaling | None]:
@@ -76,12 +81,8 @@ def read_config(hf: dict) -> ModelConfig:
         )
     rope_theta, rope_scaling = read_rope(hf)
     return ModelConfig(
-        vocab_size=hf["vocab_size"],
-        block_size=hf["max_position_embeddings"],
-        n_layer=hf["num_hidden_layers"],
-        n_head=hf["num_attention_heads"],
+        **read_sizes(hf, SIZES),
         n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-        d_model=hf["hidden_size"],
         mlp_hidden=hf["intermediate_size"],
         activation="swiglu",
         norm="rmsnorm",
@@ -183,15 +184,10 @@ def dense_mlp_weights(c: ModelConfig, b: dict, p: str) -> dict:
 def to_hf_config(c: ModelConfig, family: str = "llama") -> dict:
     """config.json of the Llama-family model `c` is, as `family`: llama, mistral (a sliding
     window), qwen2 (query, key and value biases) or mixtral (experts: jaxgpt/hf/mixtral.py)."""
-    config = {
-        "vocab_size": c.vocab_size,
-        "hidden_size": c.d_model,
+    config = written_sizes(c, SIZES) | {
         "intermediate_size": c.expert_hidden,  # the MLP's width, or each expert's
-        "num_hidden_layers": c.n_layer,
-        "num_attention_heads": c.n_head,
         "num_key_value_heads": c.n_kv_head,
         "head_dim": c.head_dim,
-        "max_position_embeddings": c.block_size,
         "hidden_act": "silu",
         "rms_norm_eps": c.norm_eps,
         "rope_theta": c.rope_theta,
