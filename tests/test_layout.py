@@ -1,5 +1,6 @@
 """The package's folders are its architecture: imports run one way, commands -> job -> data ->
-hardware (and hf, Hugging Face interop, beside it) -> core, nothing in the core imports a folder, and no modules import each other in a circle.
+hardware (and hf, Hugging Face interop, beside it) -> core, nothing in the core imports a folder,
+and no modules import each other in a circle.
 Read from the source (ast), so an import inside a function counts as much as one at the top,
 a folder's __init__.py as much as its modules, and a module named to importlib as an import."""
 
@@ -10,7 +11,8 @@ import pytest
 from conftest import ROOT
 
 PACKAGE = ROOT / "jaxgpt"
-LAYERS = {"core": 0, "hf": 1, "hardware": 1, "data": 2, "job": 3, "commands": 4}  # a module may import its own layer and below
+# A module may import its own layer and below.
+LAYERS = {"core": 0, "hf": 1, "hardware": 1, "data": 2, "job": 3, "commands": 4}
 
 
 def layer_of(module: str) -> str:
