@@ -75,6 +75,11 @@ def test_what_may_differ_when_extending():
     assert architecture_mismatches(base.replace(d_model=64, n_head=4), base)[0] == (
         "model.n_head=4 but the weights have 2"
     )
+    # an encoder–decoder's weights (an encoder, cross-attention) or a bias per token do not fit a decoder alone
+    assert architecture_mismatches(base, base.replace(encoder_layers=2, logits_bias=True)) == [
+        "model.logits_bias=False but the weights have True",
+        "model.encoder_layers=0 but the weights have 2",
+    ]
 
 
 def test_a_learned_position_run_cannot_be_extended(trained_small_run, tmp_path):
