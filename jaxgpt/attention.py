@@ -42,8 +42,9 @@ def causal_score_bias(
     the same tokens). Key j is position j, or, in a KV cache, the position its slot holds
     (`kv_cache.slot_positions`). A key is visible to a query when it was written and its position
     is not after the query's, and, with a sliding window, when it is one of the `window`
-    positions ending there. causal=False (an ablation) shows every written key to every
-    query: in training, the future.
+    positions ending there. causal=False shows every written key to every query: an
+    encoder's attention, which reads both sides (or, in a decoder, the ablation that lets
+    training see the future).
 
     segments (b, t), for queries and keys that are the same tokens: a key is visible only to
     queries of its own segment (packed sequences, padding; jaxgpt/batch.py). A segment's tokens
@@ -181,7 +182,9 @@ def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, j
 
 
 class CausalSelfAttention(nn.Module):
-    """Multi-head (or grouped-/multi-query) causal self-attention with an optional KV cache.
+    """Multi-head (or grouped-/multi-query) self-attention with an optional KV cache: causal
+    in a decoder, over both sides in an encoder (config.causal=False; the name keeps the case
+    the teaching texts start from).
 
     `cache_index` is the one sign of decoding. None: the t tokens attend to each other
     (training, scoring). An int32 scalar: the layer writes this call's t tokens' keys and

@@ -1,4 +1,6 @@
-"""The decoder: token embedding -> n_layer blocks -> final norm -> LM head.
+"""The model: token embedding -> n_layer blocks -> final norm -> LM head. A decoder (GPT- or
+Llama-style; config.causal), an encoder trained on blanks (config.objective="masked"), or an
+encoder–decoder (config.encoder_layers: an `Encoder` in front, cross-attention in each block).
 
 `GPT(config).apply({"params": params}, tokens)` gives float32 logits (batch, seq, vocab).
 For generation, `init_cache` makes an empty KV cache and `decode=True` reads and extends it:
@@ -126,7 +128,9 @@ def _scan_step(block: Block, x, positions, cache_index, segments, memory, memory
 
 
 class GPT(nn.Module):
-    """Decoder-only transformer over `config`."""
+    """The transformer `config` describes: a decoder, an encoder (causal=False, masked
+    objective) or, with encoder_layers, an encoder–decoder; `GPT` after the model the
+    teaching texts build first."""
 
     config: ModelConfig
 
