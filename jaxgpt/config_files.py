@@ -126,7 +126,7 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
         notes.append(
             "model.causal=false: training sees the token each position predicts, so val_loss is not a language "
             "model's loss; every evaluation also scores the weights from the past alone (val_loss_past_only, as "
-            "generation uses them), and jaxgpt.compare ranks the run by that"
+            "generation uses them), and jaxgpt compare ranks the run by that"
         )
     run = RunConfig(model, data, train, mesh)
     return with_tokenizer_vocab(run, vocab_size) if vocab_size else run

@@ -272,7 +272,7 @@ requires_libtpu = pytest.mark.skipif(
 
 # The tests share one compilation cache (pytest_configure above), in which a TPU program written by one test
 # cannot be loaded back on compile-only devices by the next: JAX says so and compiles again.
-# `jaxgpt.check --target` keeps no cache, so users never see this.
+# `jaxgpt check --target` keeps no cache, so users never see this.
 _cache_cannot_load_tpu_programs = pytest.mark.filterwarnings(
     "ignore:Error reading persistent compilation cache entry:UserWarning"
 )

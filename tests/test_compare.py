@@ -40,7 +40,7 @@ NAMES = [
 @pytest.fixture(scope="module")
 def compared(tmp_path_factory):
     out = tmp_path_factory.mktemp("compare")
-    result = run_script("jaxgpt.compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)
+    result = run_script("jaxgpt", "compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     return out, result
 
@@ -67,7 +67,7 @@ def test_rerunning_skips_finished_runs_and_gives_the_same_table(compared):
     # bit for bit) would still change them, so equal files mean nothing was trained again.
     out, _ = compared
     before = (out / "results.json").read_text()
-    again = run_script("jaxgpt.compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)
+    again = run_script("jaxgpt", "compare", *TINY, *VARY, f"--out={out}", devices=1, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
     assert (out / "results.json").read_text() == before
 
@@ -124,7 +124,7 @@ def test_a_run_without_the_causal_mask_is_judged_by_its_past_only_score():
     ],
 )
 def test_a_bad_vary_is_one_line_before_any_run(tmp_path, vary, message):
-    result = run_script("jaxgpt.compare", *TINY, "--vary", vary, f"--out={tmp_path / 'out'}")
+    result = run_script("jaxgpt", "compare", *TINY, "--vary", vary, f"--out={tmp_path / 'out'}")
     assert result.returncode == 2 and message in result.stderr.strip().splitlines()[-1], result.stderr[-2000:]
     assert not (tmp_path / "out").exists()
 
@@ -160,7 +160,7 @@ def test_encoders_are_compared_by_their_masked_loss_without_bits_per_byte(tmp_pa
     masked-token loss of its metrics.jsonl, no bits per byte, and the table says why."""
     encoder = ["--config.model.causal=false", "--config.model.objective=masked", "--steps=5"]
     args = [a for a in TINY if a != "--steps=10"] + encoder + ["--vary", "model.mask_rate=0.15,0.3"]
-    result = run_script("jaxgpt.compare", *args, f"--out={tmp_path}", devices=1, timeout=600)
+    result = run_script("jaxgpt", "compare", *args, f"--out={tmp_path}", devices=1, timeout=600)
     assert result.returncode == 0, result.stderr[-3000:]
     table = (tmp_path / "results.md").read_text()
     for rate in ("0.15", "0.3"):

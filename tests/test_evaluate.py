@@ -1,4 +1,4 @@
-"""python -m jaxgpt.evaluate: the loss at each position of windows of each length."""
+"""python -m jaxgpt evaluate: the loss at each position of windows of each length."""
 
 import jax
 import numpy as np

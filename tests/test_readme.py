@@ -54,7 +54,7 @@ COMMANDS = {  # how each entry point is started without installing the package
 
 def command_name(args: list[str]) -> str:
     """train, sample, check, ... whichever spelling the guide starts it with: python train.py,
-    jaxgpt train, python -m jaxgpt train, or python -m jaxgpt.check as commands were once started."""
+    jaxgpt train or python -m jaxgpt train."""
     if args[:1] == ["python"] and args[1] in ("train.py", "sample.py"):
         return args[1].removesuffix(".py")
     if args[0] == "jaxgpt":
@@ -122,8 +122,8 @@ def smaller_model(args: list[str]) -> list[str]:
 
 
 def spelled(command: str) -> tuple[str, ...]:
-    """A command as (its name, its arguments), whichever way it is started: `jaxgpt check ...`,
-    `python -m jaxgpt check ...` and `python -m jaxgpt.check ...` run the same program."""
+    """A command as (its name, its arguments), whichever way it is started: `jaxgpt check ...`
+    and `python -m jaxgpt check ...` run the same program."""
     args = shlex.split(command)
     name = command_name(args)
     skip = 2 if args[0] == "jaxgpt" or args[1].endswith(".py") else 4 if args[2] == "jaxgpt" else 3

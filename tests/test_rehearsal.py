@@ -51,7 +51,7 @@ def test_the_recipe_from_parquet_shards_to_a_multiple_choice_score(tmp_path, gpt
     env = os.environ | {"PYTHONPATH": str(ROOT), data.WORKERS_ENV: "2"}  # workers, even on 2 cores
 
     # Prepare, killed (with its tokenizing workers) once two shards are whole, then again to the end.
-    command = [sys.executable, "-m", "jaxgpt.prepare", *recipe]
+    command = [sys.executable, "-m", "jaxgpt", "prepare", *recipe]
     killed = subprocess.Popen(command, cwd=ROOT, env=env, start_new_session=True, stderr=subprocess.DEVNULL)
     (staging,) = _wait_for(lambda: list((cache / "data").glob(".preparing-*")), killed)
     _wait_for(lambda: (staging / "record-00001.json").exists(), killed)
@@ -83,7 +83,7 @@ def test_the_recipe_from_parquet_shards_to_a_multiple_choice_score(tmp_path, gpt
     assert [r["step"] for r in scored] == [3, 6]
     assert all(0 <= r["multiple_choice_accuracy_norm"] <= 1 for r in scored)
     assert np.isfinite([r["val_loss"] for r in records if "val_loss" in r]).all()
-    score = run_script("jaxgpt.hellaswag", "--workdir", str(workdir), "--questions", str(QUESTIONS))
+    score = run_script("jaxgpt", "hellaswag", "--workdir", str(workdir), "--questions", str(QUESTIONS))
     assert score.returncode == 0, score.stderr
     assert "3 questions" in score.stdout and f"{scored[-1]['multiple_choice_accuracy_norm']:.4f}" in score.stdout
 

@@ -209,7 +209,7 @@ def test_unknown_target_and_missing_libtpu_are_one_line(monkeypatch):
 
 @needs_libtpu
 def test_check_target_prints_memory_and_fits():
-    result = run_script("jaxgpt.check", "--config", "configs/tiny.py", "--target", "tpu-v6e-1")
+    result = run_script("jaxgpt", "check", "--config", "configs/tiny.py", "--target", "tpu-v6e-1")
     assert result.returncode == 0, result.stderr
     assert "fits tpu-v6e-1" in result.stdout
     assert "per device: parameters 3.1 MiB + optimizer 6.3 MiB" in result.stdout  # 823k float32 (+ 2 moments)
@@ -220,7 +220,7 @@ def test_check_target_names_the_smallest_change_that_fits():
     """GPT-2 small without rematerialisation needs 15.76 GB of temporaries per v5e chip, which
     has 15.75 GB: the compiler refuses it, and keeping the matmul outputs (remat=dots) fits."""
     result = run_script(
-        "jaxgpt.check", "--config", "configs/gpt2_124m.py", "--config.model.remat=none", "--target", "tpu-v5e-8"
+        "jaxgpt", "check", "--config", "configs/gpt2_124m.py", "--config.model.remat=none", "--target", "tpu-v5e-8"
     )
     assert result.returncode == 1
     assert result.stderr.strip().splitlines()[-1].endswith("the smallest change that fits: --config.model.remat=dots")

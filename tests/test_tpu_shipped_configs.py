@@ -1,7 +1,7 @@
 """Every shipped config compiled ahead of time for a TPU slice (libtpu's compile-only devices),
 each on one generation (GENERATIONS), so that each generation compiles several kinds of model.
 GPT-2 124M, the config people rent TPUs for, is compiled for a v5e-8, the tighter memory, by the
-`jaxgpt.check` command of docs/devices.md that tests/test_readme.py runs and reads "fits" from
+`jaxgpt check` command of docs/devices.md that tests/test_readme.py runs and reads "fits" from
 (the same program: compiling it here too only repeated it, 76 s of slow-set time). The other TPU
 paths (flash kernels, remat policies) are tests/test_tpu.py's. Apart from that file so that the
 slow set's two workers share the TPU compiles: pytest-xdist hands out whole files (--dist

@@ -66,11 +66,11 @@ def test_tensorboard_events_carry_what_metrics_jsonl_logs(trained):
 
 def test_plot_draws_several_runs_at_the_documented_size(trained, tmp_path):
     out = tmp_path / "loss.png"
-    result = run_script("jaxgpt.plot", *map(str, trained), "--out", str(out))
+    result = run_script("jaxgpt", "plot", *map(str, trained), "--out", str(out))
     assert result.returncode == 0, result.stderr
     assert png_size(out) == (1100, 400) and out.stat().st_size > 10_000
     speed = tmp_path / "speed.png"
-    result = run_script("jaxgpt.plot", str(trained[0]), "--metric", "tokens_per_sec", "--out", str(speed))
+    result = run_script("jaxgpt", "plot", str(trained[0]), "--metric", "tokens_per_sec", "--out", str(speed))
     assert result.returncode == 0 and png_size(speed) == (1100, 400), result.stderr
 
 
@@ -88,7 +88,7 @@ def test_a_run_evaluated_once_shows_its_validation_point(tmp_path):
 
 
 def test_plot_rejects_a_metric_the_run_never_logged(trained, tmp_path):
-    result = run_script("jaxgpt.plot", str(trained[0]), "--metric", "perplexity", "--out", str(tmp_path / "x.png"))
+    result = run_script("jaxgpt", "plot", str(trained[0]), "--metric", "perplexity", "--out", str(tmp_path / "x.png"))
     assert result.returncode == 2 and result.stderr.strip().startswith("error: no 'perplexity' values")
     assert not (tmp_path / "x.png").exists()
 
@@ -160,7 +160,8 @@ def test_maps_of_a_kept_step_and_of_the_scores(trained, tmp_path, capsys):
 def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
     out = tmp_path / "maps.png"
     result = run_script(
-        "jaxgpt.attention_maps",
+        "jaxgpt",
+        "attention-maps",
         "--workdir",
         str(trained[1]),
         "--prompt",
@@ -173,7 +174,7 @@ def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
     )
     assert result.returncode == 0, result.stderr
     assert png_size(out) == (4 * 200, 200)  # 4 heads of 2 x 2 inches at 100 dpi
-    bad = run_script("jaxgpt.attention_maps", "--workdir", str(trained[1]), "--prompt", "x", "--layer", "3")
+    bad = run_script("jaxgpt", "attention-maps", "--workdir", str(trained[1]), "--prompt", "x", "--layer", "3")
     assert bad.returncode == 2 and "--layer 3 is out of range" in bad.stderr
 
 
@@ -182,7 +183,7 @@ CHECK_FAST = ["--config", "configs/tiny.py", "--config.model.n_layer=2", "--over
 
 @pytest.mark.slow
 def test_check_passes_a_healthy_config():
-    result = run_script("jaxgpt.check", *CHECK_FAST, devices=2)
+    result = run_script("jaxgpt", "check", *CHECK_FAST, devices=2)
     assert result.returncode == 0, result.stdout + result.stderr
     rows = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines() if line[:4] in ("PASS", "INFO")}
     assert rows == {
@@ -197,7 +198,7 @@ def test_check_passes_a_healthy_config():
 
 
 def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
-    """The checks behind `jaxgpt.check`, called in-process (the command's own output and exit
+    """The checks behind `jaxgpt check`, called in-process (the command's own output and exit
     status: the two slow tests beside this one)."""
     from jaxgpt.commands.preflight import run_checks
 
@@ -236,7 +237,7 @@ def test_check_sizes_a_model_too_large_for_this_machine_before_refusing_it():
     corpus's 103 characters), 128 learned positions and the final norm."""
     d = 4096
     params = 32 * (12 * d * d + 13 * d) + (103 + 128 + 2) * d
-    result = run_script("jaxgpt.check", "--config", "configs/tiny.py", "--config.model.n_layer=32",
+    result = run_script("jaxgpt", "check", "--config", "configs/tiny.py", "--config.model.n_layer=32",
                         f"--config.model.d_model={d}", "--config.model.n_head=32", devices=2)  # fmt: skip
     refusal = result.stderr.strip().splitlines()[-1]  # after the fake devices' own warning
     assert result.returncode == 2 and refusal.startswith("error: train.batch_size=12"), result.stderr
@@ -246,7 +247,7 @@ def test_check_sizes_a_model_too_large_for_this_machine_before_refusing_it():
 
 @pytest.mark.slow
 def test_check_fails_a_too_large_init_and_names_the_row():
-    result = run_script("jaxgpt.check", *CHECK_FAST, "--config.model.init_std=1.0", devices=2)
+    result = run_script("jaxgpt", "check", *CHECK_FAST, "--config.model.init_std=1.0", devices=2)
     assert result.returncode == 1
     failing = [line for line in result.stdout.splitlines() if line.startswith("FAIL")]
     assert any("initial loss" in line for line in failing), result.stdout

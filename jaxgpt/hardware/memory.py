@@ -8,7 +8,7 @@ on the host the batch in use and the one prepared ahead, and the validation wind
 Anything the estimate leaves out only adds, so a run it refuses cannot fit; one it passes may
 still not (`python -m jaxgpt check` prints the compiled program's own figure).
 
-Both `train.py` and `jaxgpt.check` call `check_fits` before preparing a batch or a state, so an
+Both `train.py` and `jaxgpt check` call `check_fits` before preparing a batch or a state, so an
 absurd `--config.train.batch_size=1000000000` is one line, not a numpy MemoryError later.
 """
 

@@ -1,5 +1,5 @@
 """Which compiled training step a run uses on the devices it has, and with how many
-microbatches: chosen in one place. The trainer, `jaxgpt.check`'s pre-flight checks, the
+microbatches: chosen in one place. The trainer, `jaxgpt check`'s pre-flight checks, the
 benchmarks and the TPU compile (`check --target`, jaxgpt/hardware/tpu.py) all call
 `choose_step`, so what they compile, measure and time is the program training runs. Both steps
 apply `train_step.gradients` then `train_step.apply_gradients`, and have one interface (`Step`):
