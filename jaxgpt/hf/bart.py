@@ -8,18 +8,8 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
+from jaxgpt.hf import layers
 from jaxgpt.hf.family import Family, read_sizes, switched_on, written_sizes
-from jaxgpt.hf.layers import (
-    ACTIVATION_NAMES,
-    ACTIVATIONS,
-    dense,
-    layer_norm,
-    layer_norm_weights,
-    linear,
-    multi_head,
-    multi_head_weights,
-    output,
-)
 
 BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding reads row position + 2 of its table
 SIZES = {
@@ -30,7 +20,7 @@ SIZES = {
     "n_head": "decoder_attention_heads",
     "d_model": "d_model",
     "mlp_hidden": "decoder_ffn_dim",
-}  # fmt: skip (the encoder's heads and width are the decoder's: read_config checks they match)
+}  # the encoder's heads and MLP width are the decoder's: read_config checks they match
 BART_HAS = ("embedding_norm", "head_transform", "scale_embeddings")  # of the workbench's switches
 BART_EMBEDDINGS = ("model.shared.weight", "model.encoder.embed_tokens.weight", "model.decoder.embed_tokens.weight")
 
@@ -47,9 +37,10 @@ def read_config(hf: dict) -> ModelConfig:
                 f"config.json {encoder_side}={hf[encoder_side]} but {decoder_side}={hf[decoder_side]}: jaxgpt's "
                 "encoder and decoder blocks have the same heads and MLP width"
             )
-    if hf.get("activation_function", "gelu") not in ACTIVATIONS:
+    if hf.get("activation_function", "gelu") not in layers.ACTIVATIONS:
         raise UserError(
-            f"config.json activation_function={hf['activation_function']!r}: jaxgpt converts {', '.join(ACTIVATIONS)}"
+            f"config.json activation_function={hf['activation_function']!r}: jaxgpt converts "
+            f"{', '.join(layers.ACTIVATIONS)}"
         )
     if not hf.get("tie_word_embeddings", True):
         raise UserError(
@@ -58,7 +49,7 @@ def read_config(hf: dict) -> ModelConfig:
         )
     return ModelConfig(
         **read_sizes(hf, SIZES),
-        activation=ACTIVATIONS[hf.get("activation_function", "gelu")],
+        activation=layers.ACTIVATIONS[hf.get("activation_function", "gelu")],
         norm_position="post",
         position="learned",
         scale_embeddings=hf.get("scale_embedding", False),
@@ -73,21 +64,22 @@ def to_params(c: ModelConfig, w: dict) -> dict:
     def block(side: str, i: int) -> dict:
         p = f"model.{side}.layers.{i}."
         b = {
-            "attn": multi_head(c, w, *(f"{p}self_attn.{n}_proj" for n in "qkv"), p + "self_attn.out_proj"),
-            "mlp": {"up": dense(w, p + "fc1"), "down": dense(w, p + "fc2")},
-            "norm_1": layer_norm(w, p + "self_attn_layer_norm"),
-            "norm_2": layer_norm(w, p + "final_layer_norm"),
+            "attn": layers.multi_head(c, w, *(f"{p}self_attn.{n}_proj" for n in "qkv"), p + "self_attn.out_proj"),
+            "mlp": {"up": layers.dense(w, p + "fc1"), "down": layers.dense(w, p + "fc2")},
+            "norm_1": layers.layer_norm(w, p + "self_attn_layer_norm"),
+            "norm_2": layers.layer_norm(w, p + "final_layer_norm"),
         }
         if side == "decoder":  # cross-attention: queries from the decoder, keys and values from the encoder
-            q, k, v = (dense(w, f"{p}encoder_attn.{n}_proj", (D, H, 1, hd)) for n in "qkv")
+            q, k, v = (layers.dense(w, f"{p}encoder_attn.{n}_proj", (D, H, 1, hd)) for n in "qkv")
             kv = {name: np.concatenate([k[name], v[name]], axis=-2) for name in ("kernel", "bias")}
-            b["cross"] = {"q": q, "kv": kv, "out": output(c, w, p + "encoder_attn.out_proj")}
-            b["norm_cross"] = layer_norm(w, p + "encoder_attn_layer_norm")
+            b["cross"] = {"q": q, "kv": kv, "out": layers.output(c, w, p + "encoder_attn.out_proj")}
+            b["norm_cross"] = layers.layer_norm(w, p + "encoder_attn_layer_norm")
         return b
 
     def embeddings(side: str) -> dict:
         table = w[f"model.{side}.embed_positions.weight"][BART_POSITION_OFFSET:]
-        return {"wpe": {"embedding": table}, "norm_embeddings": layer_norm(w, f"model.{side}.layernorm_embedding")}
+        norm = layers.layer_norm(w, f"model.{side}.layernorm_embedding")
+        return {"wpe": {"embedding": table}, "norm_embeddings": norm}
 
     encoder = {f"block_{i}": block("encoder", i) for i in range(c.encoder_layers)} | embeddings("encoder")
     params = {f"block_{i}": block("decoder", i) for i in range(c.n_layer)} | embeddings("decoder")
@@ -101,18 +93,19 @@ def to_params(c: ModelConfig, w: dict) -> dict:
 
 def to_weights(c: ModelConfig, params: dict) -> dict:
     def block(b: dict, p: str) -> dict:
-        w = multi_head_weights(c, b["attn"], *(f"{p}self_attn.{n}_proj" for n in "qkv"), p + "self_attn.out_proj")
-        w |= linear(b["mlp"]["up"], p + "fc1") | linear(b["mlp"]["down"], p + "fc2")
-        w |= layer_norm_weights(b["norm_1"], p + "self_attn_layer_norm")
-        w |= layer_norm_weights(b["norm_2"], p + "final_layer_norm")
+        self_attention = (f"{p}self_attn.{n}_proj" for n in "qkv")
+        w = layers.multi_head_weights(c, b["attn"], *self_attention, p + "self_attn.out_proj")
+        w |= layers.linear(b["mlp"]["up"], p + "fc1") | layers.linear(b["mlp"]["down"], p + "fc2")
+        w |= layers.layer_norm_weights(b["norm_1"], p + "self_attn_layer_norm")
+        w |= layers.layer_norm_weights(b["norm_2"], p + "final_layer_norm")
         if "cross" in b:
             kv, D = b["cross"]["kv"], c.d_model  # kernel (D, H, 2, hd), bias (H, 2, hd)
             for j, n in enumerate("kv"):
                 one = {"kernel": kv["kernel"][:, :, j], "bias": kv["bias"][:, j]}
-                w |= linear(one, f"{p}encoder_attn.{n}_proj", d_in=D)
-            w |= linear(b["cross"]["q"], p + "encoder_attn.q_proj", d_in=D)
-            w |= linear(b["cross"]["out"], p + "encoder_attn.out_proj")
-            w |= layer_norm_weights(b["norm_cross"], p + "encoder_attn_layer_norm")
+                w |= layers.linear(one, f"{p}encoder_attn.{n}_proj", d_in=D)
+            w |= layers.linear(b["cross"]["q"], p + "encoder_attn.q_proj", d_in=D)
+            w |= layers.linear(b["cross"]["out"], p + "encoder_attn.out_proj")
+            w |= layers.layer_norm_weights(b["norm_cross"], p + "encoder_attn_layer_norm")
         return w
 
     unused_rows = np.zeros((BART_POSITION_OFFSET, c.d_model), np.float32)
@@ -120,7 +113,7 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
     w = {"model.shared.weight": params["wte"]["embedding"], "final_logits_bias": bias.reshape(1, -1)}
     for side, tree, count in (("encoder", params["encoder"], c.encoder_layers), ("decoder", params, c.n_layer)):
         w[f"model.{side}.embed_positions.weight"] = np.concatenate([unused_rows, tree["wpe"]["embedding"]])
-        w |= layer_norm_weights(tree["norm_embeddings"], f"model.{side}.layernorm_embedding")
+        w |= layers.layer_norm_weights(tree["norm_embeddings"], f"model.{side}.layernorm_embedding")
         for i in range(count):
             w |= block(tree[f"block_{i}"], f"model.{side}.layers.{i}.")
     return w
@@ -133,7 +126,7 @@ def to_hf_config(c: ModelConfig) -> dict:
         "is_encoder_decoder": True,
         "encoder_attention_heads": c.n_head,
         "encoder_ffn_dim": c.mlp_hidden,
-        "activation_function": ACTIVATION_NAMES[c.activation],
+        "activation_function": layers.ACTIVATION_NAMES[c.activation],
         "scale_embedding": c.scale_embeddings,
         "tie_word_embeddings": True,
         "dropout": c.dropout,
@@ -151,7 +144,7 @@ def check_exportable(c: ModelConfig) -> None:
         head_transform=False, tie_embeddings=True, moe=None, n_kv_head=c.n_head,
     )  # fmt: skip
     differences = [f"{field}={getattr(c, field)!r}" for field, want in recipe.items() if getattr(c, field) != want]
-    if c.activation not in ACTIVATION_NAMES:
+    if c.activation not in layers.ACTIVATION_NAMES:
         differences.append(f"activation={c.activation!r}")
     differences += [f"{f}={getattr(c, f)!r}" for f in switched_on(c, besides=BART_HAS)]
     if differences:

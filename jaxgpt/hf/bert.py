@@ -7,17 +7,8 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
+from jaxgpt.hf import layers
 from jaxgpt.hf.family import Family, read_sizes, written_sizes
-from jaxgpt.hf.layers import (
-    ACTIVATION_NAMES,
-    ACTIVATIONS,
-    dense,
-    layer_norm,
-    layer_norm_weights,
-    linear,
-    multi_head,
-    multi_head_weights,
-)
 
 SIZES = {
     "vocab_size": "vocab_size", "block_size": "max_position_embeddings", "n_layer": "num_hidden_layers",
@@ -30,8 +21,8 @@ def read_config(hf: dict) -> ModelConfig:
     over the embeddings, and the prediction head's dense layer, activation, LayerNorm and bias.
     Its segment (token type) embeddings are folded into the position table: every token is
     segment 0, as in one-sentence masked-token prediction."""
-    if hf.get("hidden_act", "gelu") not in ACTIVATIONS:
-        raise UserError(f"config.json hidden_act={hf['hidden_act']!r}: jaxgpt converts {', '.join(ACTIVATIONS)}")
+    if hf.get("hidden_act", "gelu") not in layers.ACTIVATIONS:
+        raise UserError(f"config.json hidden_act={hf['hidden_act']!r}: jaxgpt converts {', '.join(layers.ACTIVATIONS)}")
     if hf.get("position_embedding_type", "absolute") != "absolute":
         raise UserError(
             f"config.json position_embedding_type={hf['position_embedding_type']!r}: jaxgpt converts BERT's "
@@ -39,7 +30,7 @@ def read_config(hf: dict) -> ModelConfig:
         )
     return ModelConfig(
         **read_sizes(hf, SIZES),
-        activation=ACTIVATIONS[hf.get("hidden_act", "gelu")],
+        activation=layers.ACTIVATIONS[hf.get("hidden_act", "gelu")],
         norm_position="post",
         norm_eps=hf.get("layer_norm_eps", 1e-12),
         position="learned",
@@ -57,19 +48,19 @@ def to_params(c: ModelConfig, w: dict) -> dict:
         p = f"bert.encoder.layer.{i}."
         self_attention = (f"{p}attention.self.{n}" for n in ("query", "key", "value"))
         return {
-            "attn": multi_head(c, w, *self_attention, p + "attention.output.dense"),
-            "mlp": {"up": dense(w, p + "intermediate.dense"), "down": dense(w, p + "output.dense")},
-            "norm_1": layer_norm(w, p + "attention.output.LayerNorm"),
-            "norm_2": layer_norm(w, p + "output.LayerNorm"),
+            "attn": layers.multi_head(c, w, *self_attention, p + "attention.output.dense"),
+            "mlp": {"up": layers.dense(w, p + "intermediate.dense"), "down": layers.dense(w, p + "output.dense")},
+            "norm_1": layers.layer_norm(w, p + "attention.output.LayerNorm"),
+            "norm_2": layers.layer_norm(w, p + "output.LayerNorm"),
         }
 
     segment_0 = w["bert.embeddings.token_type_embeddings.weight"][0]
     params = {f"block_{i}": layer(i) for i in range(c.n_layer)}
     params["wte"] = {"embedding": w["bert.embeddings.word_embeddings.weight"]}
     params["wpe"] = {"embedding": w["bert.embeddings.position_embeddings.weight"] + segment_0}
-    params["norm_embeddings"] = layer_norm(w, "bert.embeddings.LayerNorm")
-    params["head_dense"] = dense(w, "cls.predictions.transform.dense")
-    params["head_norm"] = layer_norm(w, "cls.predictions.transform.LayerNorm")
+    params["norm_embeddings"] = layers.layer_norm(w, "bert.embeddings.LayerNorm")
+    params["head_dense"] = layers.dense(w, "cls.predictions.transform.dense")
+    params["head_norm"] = layers.layer_norm(w, "cls.predictions.transform.LayerNorm")
     bias = "cls.predictions.bias" if "cls.predictions.bias" in w else "cls.predictions.decoder.bias"
     params["head_bias"] = w[bias]
     if not c.tie_embeddings:
@@ -84,24 +75,25 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
         "bert.embeddings.token_type_embeddings.weight": np.zeros((2, c.d_model), np.float32),  # 0 is in the table
         "cls.predictions.bias": params["head_bias"],
     }
-    w |= layer_norm_weights(params["norm_embeddings"], "bert.embeddings.LayerNorm")
-    w |= linear(params["head_dense"], "cls.predictions.transform.dense")
-    w |= layer_norm_weights(params["head_norm"], "cls.predictions.transform.LayerNorm")
+    w |= layers.layer_norm_weights(params["norm_embeddings"], "bert.embeddings.LayerNorm")
+    w |= layers.linear(params["head_dense"], "cls.predictions.transform.dense")
+    w |= layers.layer_norm_weights(params["head_norm"], "cls.predictions.transform.LayerNorm")
     if not c.tie_embeddings:
         w["cls.predictions.decoder.weight"] = params["lm_head"]["kernel"].T
     for i in range(c.n_layer):
         b, p = params[f"block_{i}"], f"bert.encoder.layer.{i}."
         self_attention = (f"{p}attention.self.{n}" for n in ("query", "key", "value"))
-        w |= multi_head_weights(c, b["attn"], *self_attention, p + "attention.output.dense")
-        w |= linear(b["mlp"]["up"], p + "intermediate.dense") | linear(b["mlp"]["down"], p + "output.dense")
-        w |= layer_norm_weights(b["norm_1"], p + "attention.output.LayerNorm")
-        w |= layer_norm_weights(b["norm_2"], p + "output.LayerNorm")
+        w |= layers.multi_head_weights(c, b["attn"], *self_attention, p + "attention.output.dense")
+        w |= layers.linear(b["mlp"]["up"], p + "intermediate.dense")
+        w |= layers.linear(b["mlp"]["down"], p + "output.dense")
+        w |= layers.layer_norm_weights(b["norm_1"], p + "attention.output.LayerNorm")
+        w |= layers.layer_norm_weights(b["norm_2"], p + "output.LayerNorm")
     return w
 
 
 def to_hf_config(c: ModelConfig) -> dict:
     return written_sizes(c, SIZES) | {
-        "hidden_act": ACTIVATION_NAMES[c.activation],
+        "hidden_act": layers.ACTIVATION_NAMES[c.activation],
         "type_vocab_size": 2,
         "layer_norm_eps": c.norm_eps,
         "position_embedding_type": "absolute",

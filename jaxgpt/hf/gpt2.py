@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
+from jaxgpt.hf import layers
 from jaxgpt.hf.family import Family, read_sizes, written_sizes
 
 SIZES = {
@@ -43,14 +44,14 @@ def to_params(c: ModelConfig, w: dict) -> dict:
                 "up": {"kernel": w[p + "mlp.c_fc.weight"], "bias": w[p + "mlp.c_fc.bias"]},
                 "down": {"kernel": w[p + "mlp.c_proj.weight"], "bias": w[p + "mlp.c_proj.bias"]},
             },
-            "norm_1": {"scale": w[p + "ln_1.weight"], "bias": w[p + "ln_1.bias"]},
-            "norm_2": {"scale": w[p + "ln_2.weight"], "bias": w[p + "ln_2.bias"]},
+            "norm_1": layers.layer_norm(w, p + "ln_1"),
+            "norm_2": layers.layer_norm(w, p + "ln_2"),
         }
 
     params = {f"block_{i}": layer(i) for i in range(c.n_layer)}
     params["wte"] = {"embedding": w["transformer.wte.weight"]}
     params["wpe"] = {"embedding": w["transformer.wpe.weight"]}
-    params["norm_f"] = {"scale": w["transformer.ln_f.weight"], "bias": w["transformer.ln_f.bias"]}
+    params["norm_f"] = layers.layer_norm(w, "transformer.ln_f")
     if not c.tie_embeddings:
         params["lm_head"] = {"kernel": w["lm_head.weight"].T}
     return params
@@ -61,9 +62,7 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
     w = {
         "transformer.wte.weight": params["wte"]["embedding"],
         "transformer.wpe.weight": params["wpe"]["embedding"],
-        "transformer.ln_f.weight": params["norm_f"]["scale"],
-        "transformer.ln_f.bias": params["norm_f"]["bias"],
-    }
+    } | layers.layer_norm_weights(params["norm_f"], "transformer.ln_f")
     if not c.tie_embeddings:
         w["lm_head.weight"] = params["lm_head"]["kernel"].T
     for i in range(c.n_layer):
@@ -74,8 +73,7 @@ def to_weights(c: ModelConfig, params: dict) -> dict:
         w[p + "attn.c_proj.bias"] = b["attn"]["out"]["bias"]
         w[p + "mlp.c_fc.weight"], w[p + "mlp.c_fc.bias"] = b["mlp"]["up"]["kernel"], b["mlp"]["up"]["bias"]
         w[p + "mlp.c_proj.weight"], w[p + "mlp.c_proj.bias"] = b["mlp"]["down"]["kernel"], b["mlp"]["down"]["bias"]
-        for ours, theirs in (("norm_1", "ln_1"), ("norm_2", "ln_2")):
-            w[p + theirs + ".weight"], w[p + theirs + ".bias"] = b[ours]["scale"], b[ours]["bias"]
+        w |= layers.layer_norm_weights(b["norm_1"], p + "ln_1") | layers.layer_norm_weights(b["norm_2"], p + "ln_2")
     return w
 
 
