@@ -6,7 +6,7 @@
 The model is the config's (random weights, float32 as sample.py decodes; --vocab sets the
 vocabulary a data-derived config leaves open). Two tables:
 
-1. The cache against recomputing. "cached" is jaxgpt.sampling.generate: one prefill, then one
+1. The cache against recomputing. "cached" is jaxgpt.model.sampling.generate: one prefill, then one
    token per step against the static cache, the loop compiled. "recompute" is nanoGPT's way:
    each new token runs the whole model over everything so far; to avoid compiling every
    length its context is zero-padded to the next multiple of 128 (causality keeps the padding
@@ -60,7 +60,7 @@ def timed(fn, repeats: int = 3) -> float:
 def cached(model, params, prompt, new_tokens: int) -> float:
     import jax
 
-    from jaxgpt.sampling import SamplingConfig, generate
+    from jaxgpt.model.sampling import SamplingConfig, generate
 
     greedy = SamplingConfig(temperature=0.0)
     return timed(lambda: generate(model, params, prompt, jax.random.key(0), max_new_tokens=new_tokens, sampling=greedy))
@@ -70,7 +70,7 @@ def recompute(model, params, prompt, new_tokens: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt.model import GPT
+    from jaxgpt.model.transformer import GPT
 
     forward = jax.jit(lambda p, t: GPT(model).apply({"params": p}, t))
     batch, length = prompt.shape
@@ -89,7 +89,7 @@ def recompute(model, params, prompt, new_tokens: int) -> float:
 def weights(model):
     import jax
 
-    from jaxgpt.model import init_params
+    from jaxgpt.model.transformer import init_params
 
     return jax.jit(init_params, static_argnums=0)(model, jax.random.key(0))
 
@@ -120,7 +120,7 @@ def decode_seconds(model, params, batch: int) -> float:
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt.sampling import SamplingConfig, decode_step, prefill
+    from jaxgpt.model.sampling import SamplingConfig, decode_step, prefill
 
     greedy, rng = SamplingConfig(temperature=0.0), jax.random.key(0)
     prompt = jnp.ones((batch, model.block_size - NEW), jnp.int32)
@@ -147,7 +147,7 @@ def attention_variants(model) -> dict[str, int]:
 
 def key_value_heads_by_context(model, contexts: list[int], say) -> list[dict]:
 
-    from jaxgpt.kv_cache import cache_bytes
+    from jaxgpt.model.kv_cache import cache_bytes
 
     rows = []
     say(f"{'attention':>9} {'kv heads':>8} {'context':>7} {'cache MiB':>9} {'tok/s b=1':>10} {'tok/s b=8':>10}")

@@ -106,7 +106,7 @@ def versions(dry: bool, workdir: Path) -> dict:
         cudnn = f"unknown: {e}"
 
     from jaxgpt.config import ModelConfig
-    from jaxgpt.model import GPT
+    from jaxgpt.model.transformer import GPT
 
     config = ModelConfig(vocab_size=64, block_size=32, n_layer=2, n_head=4, d_model=64)
     model = GPT(config)
@@ -174,7 +174,7 @@ def attention(dry: bool, workdir: Path) -> dict:
     import jax.numpy as jnp
     import numpy as np
 
-    from jaxgpt.attention import Mask, kernel
+    from jaxgpt.model.attention import Mask, kernel
 
     b, t, d = (2, 64, 16) if dry else (8, 1024, 64)
     cases = {"mha": (12, 1), "gqa": (4, 3)}  # (key/value heads, query heads per key/value head)

@@ -9,7 +9,7 @@ process (the CPU device count is fixed when JAX starts).
 The step is `jaxgpt.hardware.step_choice.choose_step`'s, the one train.py trains with (per CPU core, or over the
 mesh train.py builds), timed on synthetic batches already on the devices: this measures the step, not data
 loading (a host thread prefetches batches during training). Median of `--repeats` timings of
-`--steps` steps after 3 warmup steps. MFU = flops_per_token (6N + 12LdT, jaxgpt/model.py) x
+`--steps` steps after 3 warmup steps. MFU = flops_per_token (6N + 12LdT, jaxgpt/model/transformer.py) x
 tokens/s / peak, the peak being the CPU's measured float32 matmul rate or the accelerator's
 datasheet bfloat16 peak. Prints one JSON line.
 """
@@ -60,7 +60,7 @@ def prepare(config, vocab_size: int) -> PreparedStep:
     from jaxgpt.config_files import resolve
     from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
-    from jaxgpt.program import training_program
+    from jaxgpt.training.program import training_program
 
     run = resolve(config, vocab_size=vocab_size)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
@@ -87,7 +87,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     import jax
 
     from jaxgpt.hardware.peak_flops import peak_flops
-    from jaxgpt.model import count_params, flops_per_token
+    from jaxgpt.model.transformer import count_params, flops_per_token
 
     prepared = prepare(config, vocab_size)
     run, state, compiled, batches = prepared.run, prepared.state, prepared.compiled, prepared.batches

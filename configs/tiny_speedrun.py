@@ -10,6 +10,6 @@ def get_config():
     config = tiny.get_config()
     config.model.update(position="rope", qk_norm=True, activation="relu2")
     # Muon orthogonalises the update of every matrix in the blocks; AdamW at train.lr keeps the
-    # embeddings, norms and biases (jaxgpt/optimizer.py).
+    # embeddings, norms and biases (jaxgpt/training/optimizer.py).
     config.train.update(optimizer="muon", lr=4e-3, steps=400, eval_every=100, checkpoint_every=200)
     return config

@@ -11,11 +11,11 @@ _EXPORTS = {
     "ConfigError": "jaxgpt.config",
     "ModelConfig": "jaxgpt.config",
     "RopeScaling": "jaxgpt.config",
-    "GPT": "jaxgpt.model",
-    "count_params": "jaxgpt.model",
-    "flops_per_token": "jaxgpt.model",
-    "init_cache": "jaxgpt.model",
-    "init_params": "jaxgpt.model",
+    "GPT": "jaxgpt.model.transformer",
+    "count_params": "jaxgpt.model.transformer",
+    "flops_per_token": "jaxgpt.model.transformer",
+    "init_cache": "jaxgpt.model.transformer",
+    "init_params": "jaxgpt.model.transformer",
 }
 __all__ = sorted(_EXPORTS)
 

@@ -246,11 +246,11 @@ class ModelConfig:
     logits_bias: a bias per token added to the logits without head_transform's layers (BART's
         final_logits_bias).
     mask_token: the masked objective's mask token id; None: the last of the vocabulary
-        (jaxgpt/masked.py). Imported BERT weights set their tokenizer's [MASK].
+        (jaxgpt/training/masked.py). Imported BERT weights set their tokenizer's [MASK].
 
     objective: what the model is trained to predict. "next_token": each token from those
         before it (a decoder). "masked": hidden tokens from both sides (an encoder, BERT's
-        masked-token prediction; needs causal=False; jaxgpt/masked.py): the last id of the
+        masked-token prediction; needs causal=False; jaxgpt/training/masked.py): the last id of the
         vocabulary is the mask token.
     mask_rate: the share of positions the masked objective hides and scores (BERT: 0.15).
     encoder_layers: blocks of a bidirectional encoder in front of the decoder (the original
@@ -594,7 +594,7 @@ class TrainConfig:
     checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
         the newest keep_checkpoints and the best by validation loss.
     multiple_choice: also score the model on multiple-choice questions (a HellaSwag JSONL
-        file, or hf:NAME[:SPLIT]; jaxgpt/multiple_choice.py) at the end, and every
+        file, or hf:NAME[:SPLIT]; jaxgpt/lab/multiple_choice.py) at the end, and every
         multiple_choice_every steps if that is not 0, on the first multiple_choice_limit of them
         (0: all); logged as multiple_choice_accuracy and multiple_choice_accuracy_norm.
     seed: seeds initialisation, dropout and every batch.

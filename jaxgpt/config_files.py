@@ -134,7 +134,7 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
 
 def with_tokenizer_vocab(run: RunConfig, vocab_size: int) -> RunConfig:
     """`run` with the tokenizer's `vocab_size` where its config left model.vocab_size unset (one
-    more for the masked objective's mask token, jaxgpt/masked.py); a configured size smaller
+    more for the masked objective's mask token, jaxgpt/training/masked.py); a configured size smaller
     than that is an error."""
     needed = vocab_size + (run.model.objective == "masked")
     if run.model.vocab_size == VOCAB_FROM_TOKENIZER:

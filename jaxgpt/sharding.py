@@ -43,7 +43,7 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("kv", "kernel"): ("fsdp", "tensor", None, None),  # and its (d_model, kv_heads, 2, head_dim)
 }
 SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
-# A mixture of experts (jaxgpt/moe.py): the experts split over the expert axis, each expert's
+# A mixture of experts (jaxgpt/model/moe.py): the experts split over the expert axis, each expert's
 # MLP split as the MLP is.
 EXPERT_RULES = {
     "experts_up": ("expert", "fsdp", "tensor"),  # (experts, d_model, hidden)
@@ -162,7 +162,7 @@ def _constrained(x: jax.Array, spec: PartitionSpec) -> jax.Array:
 
 
 def global_batch(mesh: Mesh, make_rows, batch_size: int):
-    """The batch's (batch, ...) arrays (jaxgpt/batch.py) sharded over data x fsdp, each process
+    """The batch's (batch, ...) arrays (jaxgpt/training/batch.py) sharded over data x fsdp, each process
     supplying only its rows: make_rows(start, stop) builds rows [start, stop) of the global
     batch, each of its arrays."""
     sharding = batch_sharding(mesh)

@@ -256,8 +256,8 @@ def run_script(
 
 def attend(q, k, v, *, kernel: str, scale: float | None = None, **mask):
     """q over k, v through the kernel model.attention names, under attention.Mask(**mask)."""
-    from jaxgpt.attention import Mask
-    from jaxgpt.attention import kernel as named
+    from jaxgpt.model.attention import Mask
+    from jaxgpt.model.attention import kernel as named
 
     return named(kernel)(q, k, v, Mask(**mask), scale)
 

@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from conftest import attend
 
-from jaxgpt.attention import CausalSelfAttention, attention_weights, causal_score_bias
 from jaxgpt.config import ModelConfig
-from jaxgpt.positions import alibi_slopes
+from jaxgpt.model.attention import CausalSelfAttention, attention_weights, causal_score_bias
+from jaxgpt.model.positions import alibi_slopes
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 
@@ -132,8 +132,8 @@ def test_a_sliding_window_in_jax_nn_words_is_our_window(window):
     implementation reads those arguments the same way (its docs: keys from i - left to i + right),
     so on a CPU it checks the translation against our own kernel's window mask. Float32 both,
     different association orders: a few ulps."""
-    from jaxgpt.attention import Mask, xla_attention
-    from jaxgpt.kernels import local_window_size
+    from jaxgpt.model.attention import Mask, xla_attention
+    from jaxgpt.model.kernels import local_window_size
 
     q, k, v = random_qkv()
     mask = Mask(window=window)

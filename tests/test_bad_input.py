@@ -644,7 +644,7 @@ def llama_folder(directory: Path) -> Path:
 
     from jaxgpt.config import ModelConfig
     from jaxgpt.hf import save_pretrained
-    from jaxgpt.model import init_params
+    from jaxgpt.model.transformer import init_params
 
     config = ModelConfig(
         vocab_size=64, block_size=16, n_layer=2, n_head=2, n_kv_head=1, d_model=16, position="rope",

@@ -1,4 +1,4 @@
-"""The batch contract (jaxgpt/batch.py): segments keep attention within a sequence, positions
+"""The batch contract (jaxgpt/training/batch.py): segments keep attention within a sequence, positions
 restart with each, loss weights decide what is scored, and a weighted batch's gradient does not
 depend on how it is split over microbatches and cores."""
 
@@ -11,11 +11,11 @@ import optax
 import pytest
 
 from jaxgpt import data
-from jaxgpt.batch import as_batch, segment_positions, windows_batch
 from jaxgpt.config import ModelConfig
 from jaxgpt.hardware.core_parallel import core_gradients, whole_batch_weight
-from jaxgpt.model import GPT, init_params
-from jaxgpt.train_step import eval_step, scored, token_losses
+from jaxgpt.model.transformer import GPT, init_params
+from jaxgpt.training.batch import as_batch, segment_positions, windows_batch
+from jaxgpt.training.train_step import eval_step, scored, token_losses
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 

@@ -1,4 +1,4 @@
-"""jaxgpt.capture: one forward pass that keeps every layer's scores, weights and residual
+"""jaxgpt.lab.capture: one forward pass that keeps every layer's scores, weights and residual
 stream, and the logit lens and induction score computed from them."""
 
 import jax
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from test_model import random_tokens, tiny
 
-from jaxgpt.capture import capture, induction_scores, repeated_random_tokens
-from jaxgpt.model import GPT, init_params, stack_blocks
+from jaxgpt.lab.capture import capture, induction_scores, repeated_random_tokens
+from jaxgpt.model.transformer import GPT, init_params, stack_blocks
 
 
 @pytest.fixture(scope="module")
@@ -154,8 +154,8 @@ def test_an_induction_head_forms_in_a_model_trained_on_repeated_text_and_not_bef
     repeated tokens falls from ln 32 = 3.5 towards 0."""
     import optax
 
-    from jaxgpt.capture import model_induction_scores
     from jaxgpt.config import ModelConfig
+    from jaxgpt.lab.capture import model_induction_scores
 
     config = ModelConfig(vocab_size=32, block_size=32, n_layer=2, n_head=4, d_model=64, position="rope")
     params = init_params(config, jax.random.key(0))

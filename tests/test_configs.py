@@ -35,7 +35,7 @@ def test_llama_tiny_is_the_llama_recipe():
 def test_gpt2_124m_has_124m_parameters():
     import jax
 
-    from jaxgpt.model import count_params, init_params
+    from jaxgpt.model.transformer import count_params, init_params
 
     model = resolve(importlib.import_module("configs.gpt2_124m").get_config(), vocab_size=50257).model
     n = count_params(jax.eval_shape(lambda: init_params(model, jax.random.key(0))))

@@ -14,7 +14,7 @@ from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest
 from jaxgpt.job.resume import architecture_mismatches, start_from_pretrained
 from jaxgpt.job.trainer import train_and_evaluate
-from jaxgpt.program import training_program
+from jaxgpt.training.program import training_program
 
 
 @pytest.fixture(scope="module")
@@ -58,7 +58,7 @@ def test_start_from_pretrained_copies_every_parameter(rope_run):
         assert origin == f"{rope_run} (step 10)"
         got = state.params
         if scan:
-            from jaxgpt.model import unstack_blocks
+            from jaxgpt.model.transformer import unstack_blocks
 
             got = unstack_blocks(got)
         jax.tree.map(np.testing.assert_array_equal, got, source_params)

@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 
 from jaxgpt import sharding
-from jaxgpt.batch import windows_batch
 from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import runtime, step_choice
 from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, state_layout
-from jaxgpt.model import GPT
-from jaxgpt.optimizer import make_optimizer
-from jaxgpt.program import training_program
-from jaxgpt.train_step import create_train_state, eval_step, train_step
+from jaxgpt.model.transformer import GPT
+from jaxgpt.training.batch import windows_batch
+from jaxgpt.training.optimizer import make_optimizer
+from jaxgpt.training.program import training_program
+from jaxgpt.training.train_step import create_train_state, eval_step, train_step
 
 COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "collective-permute")
 MODEL = ModelConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, d_model=32)

@@ -1,4 +1,4 @@
-"""The encoder: BERT's masked-token corruption and loss (jaxgpt/masked.py), the run's vocabulary
+"""The encoder: BERT's masked-token corruption and loss (jaxgpt/training/masked.py), the run's vocabulary
 with its mask token, and `fill`."""
 
 import jax
@@ -10,10 +10,10 @@ import pytest
 from jaxgpt.commands.fill import BLANK, blank_probabilities, filled, prompt_with_blanks
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
-from jaxgpt.masked import example_keys, mask_examples, mask_token, mask_tokens
-from jaxgpt.model import GPT, init_params
+from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.tokenizers import make_tokenizer
-from jaxgpt.train_step import scored
+from jaxgpt.training.masked import example_keys, mask_examples, mask_token, mask_tokens
+from jaxgpt.training.train_step import scored
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 

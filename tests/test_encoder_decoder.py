@@ -17,8 +17,8 @@ from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.data.pairs import digit_pairs, encoder_decoder_row
 from jaxgpt.job.trainer import train_and_evaluate
-from jaxgpt.model import GPT, init_cache, init_params, stack_blocks
-from jaxgpt.sampling import encode
+from jaxgpt.model.sampling import encode
+from jaxgpt.model.transformer import GPT, init_cache, init_params, stack_blocks
 
 CONFIG = ModelConfig(vocab_size=12, block_size=16, n_layer=2, n_head=4, d_model=32, encoder_layers=2)
 

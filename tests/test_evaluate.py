@@ -7,8 +7,8 @@ from conftest import small_run_config
 
 from jaxgpt.commands import evaluate
 from jaxgpt.config_files import resolve
-from jaxgpt.model import GPT, init_params
-from jaxgpt.train_step import cross_entropy
+from jaxgpt.model.transformer import GPT, init_params
+from jaxgpt.training.train_step import cross_entropy
 
 
 def model_and_params(position="rope"):
@@ -193,8 +193,8 @@ def test_a_bad_head_set_is_one_line(trained_small_run, capsys, args, message):
 
 
 def test_the_command_prints_each_heads_induction_score(trained_small_run, capsys):
-    from jaxgpt.capture import model_induction_scores
     from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab.capture import model_induction_scores
 
     run, params, _, _ = load_latest(trained_small_run)
     scores = model_induction_scores(run.model, params)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.layers import MLP, make_norm
-from jaxgpt.model import Block
+from jaxgpt.model.layers import MLP, make_norm
+from jaxgpt.model.transformer import Block
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 

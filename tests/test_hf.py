@@ -22,8 +22,8 @@ transformers = pytest.importorskip(
 from jaxgpt.config import MixtureOfExperts, ModelConfig, RopeScaling  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.hf import load_pretrained, save_pretrained  # noqa: E402
-from jaxgpt.model import GPT, init_params  # noqa: E402
-from jaxgpt.sampling import SamplingConfig, encode, generate  # noqa: E402
+from jaxgpt.model.sampling import SamplingConfig, encode, generate  # noqa: E402
+from jaxgpt.model.transformer import GPT, init_params  # noqa: E402
 
 VOCAB = 64
 
@@ -165,7 +165,7 @@ def test_longrope_frequencies_equal_transformers(block_size, which):
     scale sqrt(1 + ln 8 / ln 4) for the 8-fold stretch, whichever set."""
     from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
-    from jaxgpt.positions import rope_frequencies
+    from jaxgpt.model.positions import rope_frequencies
 
     hf = transformers.LlamaConfig(**LLAMA, rope_parameters=LONGROPE)
     theirs, their_scale = ROPE_INIT_FUNCTIONS["longrope"](hf, "cpu", seq_len=block_size)
@@ -712,7 +712,7 @@ def test_an_encoder_decoder_bart_cannot_describe_is_refused_naming_the_setting(t
 def test_the_logit_lens_of_a_head_with_a_bias_per_token_reads_out_every_layer(bert_directory):
     """BERT's head (its bias per token a parameter of its own) read after every block: the last
     readout is the model's logits (the head's parameters are made once however often it reads)."""
-    from jaxgpt.capture import capture
+    from jaxgpt.lab.capture import capture
 
     _, directory = bert_directory
     config, params, _ = load_pretrained(str(directory))

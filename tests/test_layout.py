@@ -1,6 +1,7 @@
 """The package's folders are its architecture: imports run one way, commands -> job -> data ->
-hardware (and hf, Hugging Face interop, beside it) -> core, nothing in the core imports a folder,
-and no modules import each other in a circle.
+hardware (with the lab and hf, Hugging Face interop, beside it, none of the three importing another)
+-> training -> model -> the top of the package (config, errors, sharding, tokenizers), which imports
+no folder; and no modules import each other in a circle.
 Read from the source (ast), so an import inside a function counts as much as one at the top,
 a folder's __init__.py as much as its modules, and a module named to importlib as an import."""
 
@@ -13,12 +14,12 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "jaxgpt"
 # A module may import its own layer and below.
-LAYERS = {"core": 0, "hf": 1, "hardware": 1, "data": 2, "job": 3, "commands": 4}
+LAYERS = {"core": 0, "model": 1, "training": 2, "lab": 3, "hf": 3, "hardware": 3, "data": 4, "job": 5, "commands": 6}
 
 
 def layer_of(module: str) -> str:
     """'jaxgpt.job.trainer' and the folder itself ('from jaxgpt import job') -> 'job'; a
-    top-level module ('jaxgpt.model') is the core."""
+    module at the package's top ('jaxgpt.config') is the core."""
     parts = module.split(".")
     return parts[1] if len(parts) > 1 and parts[1] in LAYERS else "core"
 
@@ -33,7 +34,7 @@ def package_imports(path) -> set[str]:
             assert node.level == 0, f"{path}: relative import"
             for alias in (
                 node.names if node.module.startswith("jaxgpt") else ()
-            ):  # `from jaxgpt import probes` imports jaxgpt.probes, not jaxgpt's __init__
+            ):  # `from jaxgpt.model import probes` imports jaxgpt.model.probes, not jaxgpt's __init__
                 submodule = f"{node.module}.{alias.name}"
                 found.add(submodule if submodule in ALL_MODULES else node.module)
         elif isinstance(node, ast.Import):
@@ -54,7 +55,7 @@ def module_name(path) -> str:
 
 
 def module_of(name: str) -> str | None:
-    """The module an imported name lives in ('jaxgpt.attention.Mask' -> 'jaxgpt.attention')."""
+    """The module an imported name lives in ('jaxgpt.model.attention.Mask' -> 'jaxgpt.model.attention')."""
     while name and name not in ALL_MODULES:
         name = name.rpartition(".")[0]
     return name or None
@@ -80,7 +81,8 @@ SHIMS = shims()
 
 def test_the_layers_are_what_the_listing_says():
     assert {layer_of(m) for m in MODULES} == set(LAYERS)
-    assert layer_of("jaxgpt.model") == "core" and layer_of("jaxgpt.commands.cli") == "commands"
+    assert layer_of("jaxgpt.config") == "core" and layer_of("jaxgpt.commands.cli") == "commands"
+    assert layer_of("jaxgpt.model.attention") == "model" and layer_of("jaxgpt.training") == "training"
     assert layer_of("jaxgpt.hardware") == "hardware"  # `from jaxgpt import hardware` is an import of the folder
     assert SHIMS == {"jaxgpt.__main__"}
 
@@ -98,14 +100,25 @@ def test_the_top_of_the_package_holds_only_the_library():
     assert "meta_path" not in (PACKAGE / "__init__.py").read_text()
 
 
-# __main__ (`python -m jaxgpt COMMAND`) imports the dispatcher by design.
-@pytest.mark.parametrize("module", [m for m in ALL_MODULES if m not in SHIMS])
+# __main__ (`python -m jaxgpt COMMAND`) imports the dispatcher by design; the package's own
+# __init__ is its front door (`from jaxgpt import GPT`, loaded lazily), which nothing inside imports.
+@pytest.mark.parametrize("module", [m for m in ALL_MODULES if m not in SHIMS | {"jaxgpt"}])
 def test_imports_run_one_way(module):
     path = ALL_MODULES[module]
     upward = sorted(
-        imported for imported in package_imports(path) if LAYERS[layer_of(imported)] > LAYERS[layer_of(module)]
+        imported
+        for imported in package_imports(path)
+        if LAYERS[layer_of(imported)] > LAYERS[layer_of(module)]
+        or (LAYERS[layer_of(imported)] == LAYERS[layer_of(module)] and layer_of(imported) != layer_of(module))
     )
-    assert not upward, f"{module} ({layer_of(module)}) imports from a layer above it: {upward}"
+    assert not upward, f"{module} ({layer_of(module)}) imports from a layer above it or beside it: {upward}"
+
+
+def test_nothing_inside_the_package_goes_through_its_front_door():
+    """jaxgpt/__init__.py names the model's public parts for users; a module that imported them
+    from there would import upward unseen."""
+    through_front_door = sorted(module for module, path in ALL_MODULES.items() if "jaxgpt" in package_imports(path))
+    assert through_front_door == []
 
 
 def cycles(graph: dict[str, set[str]]) -> list[list[str]]:

@@ -14,7 +14,7 @@ from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
 from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
-from jaxgpt.program import training_program
+from jaxgpt.training.program import training_program
 
 GiB = 2**30
 ONE_DEVICE = MeshConfig(data=1, fsdp=1, tensor=1)

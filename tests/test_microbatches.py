@@ -11,7 +11,7 @@ from jaxgpt.config import MeshConfig, with_train
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import step_choice as choice
 from jaxgpt.hardware.mesh_step import state_layout
-from jaxgpt.program import training_program
+from jaxgpt.training.program import training_program
 
 
 @pytest.mark.parametrize(

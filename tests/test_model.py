@@ -15,7 +15,15 @@ from conftest import matrix
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.hf import pretrained_config
-from jaxgpt.model import GPT, count_params, flops_per_token, init_cache, init_params, stack_blocks, unstack_blocks
+from jaxgpt.model.transformer import (
+    GPT,
+    count_params,
+    flops_per_token,
+    init_cache,
+    init_params,
+    stack_blocks,
+    unstack_blocks,
+)
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 

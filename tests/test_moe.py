@@ -16,12 +16,12 @@ from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
 from jaxgpt.job.trainer import train_and_evaluate
-from jaxgpt.layers import ACTIVATION_FUNCTIONS
-from jaxgpt.model import GPT, active_params, count_params, describe_parameters, flops_per_token, init_params
-from jaxgpt.moe import MixtureOfExpertsLayer
-from jaxgpt.optimizer import make_optimizer
-from jaxgpt.program import training_program
-from jaxgpt.train_step import create_train_state, gradients, train_step
+from jaxgpt.model.layers import ACTIVATION_FUNCTIONS
+from jaxgpt.model.moe import MixtureOfExpertsLayer
+from jaxgpt.model.transformer import GPT, active_params, count_params, describe_parameters, flops_per_token, init_params
+from jaxgpt.training.optimizer import make_optimizer
+from jaxgpt.training.program import training_program
+from jaxgpt.training.train_step import create_train_state, gradients, train_step
 
 D, T, BATCH = 16, 10, 3
 initialised = jax.jit(init_params, static_argnums=0)  # compiled: eager, a mixture's init dispatches op by op
@@ -228,7 +228,7 @@ def test_microbatches_give_the_same_step(one_step):
 
 @pytest.mark.slow  # a third compile of the MoE step (5 s); tests/test_model.py scans dense blocks in the quick set
 def test_scanned_layers_give_the_same_step(one_step):
-    from jaxgpt.model import stack_blocks
+    from jaxgpt.model.transformer import stack_blocks
 
     config, optimizer, state, windows, (_, metrics_one) = one_step
     stacked = stack_blocks(state.params, 2)
@@ -345,7 +345,7 @@ def test_the_router_is_in_the_metrics_and_drawn(moe_on_one_device, tmp_path):
 
 
 def test_capture_gives_each_tokens_experts_and_the_table_prints_them():
-    from jaxgpt.capture import capture, expert_table
+    from jaxgpt.lab.capture import capture, expert_table
 
     config = model_config(capacity_factor=1.0)
     params = initialised(config, jax.random.key(0))

@@ -12,14 +12,14 @@ import numpy as np
 import pytest
 from conftest import ROOT, small_run_config
 
-from jaxgpt import multiple_choice
 from jaxgpt.commands import hellaswag
 from jaxgpt.config import ConfigError
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest
 from jaxgpt.job.trainer import train_and_evaluate
-from jaxgpt.model import GPT, init_params
+from jaxgpt.lab import multiple_choice
+from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.tokenizers import ByteTokenizer
 
 FIXTURE = ROOT / "tests" / "data" / "hellaswag_sample.jsonl"  # three questions in HellaSwag's format

@@ -18,7 +18,7 @@ from jaxgpt.data.pairs import DATE_FORMATS, Examples, date_pairs, packed_row, re
 from jaxgpt.errors import UserError
 from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.tokenizers import CharTokenizer
-from jaxgpt.train_step import exact_matches
+from jaxgpt.training.train_step import exact_matches
 
 
 def test_a_pairs_file_is_read_a_pair_a_line_and_a_line_that_is_not_one_is_named(tmp_path):
@@ -172,9 +172,9 @@ def test_exact_match_is_what_greedy_decoding_writes(pairs_run):
     answer character changed scores 0."""
     from jaxgpt.data.pairs import prompt_ids
     from jaxgpt.job.checkpoint import load_latest
-    from jaxgpt.model import GPT
-    from jaxgpt.sampling import SamplingConfig, generate
-    from jaxgpt.train_step import eval_step
+    from jaxgpt.model.sampling import SamplingConfig, generate
+    from jaxgpt.model.transformer import GPT
+    from jaxgpt.training.train_step import eval_step
 
     folder, _ = pairs_run
     run, params, tokenizer, _ = load_latest(folder / "run")

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from jaxgpt.config import RopeScaling
-from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies, sinusoidal_embedding
+from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies, sinusoidal_embedding
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 
@@ -165,9 +165,9 @@ def test_the_longrope_scale_reaches_the_attention_scores():
     """A LongRoPE model whose factors are all 1 rotates as plain RoPE does, so its attention
     scores are plain RoPE's times the square of its scale (cos and sin are scaled, so q and k
     are each scaled by it): sqrt(2.5) squared, 2.5, on every visible score."""
-    from jaxgpt.capture import capture
     from jaxgpt.config import ModelConfig
-    from jaxgpt.model import init_params
+    from jaxgpt.lab.capture import capture
+    from jaxgpt.model.transformer import init_params
 
     plain = ModelConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=16, position="rope")
     ones = RopeScaling("longrope", 8.0, 4, long_factor=(1.0,) * 4, short_factor=(1.0,) * 4)

@@ -24,7 +24,7 @@ from jaxgpt.hardware import step_choice
 from jaxgpt import sharding
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware.mesh_step import state_layout
-from jaxgpt.program import training_program
+from jaxgpt.training.program import training_program
 config = runpy.run_path("configs/tiny.py")["get_config"]()
 config.model.n_layer = 1
 run = resolve(config, vocab_size=96)

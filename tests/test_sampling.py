@@ -12,9 +12,9 @@ from conftest import matrix, run_script
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.kv_cache import cache_bytes
-from jaxgpt.model import GPT, init_cache, init_params
-from jaxgpt.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token
+from jaxgpt.model.kv_cache import cache_bytes
+from jaxgpt.model.sampling import SamplingConfig, check_length, filter_logits, generate, generate_stream, sample_token
+from jaxgpt.model.transformer import GPT, init_cache, init_params
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 

@@ -17,7 +17,7 @@ from jaxgpt import sharding
 from jaxgpt.config_files import base_config, resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import step_choice, tpu
-from jaxgpt.model import count_params, init_params
+from jaxgpt.model.transformer import count_params, init_params
 
 
 def small_run(**model):

@@ -19,7 +19,7 @@ from test_readme import SHORTENED
 from jaxgpt import data
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware import tpu
-from jaxgpt.model import count_params, init_params
+from jaxgpt.model.transformer import count_params, init_params
 
 SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "__init__")
 V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"

@@ -11,10 +11,10 @@ import optax
 import pytest
 
 from jaxgpt.config import MixtureOfExperts, ModelConfig, TrainConfig
-from jaxgpt.model import GPT, init_params
-from jaxgpt.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
-from jaxgpt.program import training_program
-from jaxgpt.train_step import create_train_state, scored, token_losses, train_step
+from jaxgpt.model.transformer import GPT, init_params
+from jaxgpt.training.optimizer import learning_rate_schedule, make_optimizer, weight_decay_mask
+from jaxgpt.training.program import training_program
+from jaxgpt.training.train_step import create_train_state, scored, token_losses, train_step
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 
@@ -186,7 +186,7 @@ def test_a_masked_batch_trains_alike_however_it_is_split(model):
 def test_a_masked_loss_is_the_mean_over_every_hidden_token_of_the_batch():
     """The pieces' shares add up to the whole batch's mean over its hidden tokens, not to the
     mean of the pieces' means (which the two rows below tell apart)."""
-    from jaxgpt.masked import example_keys, mask_examples
+    from jaxgpt.training.masked import example_keys, mask_examples
 
     measured, _ = split_gradients(ENCODER, 2, 2)
     params = initial_params(ENCODER)

@@ -28,9 +28,9 @@ from test_hf import VOCAB, reference_model  # noqa: E402  (weights of std 0.3, e
 
 from jaxgpt.config import TrainConfig  # noqa: E402
 from jaxgpt.hf import FAMILIES, load_pretrained  # noqa: E402
-from jaxgpt.model import GPT  # noqa: E402
-from jaxgpt.optimizer import make_optimizer  # noqa: E402
-from jaxgpt.train_step import TrainState, cross_entropy, train_step  # noqa: E402
+from jaxgpt.model.transformer import GPT  # noqa: E402
+from jaxgpt.training.optimizer import make_optimizer  # noqa: E402
+from jaxgpt.training.train_step import TrainState, cross_entropy, train_step  # noqa: E402
 
 SEQ, BATCH, MICROBATCHES, STEPS = 16, 4, 2, 10
 # A large learning rate and a small clip, so that updates move parameters visibly, the warmup
@@ -53,7 +53,7 @@ PARAM_OUTLIERS, PARAM_MAX_GAP = 5e-3, 1e-3
 
 def lr_at(step: int) -> float:
     """Linear warmup from 0, then cosine to min_lr at `steps`: written from the formula, not
-    from jaxgpt.optimizer."""
+    from jaxgpt.training.optimizer."""
     lr, min_lr, warmup, steps = TRAIN["lr"], TRAIN["min_lr"], TRAIN["warmup_steps"], TRAIN["steps"]
     if step < warmup:
         return lr * step / warmup

@@ -129,8 +129,8 @@ def test_maps_at_initialisation_are_of_the_parameters_training_starts_from(train
     from jaxgpt.commands import attention_maps as command
     from jaxgpt.commands import inspected
     from jaxgpt.config import run_config_from_dict
-    from jaxgpt.optimizer import make_optimizer
-    from jaxgpt.train_step import create_train_state
+    from jaxgpt.training.optimizer import make_optimizer
+    from jaxgpt.training.train_step import create_train_state
 
     workdir = trained[0]
     config, params, _, source = inspected.load(workdir, init=True)

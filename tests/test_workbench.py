@@ -13,12 +13,12 @@ from conftest import attend, matrix
 from test_attention import TOL, attention_config, init_layer, normal, random_qkv, run_layer
 from test_model import closed_form_count, random_tokens, tiny
 
-from jaxgpt.attention import causal_score_bias
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.job.resume import resume_conflicts
-from jaxgpt.layers import MLP
-from jaxgpt.model import GPT, count_params, init_params
+from jaxgpt.model.attention import causal_score_bias
+from jaxgpt.model.layers import MLP
+from jaxgpt.model.transformer import GPT, count_params, init_params
 
 
 def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_scale=None):
@@ -335,8 +335,8 @@ def test_removing_a_head_is_zeroing_its_rows_of_the_output_projection(scan_layer
     projection, so masking query head h of layer l must give the logits of the model whose
     out kernel has those rows zeroed. Grouped-query (4 heads over 2 key/value heads) checks
     the numbering: head h is group h // 2, member h % 2."""
-    from jaxgpt.model import stack_blocks
-    from jaxgpt.probes import head_mask
+    from jaxgpt.model.probes import head_mask
+    from jaxgpt.model.transformer import stack_blocks
 
     config = tiny(n_kv_head=2)
     params = init_params(config, jax.random.key(0))
@@ -364,7 +364,7 @@ def test_a_model_without_the_mask_is_scored_from_the_past_as_the_kv_cache_decode
     import optax
     from test_model import decode_stepwise
 
-    from jaxgpt.train_step import eval_step
+    from jaxgpt.training.train_step import eval_step
 
     config = tiny(causal=False)
     params = init_params(config, jax.random.key(0))
@@ -398,7 +398,7 @@ def test_exact_gelu_is_x_times_the_normal_cdf():
 def test_interleaved_rope_is_rotate_half_on_permuted_features():
     """Pairing neighbours (2i, 2i+1) instead of (i, i + d/2) is the same rotation after moving
     the even features to the front half and the odd to the back."""
-    from jaxgpt.positions import apply_rope, rope_frequencies
+    from jaxgpt.model.positions import apply_rope, rope_frequencies
 
     x = jnp.asarray(normal((2, 7, 3, 8), 5))
     inv_freq, _ = rope_frequencies(8, 10000.0)
@@ -445,7 +445,7 @@ def test_muon_orthogonalises_the_blocks_matrices_and_leaves_the_rest_to_adamw():
     (NAdam): m_hat = g, and the step looks ahead, b1 * m / (1 - b1^2) + (1 - b1) g / (1 - b1),
     = (1 + b1 (1 - b1) / (1 - b1^2)) g, divided by sqrt(v_hat) = |g|."""
     from jaxgpt.config import TrainConfig
-    from jaxgpt.optimizer import make_optimizer
+    from jaxgpt.training.optimizer import make_optimizer
 
     config = tiny(n_kv_head=2)
     params = init_params(config, jax.random.key(0))

@@ -31,11 +31,11 @@ from absl import flags
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 
-from jaxgpt.capture import capture  # noqa: E402
 from jaxgpt.commands import cli, inspected  # noqa: E402
 from jaxgpt.commands.plot import save_png  # noqa: E402
 from jaxgpt.config import ModelConfig  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
+from jaxgpt.lab.capture import capture  # noqa: E402
 
 LABELLED_TOKENS = 32  # longer prompts get numbered axes instead of token ticks
 PANEL_INCHES, DPI = 2.0, 100
@@ -90,7 +90,7 @@ def encoder_decoder_maps(config: ModelConfig, params, source: np.ndarray, decode
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt.model import GPT, unstack_blocks
+    from jaxgpt.model.transformer import GPT, unstack_blocks
 
     if config.scan_layers:  # sown values come out per block from unscanned layers
         params = unstack_blocks(params) | {"encoder": unstack_blocks(params["encoder"])}
@@ -119,7 +119,7 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
     import jax.numpy as jnp
 
     from jaxgpt.data.pairs import pair_separator, source_ids
-    from jaxgpt.sampling import SamplingConfig, encode, generate
+    from jaxgpt.model.sampling import SamplingConfig, encode, generate
 
     source = np.asarray(source_ids(tokenizer, f.prompt))
     if len(source) > config.block_size:

@@ -296,7 +296,7 @@ def refuse_a_pretrained_encoder_decoder(model, source: str) -> None:
         raise UserError(
             f"{source} is an encoder–decoder (BART): the commands answer sources with a model trained on pairs by "
             "train.py (--workdir); load this one in Python with jaxgpt.hf.load_pretrained and decode with "
-            "jaxgpt.sampling.encode and generate"
+            "jaxgpt.model.sampling.encode and generate"
         )
 
 

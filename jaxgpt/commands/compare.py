@@ -227,7 +227,7 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
     from jaxgpt.config import run_config_from_dict
     from jaxgpt.job.metrics import read_metrics
     from jaxgpt.job.trainer import train_and_evaluate
-    from jaxgpt.model import count_params, init_params
+    from jaxgpt.model.transformer import count_params, init_params
 
     rows, runs = [], {}
     combos = variants(vary)

@@ -30,7 +30,7 @@ with each head removed (its output zeroed), and prints the loss increase per lay
 --remove_heads LAYER.HEAD,... scores them with that set removed at once; --prune FRACTION
 removes that share of the heads greedily, each time the one whose removal raises the loss
 least, and prints the order and the loss before and after. --induction prints each head's
-induction score (jaxgpt/capture.py): on random tokens repeated twice, the attention each token of
+induction score (jaxgpt/lab/capture.py): on random tokens repeated twice, the attention each token of
 the second copy pays to the token after its first occurrence; 1 is a perfect induction head,
 chance about ln(2) / half the length.
 """
@@ -84,9 +84,9 @@ def refusal(model: ModelConfig, length: int, split_tokens: int) -> str | None:
 def scorer(model: ModelConfig):
     """The loss at each position of a batch of windows, under a head mask (n_layer, n_head),
     jitted once per model."""
-    from jaxgpt.model import GPT
-    from jaxgpt.probes import head_mask
-    from jaxgpt.train_step import token_losses
+    from jaxgpt.model.probes import head_mask
+    from jaxgpt.model.transformer import GPT
+    from jaxgpt.training.train_step import token_losses
 
     def score(params, batch, keep):
         return token_losses(GPT(model), params, batch, head_mask=head_mask(model, keep))
@@ -117,7 +117,7 @@ def losses_by_position(
     """The mean loss at each position of the back-to-back windows of `length` + 1 tokens that
     fit in the first `budget` tokens of `tokens` (an array, or a ValidationText; at least one
     window); keep (n_layer, n_head) zeroes the heads marked 0 (default: every head kept)."""
-    from jaxgpt.kernels import kernel_fallback
+    from jaxgpt.model.kernels import kernel_fallback
 
     text = tokens if isinstance(tokens, ValidationText) else ValidationText(np.asarray(tokens))
 
@@ -187,8 +187,8 @@ def parse_heads(text: str, model: ModelConfig) -> list[tuple[int, int]]:
 
 def induction_lines(name: str, workdir: Path, step: int | None) -> list[str]:
     """Each head's induction score, a row per layer, and the strongest head."""
-    from jaxgpt.capture import model_induction_scores
     from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab.capture import model_induction_scores
 
     run, params, _, _ = load_latest(workdir, step=step)
     scores = model_induction_scores(run.model, params)
@@ -259,8 +259,8 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
     from jaxgpt.data.pairs import pair_validation, split_examples
     from jaxgpt.job.checkpoint import load_latest
     from jaxgpt.job.trainer import mean_losses
-    from jaxgpt.model import GPT
-    from jaxgpt.train_step import eval_step
+    from jaxgpt.model.transformer import GPT
+    from jaxgpt.training.train_step import eval_step
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
     dataset = data.prepare(run.data, progress=False)

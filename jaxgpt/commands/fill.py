@@ -7,7 +7,7 @@ Examples:
 
 Each [MASK] in the prompt is one hidden token: the model reads the whole prompt, both sides of
 every blank, and predicts every blank at once and independently of the others (as BERT's
-masked-token objective trains it to; jaxgpt/masked.py). Printed: the prompt with each blank
+masked-token objective trains it to; jaxgpt/training/masked.py). Printed: the prompt with each blank
 filled by its most likely token, then for each blank its --top candidates with their
 probabilities. The mask token itself is never a candidate.
 """
@@ -22,8 +22,8 @@ from absl import flags
 from jaxgpt.commands import cli, inspected
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.masked import mask_token
-from jaxgpt.model import GPT
+from jaxgpt.model.transformer import GPT
+from jaxgpt.training.masked import mask_token
 
 BLANK = "[MASK]"
 

@@ -5,7 +5,7 @@ Examples:
   python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl
   python -m jaxgpt hellaswag --init_from gpt2 --questions hf:Rowan/hellaswag --limit 1000
 
-Prints the accuracy and the length-normalised accuracy (jaxgpt/multiple_choice.py), beside
+Prints the accuracy and the length-normalised accuracy (jaxgpt/lab/multiple_choice.py), beside
 chance: HellaSwag has four endings, so 0.25. GPT-2 124M scores about 0.29 normalised.
 """
 
@@ -14,9 +14,9 @@ from __future__ import annotations
 from absl import flags
 from tqdm import tqdm
 
-from jaxgpt import multiple_choice
 from jaxgpt.commands import cli, inspected
 from jaxgpt.errors import UserError
+from jaxgpt.lab import multiple_choice
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -55,9 +55,9 @@ def load(workdir: Path | None, init_from: str | None = None, step: int | None = 
         import jax
 
         from jaxgpt.config import run_config_from_dict
-        from jaxgpt.model import init_params
+        from jaxgpt.model.transformer import init_params
         from jaxgpt.tokenizers import load_tokenizer
-        from jaxgpt.train_step import run_keys
+        from jaxgpt.training.train_step import run_keys
 
         saved = workdir / "config.json"
         if not saved.is_file():

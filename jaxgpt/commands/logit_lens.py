@@ -7,7 +7,7 @@ Examples:
   python -m jaxgpt logit-lens --init_from gpt2 --prompt "The Eiffel Tower is in the city of"
 
 The final norm and the LM head are applied to the residual stream before the first block and
-after each (jaxgpt/capture.py): a row per layer with the stream's mean norm, the loss of that
+after each (jaxgpt/lab/capture.py): a row per layer with the stream's mean norm, the loss of that
 readout on the prompt's own next tokens, and its most likely next token at each of the last
 --positions positions. A model builds its prediction over its depth: the loss falls, and the
 guesses turn from the current token's bigram into the continuation.
@@ -18,9 +18,9 @@ from __future__ import annotations
 import numpy as np
 from absl import flags
 
-from jaxgpt.capture import capture
 from jaxgpt.commands import cli, inspected
 from jaxgpt.errors import UserError
+from jaxgpt.lab.capture import capture
 
 CELL = 7  # characters per token column
 

@@ -33,8 +33,8 @@ from jaxgpt.config import with_train
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
-from jaxgpt.model import active_params, count_params, describe_parameters, flops_per_token
-from jaxgpt.train_step import gradient_norms, per_layer
+from jaxgpt.model.transformer import active_params, count_params, describe_parameters, flops_per_token
+from jaxgpt.training.train_step import gradient_norms, per_layer
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
 GRAD_NORM_LIMIT = 100.0  # global gradient norm at init; a healthy GPT is around 1
@@ -55,7 +55,7 @@ def run_checks(config, overfit_steps: int) -> list[Row]:
     from jaxgpt.hardware import runtime
     from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
-    from jaxgpt.program import training_program
+    from jaxgpt.training.program import training_program
 
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     program = training_program(run)
@@ -172,7 +172,7 @@ def size_row(params, model_config) -> Row:
 
 def kv_cache_row(model_config) -> Row:
     """What sampling keeps per token: the number GQA and MQA exist to shrink."""
-    from jaxgpt.kv_cache import cache_bytes
+    from jaxgpt.model.kv_cache import cache_bytes
 
     c = model_config
     if c.objective == "masked":
@@ -255,8 +255,8 @@ def memory_row(compiled_step, state, mesh) -> Row:
 
 def _loss(model_config, params, batch):
     """The loss evaluation reports: the next-token cross-entropy, or the masked objective's."""
-    from jaxgpt.model import GPT
-    from jaxgpt.train_step import eval_step
+    from jaxgpt.model.transformer import GPT
+    from jaxgpt.training.train_step import eval_step
 
     return eval_step(params, batch, model=GPT(model_config))["loss"]
 

@@ -7,7 +7,7 @@ Examples:
   python sample.py --workdir runs/dates --prompt "3rd of March, 2021" --temperature 0   # a pairs run answers
 
 Loads the newest checkpoint of the workdir with its config and tokenizer; a thin shell over
-jaxgpt.sampling.generate. A run trained on text pairs (data.source pairs:PATH or builtin:dates)
+jaxgpt.model.sampling.generate. A run trained on text pairs (data.source pairs:PATH or builtin:dates)
 reads the prompt as a source and prints it, a tab and its answer, which ends at the separator.
 """
 
@@ -57,8 +57,8 @@ def _sample(argv: list[str] | None) -> None:
     import jax.numpy as jnp
 
     from jaxgpt.hardware import runtime
-    from jaxgpt.kernels import kernel_fallback
-    from jaxgpt.sampling import SamplingConfig, check_length
+    from jaxgpt.model.kernels import kernel_fallback
+    from jaxgpt.model.sampling import SamplingConfig, check_length
 
     runtime.enable_compilation_cache()
     model_config, params, tokenizer, pairs = _load(f)
@@ -71,7 +71,7 @@ def _sample(argv: list[str] | None) -> None:
         ids, stop = prompt_ids(tokenizer, prompt), pair_separator(tokenizer)
         if model_config.encoder_layers:  # the encoder reads the source; the decoder starts from the separator
             from jaxgpt.data.pairs import source_ids
-            from jaxgpt.sampling import encode
+            from jaxgpt.model.sampling import encode
 
             sources = jnp.asarray([source_ids(tokenizer, prompt)] * f.num_samples, jnp.int32)
             memory = encode(model_config, params, sources)
@@ -137,7 +137,7 @@ def _load(f: flags.FlagValues):
 def _print_samples(f: flags.FlagValues, prompt: str, tokenizer, model, params, tokens, rng, **args) -> None:
     """Each sample after its prompt, cut at the end-of-text token (a pairs run's: the
     separator); with --stream, the first sample token by token as it is made."""
-    from jaxgpt.sampling import generate, generate_stream
+    from jaxgpt.model.sampling import generate, generate_stream
 
     if f.stream:
         print(prompt, end="", flush=True)

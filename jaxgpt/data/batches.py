@@ -1,5 +1,5 @@
 """How batches are cut from the cached tokens: windows of block_size + 1 tokens, handed to the
-engine as the batch contract's dict (jaxgpt/batch.py): inputs and targets, and with
+engine as the batch contract's dict (jaxgpt/training/batch.py): inputs and targets, and with
 data.attend_within_documents each token's document (segments) and its place in it (positions).
 
 Batches are a pure function of (seed, step): a resumed run sees exactly the batches it would
@@ -16,10 +16,10 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from jaxgpt.batch import segment_positions, windows_batch
 from jaxgpt.data import pairs
 from jaxgpt.data.prepared import Dataset
 from jaxgpt.errors import UserError
+from jaxgpt.training.batch import segment_positions, windows_batch
 
 TRAIN_STREAM, EVAL_TRAIN_STREAM = 0, 2  # stream 1 was random validation windows, now fixed ones
 
@@ -51,7 +51,7 @@ def read_windows(tokens: np.ndarray, offsets: np.ndarray, seq_len: int) -> np.nd
 
 
 def windows_at(tokens: np.ndarray, offsets: np.ndarray, seq_len: int, documents: np.ndarray | None) -> dict:
-    """The batch (jaxgpt/batch.py) of the windows at `offsets`; given the split's `documents`
+    """The batch (jaxgpt/training/batch.py) of the windows at `offsets`; given the split's `documents`
     (where each begins), with each token's document as its segment and its place there as its
     position: attention stays within a document and positions restart at each (a window's
     first tokens may be the end of a document begun before it: a segment of their own)."""

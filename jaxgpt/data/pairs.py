@@ -17,7 +17,7 @@ document ends every answer. A decoder-only model reads each example as one seque
                          ^^^^^^^^^^^^ scored: the loss is on the target and its end alone
 
 several examples packed into a row of block_size + 1 tokens, each its own segment (attention
-never crosses from one example into another, positions restart at each; jaxgpt/batch.py), the
+never crosses from one example into another, positions restart at each; jaxgpt/training/batch.py), the
 rest of the row padding of weight 0. Generation gives the source and the tab, and stops at the
 separator. Batches are a pure function of (seed, stream, step), as windows are.
 """
@@ -29,8 +29,8 @@ import datetime
 
 import numpy as np
 
-from jaxgpt.batch import segment_positions
 from jaxgpt.errors import UserError
+from jaxgpt.training.batch import segment_positions
 
 TAB = "\t"
 
@@ -235,7 +235,7 @@ class PackedRow:
 
 
 def packed_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
-    """One row of the batch contract (jaxgpt/batch.py): the examples `chosen` yields, packed in
+    """One row of the batch contract (jaxgpt/training/batch.py): the examples `chosen` yields, packed in
     order while they fit in seq_len + 1 tokens (the first always does), then padding; scored:
     each answer and its end."""
     row = PackedRow(seq_len + 1, examples.separator)

@@ -28,14 +28,14 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt import sharding
-from jaxgpt.batch import as_batch, rows_of
-from jaxgpt.program import TrainingProgram
-from jaxgpt.train_step import TrainState, apply_gradients, batch_weight, gradients
+from jaxgpt.training.batch import as_batch, rows_of
+from jaxgpt.training.program import TrainingProgram
+from jaxgpt.training.train_step import TrainState, apply_gradients, batch_weight, gradients
 
 
 def core_gradients(params, key, step, rows, core, weight=None, *, model, microbatches: int, batch_rows: int):
     """One core's share of the step's measurements and gradient (train_step.gradients): its
-    `rows` (a batch, jaxgpt/batch.py) are the batch's core * n, core * n + 1, ... (the batch is
+    `rows` (a batch, jaxgpt/training/batch.py) are the batch's core * n, core * n + 1, ... (the batch is
     split over the cores in order), `weight` the whole batch's (`whole_batch_weight`; None
     where the core can count it alone), and its dropout draws from fold_in(step key, core)."""
     step_key = jax.random.fold_in(key, step)

@@ -1,4 +1,4 @@
-"""The training program's step (jaxgpt/program.py) jitted over a device mesh: one SPMD program,
+"""The training program's step (jaxgpt/training/program.py) jitted over a device mesh: one SPMD program,
 the collectives inserted by GSPMD from the shardings the rules of jaxgpt/sharding.py give the
 state and the batch. Here too: the state's layout (shapes, dtypes and shardings, nothing
 allocated) and the state itself born sharded. The other way to run the same step is one program
@@ -12,9 +12,9 @@ from functools import partial
 import jax
 
 from jaxgpt import sharding
-from jaxgpt.batch import batch_fields
-from jaxgpt.program import TrainingProgram
-from jaxgpt.train_step import TrainState, seed_key_data
+from jaxgpt.training.batch import batch_fields
+from jaxgpt.training.program import TrainingProgram
+from jaxgpt.training.train_step import TrainState, seed_key_data
 
 
 def state_layout(program: TrainingProgram, mesh):
@@ -41,7 +41,7 @@ def jit_train_step(program: TrainingProgram, mesh, layout):
 
 
 def batch_layout(program: TrainingProgram, mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The shapes, dtypes and shardings of the run's batches (jaxgpt/batch.py), nothing allocated."""
+    """The shapes, dtypes and shardings of the run's batches (jaxgpt/training/batch.py), nothing allocated."""
     shape = (program.run.train.batch_size, program.run.model.block_size)
     where = sharding.batch_sharding(mesh)
     return {

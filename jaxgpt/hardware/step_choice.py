@@ -46,8 +46,8 @@ from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, peak_flops, runtime
 from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, jit_train_step
-from jaxgpt.program import TrainingProgram
-from jaxgpt.train_step import TrainState
+from jaxgpt.training.program import TrainingProgram
+from jaxgpt.training.train_step import TrainState
 
 
 class Step(Protocol):

@@ -122,8 +122,8 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     FLOPs. Raises OutOfMemory when the compiler finds it cannot fit."""
     from jaxgpt.hardware.mesh_step import batch_layout, state_layout
     from jaxgpt.hardware.step_choice import choose_step
-    from jaxgpt.model import flops_per_token
-    from jaxgpt.program import training_program
+    from jaxgpt.model.transformer import flops_per_token
+    from jaxgpt.training.program import training_program
 
     mesh = sharding.make_mesh(run.mesh, devices)
     program = training_program(run)
@@ -153,8 +153,8 @@ def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: i
     """Compile generation (prefill + the decode loop) for `devices`, parameters split over the
     heads as sample.py splits them; returns the compiled program."""
     from jaxgpt.config import MeshConfig
-    from jaxgpt.model import init_params
-    from jaxgpt.sampling import SamplingConfig, generate
+    from jaxgpt.model.sampling import SamplingConfig, generate
+    from jaxgpt.model.transformer import init_params
 
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), devices)
     model = run.model.replace(dtype="float32")

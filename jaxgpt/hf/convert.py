@@ -23,7 +23,7 @@ from jaxgpt.hf.files import (
     token_id,
     weight_files,
 )
-from jaxgpt.model import init_params
+from jaxgpt.model.transformer import init_params
 
 FAMILIES: dict[str, Family] = {  # config.json's model_type -> the family
     "gpt2": gpt2.FAMILY,

@@ -1,5 +1,5 @@
 """MixtralForCausalLM: Mistral with a mixture of experts in every block (dropless top-k
-routing, renormalised: jaxgpt/moe.py). Its experts are read in either layout, the Hub's
+routing, renormalised: jaxgpt/model/moe.py). Its experts are read in either layout, the Hub's
 (block_sparse_moe.experts.E.w1/w3/w2, one module per expert) or transformers 5's
 (mlp.experts.gate_up_proj, gate and up stacked), and written in the Hub's, which both versions
 of transformers load."""

@@ -32,7 +32,7 @@ from jax.experimental import multihost_utils
 from jaxgpt.config import MeshConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.job.workdir import unused_sibling
-from jaxgpt.model import init_params
+from jaxgpt.model.transformer import init_params
 from jaxgpt.sharding import laid_out, make_mesh
 from jaxgpt.tokenizers import tokenizer_from_dict
 

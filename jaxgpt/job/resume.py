@@ -20,7 +20,7 @@ from jaxgpt.errors import UserError
 from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.checkpoint import Checkpoints, load_latest
 from jaxgpt.job.metrics import metrics_lines
-from jaxgpt.optimizer import learning_rate_schedule
+from jaxgpt.training.optimizer import learning_rate_schedule
 
 # The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
 ARCHITECTURE_FIELDS = (
@@ -257,7 +257,7 @@ def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None)
     """`state` with its random parameters replaced by the weights `source` names: a workdir
     of a jaxgpt run (its newest checkpoint), or Hugging Face weights. The optimizer's zero
     moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
-    from jaxgpt.model import stack_blocks, unstack_blocks
+    from jaxgpt.model.transformer import stack_blocks, unstack_blocks
 
     if (Path(source) / "checkpoints").is_dir():
         run, params, their_tokenizer, step = load_latest(Path(source))

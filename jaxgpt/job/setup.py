@@ -2,7 +2,7 @@
 them in this order, and nothing before the loop happens anywhere else):
 
   resolve_run   the config checked and resolved once: its data prepared, vocab_size filled in,
-                its training program built (jaxgpt/program.py: model, optimizer, schedule), and
+                its training program built (jaxgpt/training/program.py: model, optimizer, schedule), and
                 the run checked against the data and this machine's memory from shapes alone,
                 before a workdir, a state or a batch exists
   opened        the workdir made (an earlier run moved aside for --fresh) and locked
@@ -28,7 +28,7 @@ from typing import NamedTuple
 import jax
 from jax.experimental import multihost_utils
 
-from jaxgpt import data, multiple_choice, sharding
+from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
@@ -40,11 +40,12 @@ from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import check_sinks_available
 from jaxgpt.job.resume import check_init_from_run
-from jaxgpt.kernels import kernel_fallback
-from jaxgpt.model import describe_parameters, flops_per_token
-from jaxgpt.program import TrainingProgram, training_program
+from jaxgpt.lab import multiple_choice
+from jaxgpt.model.kernels import kernel_fallback
+from jaxgpt.model.transformer import describe_parameters, flops_per_token
 from jaxgpt.tokenizers import save_tokenizer
-from jaxgpt.train_step import TrainState
+from jaxgpt.training.program import TrainingProgram, training_program
+from jaxgpt.training.train_step import TrainState
 
 
 def check_stops(stop_at: int | None, from_step: int | None, resumed_at: int | None = None) -> None:

@@ -34,7 +34,7 @@ import jax
 import numpy as np
 from tqdm import tqdm
 
-from jaxgpt import data, multiple_choice
+from jaxgpt import data
 from jaxgpt.errors import warn
 from jaxgpt.hardware import runtime
 from jaxgpt.hardware.distributed import is_main_process
@@ -48,7 +48,8 @@ from jaxgpt.job.metrics import (
 )
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import RunawayWatch, StopRequests, check_finite
-from jaxgpt.train_step import per_layer
+from jaxgpt.lab import multiple_choice
+from jaxgpt.training.train_step import per_layer
 
 MAX_EXP = math.log(sys.float_info.max)  # math.exp of more overflows
 
@@ -275,7 +276,7 @@ class Trainer:
         )
 
     def batch(self, step: int) -> dict:
-        """Training batch `step` (jaxgpt/batch.py) sharded over the devices the train step splits
+        """Training batch `step` (jaxgpt/training/batch.py) sharded over the devices the train step splits
         it over (the mesh's, or the CPU cores')."""
         return self.train_batches.batch(self.config, self.step.batch_mesh, step, data.TRAIN_STREAM)
 
@@ -308,7 +309,7 @@ class Trainer:
         return record
 
     def ask_questions(self, step: int) -> dict:
-        """Both accuracies on train.multiple_choice's questions (jaxgpt/multiple_choice.py), said."""
+        """Both accuracies on train.multiple_choice's questions (jaxgpt/lab/multiple_choice.py), said."""
         score = multiple_choice.score(self.config.model, self.state.params, self.dataset.tokenizer, self.questions)
         self.say(
             f"step {step}: multiple choice accuracy {score.accuracy:.4f}, normalised {score.normalised_accuracy:.4f} "

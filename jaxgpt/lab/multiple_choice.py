@@ -27,8 +27,8 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.model import GPT
-from jaxgpt.train_step import token_losses
+from jaxgpt.model.transformer import GPT
+from jaxgpt.training.train_step import token_losses
 
 
 @dataclasses.dataclass(frozen=True)

@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.layers import ACTIVATION_FUNCTIONS, MLP, residual_output_init
+from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, residual_output_init
 from jaxgpt.sharding import experts_split, rows_split
 
 
@@ -103,7 +103,7 @@ class MixtureOfExpertsLayer(nn.Module):
         )  # fmt: skip
         logits = router(x.astype(jnp.float32))  # routing in float32 under any compute dtype
         chosen, weights = route(logits, m.top_k, m.renormalize)  # (batch, t, top_k)
-        self.sow("intermediates", "experts", chosen)  # for jaxgpt.capture; nothing unless capturing
+        self.sow("intermediates", "experts", chosen)  # for jaxgpt.lab.capture; nothing unless capturing
         self.sow("intermediates", "expert_weights", weights)
         rows = capacity(c, t)
         slot, kept = jax.vmap(buffer_slots, in_axes=(0, None, None))(chosen, m.experts, rows)

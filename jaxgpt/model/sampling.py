@@ -19,7 +19,7 @@ import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
-from jaxgpt.model import GPT, init_cache
+from jaxgpt.model.transformer import GPT, init_cache
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,5 +1,5 @@
 """What the inspecting tools reach for inside an attention layer, and nothing else does: the
-scores and weights it records for `jaxgpt.capture` (Flax's "intermediates" collection, only
+scores and weights it records for `jaxgpt.lab.capture` (Flax's "intermediates" collection, only
 when the caller asks for it), and the mask `jaxgpt.commands.evaluate` removes heads with (the
 "head_mask" collection, only when given). Training and sampling pass neither, and the layer's
 program is then exactly the one without these lines.

@@ -20,10 +20,10 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxgpt import kv_cache, probes
 from jaxgpt.config import ModelConfig
-from jaxgpt.layers import dtypes, residual_output_init
-from jaxgpt.positions import alibi_slopes, apply_rope, rope_frequencies
+from jaxgpt.model import kv_cache, probes
+from jaxgpt.model.layers import dtypes, residual_output_init
+from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
 
 
 def causal_score_bias(
@@ -47,7 +47,7 @@ def causal_score_bias(
     training see the future).
 
     segments (b, t), for queries and keys that are the same tokens: a key is visible only to
-    queries of its own segment (packed sequences, padding; jaxgpt/batch.py). A segment's tokens
+    queries of its own segment (packed sequences, padding; jaxgpt/training/batch.py). A segment's tokens
     are contiguous, so distances within it (causality, the window, ALiBi's) are the row's.
     key_segments (b, s): the keys' own, where they are other tokens (cross-attention to an
     encoder's output): a query sees the keys of its segment, and one whose segment has none
@@ -90,7 +90,7 @@ class Mask(NamedTuple):
     causal: False for an encoder, which sees both sides (and the ablation that lets a
         decoder's training see the future).
     segments: (b, t) each token's sequence, where a row holds several sequences or padding
-        (jaxgpt/batch.py); None for one sequence a row.
+        (jaxgpt/training/batch.py); None for one sequence a row.
     key_segments: (b, s) the keys' sequences where they are not the queries' tokens
         (cross-attention, `CrossAttention`); None for self-attention.
     """
@@ -159,7 +159,7 @@ def kernel(name: str):
     cannot run (kernels.py imports nothing from here)."""
     if name == "xla":
         return xla_attention
-    from jaxgpt.kernels import KERNELS
+    from jaxgpt.model.kernels import KERNELS
 
     return partial(KERNELS[name], fallback=xla_attention)
 

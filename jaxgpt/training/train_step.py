@@ -18,10 +18,10 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from jaxgpt.batch import MODEL_INPUTS, as_batch, length_of, rows_of, scored_weight
 from jaxgpt.config import ModelConfig
-from jaxgpt.masked import example_keys, hidden_count, mask_examples
-from jaxgpt.model import GPT, head_logits, head_weights, init_params, zeros_shaped
+from jaxgpt.model.transformer import GPT, head_logits, head_weights, init_params, zeros_shaped
+from jaxgpt.training.batch import MODEL_INPUTS, as_batch, length_of, rows_of, scored_weight
+from jaxgpt.training.masked import example_keys, hidden_count, mask_examples
 
 EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
 
@@ -66,9 +66,9 @@ def model_inputs(batch: dict) -> dict:
 
 
 def token_losses(model: GPT, params, batch, rng: jax.Array | None = None, head_mask: dict | None = None) -> jax.Array:
-    """Next-token cross-entropy (rows, seq) at each position of a batch (jaxgpt/batch.py; an
+    """Next-token cross-entropy (rows, seq) at each position of a batch (jaxgpt/training/batch.py; an
     array of windows (rows, seq + 1) will do), unweighted; dropout when rng is given; head_mask
-    (`jaxgpt.model.head_mask`) silences attention heads. With model.loss_chunk dividing seq,
+    (`jaxgpt.model.transformer.head_mask`) silences attention heads. With model.loss_chunk dividing seq,
     the logits are computed a chunk at a time, as training computes them: an evaluation never
     needs more memory for them than a training step."""
     batch = as_batch(batch)
@@ -134,7 +134,7 @@ def scored(
     dropout_rng: jax.Array | None = None,
     answers: bool = False,
 ) -> tuple[jax.Array, dict]:
-    """(the objective to differentiate, what was measured) of a batch (jaxgpt/batch.py; an array
+    """(the objective to differentiate, what was measured) of a batch (jaxgpt/training/batch.py; an array
     of windows (rows, seq + 1) will do), a piece of a batch of `batch_rows` rows (default: the
     piece is the whole batch) at places `example_ids` in it (default 0, 1, ...) that scores
     `weight` tokens in all (batch_weight; default: this piece's, when it is the whole batch).
@@ -145,7 +145,7 @@ def scored(
     the whole batch counts. The loss is summed over the tokens scored (every position, or the
     hidden ones, each times its weight where the batch has weights) and divided by the batch's
     weight; a mixture of experts' router losses, the
-    mean over the piece's sequences of each (jaxgpt/moe.py, averaged over the MoE layers and
+    mean over the piece's sequences of each (jaxgpt/model/moe.py, averaged over the MoE layers and
     scaled by its coefficient), count each sequence once. So the shares of every piece
     (microbatches, CPU cores, devices) add up to the batch's objective whatever the pieces are,
     and the engine only adds them: a masked batch's gradient does not depend on how it is split
@@ -247,7 +247,7 @@ def chunked_losses(
 
 
 def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]:
-    """What each MoE layer sowed in the "router" collection (jaxgpt/moe.py: its two losses, the
+    """What each MoE layer sowed in the "router" collection (jaxgpt/model/moe.py: its two losses, the
     load per expert, the dropped fraction, the routing entropy), each stacked over the MoE
     layers in order (config.moe_layers)."""
     if config.scan_layers:  # one stack of identical layers: already (n_layer, ...)
@@ -372,7 +372,7 @@ def train_step(
     microbatches: int = 1,
     layer_grad_norms: bool = False,
 ) -> tuple[TrainState, dict]:
-    """One optimizer step on a batch (jaxgpt/batch.py); dropout draws from fold_in(state.rng,
+    """One optimizer step on a batch (jaxgpt/training/batch.py); dropout draws from fold_in(state.rng,
     step), so a step's randomness does not depend on the steps before it."""
     rng = jax.random.fold_in(state.rng, state.step)
     measured, grads = gradients(state.params, batch, rng, model=model, microbatches=microbatches)
@@ -381,7 +381,7 @@ def train_step(
 
 def eval_step(params, batch, *, model: GPT) -> dict[str, jax.Array]:
     """{"loss": the mean loss over the positions the batch scores}; for the masked objective its
-    "accuracy" too (jaxgpt/masked.py), and "scored", the hidden tokens both are means over,
+    "accuracy" too (jaxgpt/training/masked.py), and "scored", the hidden tokens both are means over,
     which differ from batch to batch (as the scored positions of a batch with weights do: then
     "scored" is their weight).
     For a model trained without the causal mask (which sees

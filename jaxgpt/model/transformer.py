@@ -16,11 +16,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
-from jaxgpt.attention import CausalSelfAttention, CrossAttention
 from jaxgpt.config import ModelConfig
-from jaxgpt.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
-from jaxgpt.moe import MixtureOfExpertsLayer
-from jaxgpt.positions import sinusoidal_embedding
+from jaxgpt.model.attention import CausalSelfAttention, CrossAttention
+from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
+from jaxgpt.model.moe import MixtureOfExpertsLayer
+from jaxgpt.model.positions import sinusoidal_embedding
 
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -36,7 +36,7 @@ class Block(nn.Module):
     post-norm: norm(x + attn(x)), then norm(x + mlp(x))
 
     With config.mlp off (attention-only) the second line, its norm included, is not there; in
-    a mixture-of-experts block (moe) the experts take the MLP's place (jaxgpt/moe.py). Given an
+    a mixture-of-experts block (moe) the experts take the MLP's place (jaxgpt/model/moe.py). Given an
     encoder's output (`memory`: an encoder–decoder's decoder block), cross-attention to it is a
     residual branch of its own between the two, normed as they are.
     """
@@ -56,7 +56,7 @@ class Block(nn.Module):
         memory_segments: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
         """cache_index: None, or where this call's tokens start in the KV cache (decoding);
-        segments: None, or each token's sequence in its row (jaxgpt/batch.py); memory and
+        segments: None, or each token's sequence in its row (jaxgpt/training/batch.py); memory and
         memory_segments: the encoder's output (b, s, d_model) and its tokens' segments."""
         c = self.config
         attention = CausalSelfAttention(c, name="attn")
@@ -153,7 +153,7 @@ class GPT(nn.Module):
         """tokens (batch, seq) int -> logits (batch, seq, vocab) float32.
 
         segments, positions: (batch, seq) where a row holds several sequences or padding: each
-            token's sequence (attention stays within it) and its place there (jaxgpt/batch.py).
+            token's sequence (attention stays within it) and its place there (jaxgpt/training/batch.py).
         sources, source_segments, source_positions: (batch, source seq), an encoder–decoder's
             (config.encoder_layers): what its encoder reads; or `memory`, what it made of them
             (encode_only=True returns that, for decoding with the sources encoded once).
@@ -186,7 +186,7 @@ class GPT(nn.Module):
         def readout(x):
             return head_logits(c, weights, features(x))
 
-        if residuals:  # capturing (jaxgpt.capture): the logit lens, the readout after every layer
+        if residuals:  # capturing (jaxgpt.lab.capture): the logit lens, the readout after every layer
             self.sow("intermediates", "residual", jnp.stack(residuals))
             self.sow("intermediates", "logit_lens", jnp.stack([readout(r) for r in residuals]))
         return readout(x)

@@ -5,7 +5,7 @@ would be copying it. Instead some tokens are hidden and the model predicts them 
 sides: each position is chosen with probability `rate` (BERT: 15%); a chosen token becomes
 the mask token 80% of the time, a random token 10%, and stays itself 10% (so the model cannot
 learn that only [MASK] positions matter, and must keep a useful representation of every
-token). The loss is the cross-entropy at the chosen positions alone (jaxgpt/train_step.py's
+token). The loss is the cross-entropy at the chosen positions alone (jaxgpt/training/train_step.py's
 objective), and it is not comparable with a next-token loss: the model sees both sides of each
 blank, and only 15% of the tokens are scored. Each example draws its blanks from its own key,
 so they do not depend on how a batch is split into microbatches or over cores.

@@ -1,6 +1,6 @@
 """The training program: what a run computes, built once from its config before any device is
 chosen. The model, the optimizer with its learning-rate schedule, and the pure functions of
-jaxgpt/train_step.py bound to them:
+jaxgpt/training/train_step.py bound to them:
 
     run ──► training_program ──► TrainingProgram(model, optimizer, schedule)
                                      │ create_state, step, eval_step
@@ -22,9 +22,9 @@ import jax
 import optax
 
 from jaxgpt.config import RunConfig, with_train
-from jaxgpt.model import GPT
-from jaxgpt.optimizer import learning_rate_schedule, make_optimizer
-from jaxgpt.train_step import TrainState, create_train_state, eval_step, train_step
+from jaxgpt.model.transformer import GPT
+from jaxgpt.training.optimizer import learning_rate_schedule, make_optimizer
+from jaxgpt.training.train_step import TrainState, create_train_state, eval_step, train_step
 
 
 @dataclasses.dataclass(frozen=True)

@@ -2,7 +2,7 @@
 
 `capture(config, params, tokens)` runs the model once with Flax's "intermediates" collection
 mutable. Each attention layer then sows its pre-softmax scores and its weights
-(jaxgpt/attention.py), and the decoder sows the residual stream before the first block and
+(jaxgpt/model/attention.py), and the decoder sows the residual stream before the first block and
 after each, and the logit lens: its own readout (final norm and LM head) applied to each of
 those residuals, which shows what the model would predict if it stopped at that layer
 (nostalgebraist 2020). Nothing is computed twice and nothing changes when not capturing.
@@ -25,7 +25,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model import GPT, unstack_blocks
+from jaxgpt.model.transformer import GPT, unstack_blocks
 
 
 class Captured(NamedTuple):
@@ -37,7 +37,7 @@ class Captured(NamedTuple):
     weights: np.ndarray  # (n_layer, batch, n_head, t, t): softmax of scores
     residual: np.ndarray  # (n_layer + 1, batch, t, d_model): before block 0, then after each block
     logit_lens: np.ndarray  # (n_layer + 1, batch, t, vocab): the readout of each residual
-    # A mixture of experts (jaxgpt/moe.py), per MoE layer (config.moe_layers; none in a dense
+    # A mixture of experts (jaxgpt/model/moe.py), per MoE layer (config.moe_layers; none in a dense
     # model): the experts each token was routed to, most probable first, and their weights
     # (renormalised over the chosen where model.moe.renormalize; an assignment dropped at
     # capacity keeps its weight here).

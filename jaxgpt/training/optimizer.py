@@ -22,7 +22,7 @@ def learning_rate_schedule(train: TrainConfig) -> optax.Schedule:
     )
 
 
-# jaxgpt/moe.py's expert weights: one matrix per expert, stacked (experts, d_in, ..., d_out)
+# jaxgpt/model/moe.py's expert weights: one matrix per expert, stacked (experts, d_in, ..., d_out)
 EXPERT_KERNELS = ("experts_up", "experts_down")
 
 

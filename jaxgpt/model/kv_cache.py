@@ -6,7 +6,7 @@ The cache is a static (batch, block_size, n_kv_head, head_dim) array per layer, 
 go on past block_size, each query seeing the last block_size positions; the mask reads which
 position each slot holds (`slot_positions`). That is sliding-window attention with a window of
 block_size, which only models with relative positions (rope, alibi, none) can use;
-`jaxgpt.sampling.check_length` keeps the others inside block_size, where nothing wraps.
+`jaxgpt.model.sampling.check_length` keeps the others inside block_size, where nothing wraps.
 """
 
 from __future__ import annotations
