@@ -1,1 +1,1 @@
-"""Config files: each defines get_config() -> ml_collections.ConfigDict (see jaxgpt/config.py)."""
+"""Config files: each defines get_config() -> ml_collections.ConfigDict (see jaxgpt/config/)."""

@@ -2,7 +2,7 @@
 
 A config file (`configs/*.py`) defines `get_config()` returning `base_config()` with some
 values changed: an `ml_collections.ConfigDict` with sections `model`, `data`, `train` and
-`mesh` whose keys are exactly the fields of the dataclasses in jaxgpt/config.py, so
+`mesh` whose keys are exactly the fields of the dataclasses in jaxgpt/config/, so
 command-line overrides like `--config.train.lr=1e-3` are type-checked against the defaults.
 `resolve` turns such a dict into a `RunConfig`.
 """

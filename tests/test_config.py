@@ -61,8 +61,8 @@ def test_rope_scaling_accepts_a_plain_dict():
             "model.position='learned' but rope_scaling is set",
         ),
         (dict(position="rope", rope_scaling=RopeScaling("dynamic", 2.0)), "rope_scaling.kind='dynamic'"),
-        (dict(position="rope", rope_scaling=RopeScaling("yarn", 4.0)), "yarn needs the positive context length"),
-        (dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0)), "llama3 needs the positive context length"),
+        (dict(position="rope", rope_scaling=RopeScaling("yarn", 4.0)), "original_block_size=None must be positive: yarn needs the context length"),
+        (dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0)), "original_block_size=None must be positive: llama3 needs the context length"),
         (
             dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0, 64, low_freq_factor=4, high_freq_factor=1)),
             "llama3 needs 0 < low_freq_factor < high_freq_factor",
@@ -72,8 +72,8 @@ def test_rope_scaling_accepts_a_plain_dict():
                 position="rope",
                 rope_scaling=RopeScaling("longrope", 4.0, 64, long_factor=(1.0,) * 15, short_factor=(1.0,) * 16),
             ),
-            "rope_scaling.long_factor=(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0): "
-            "longrope needs head_dim / 2 = 16 positive factors",
+            "rope_scaling.long_factor=(1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0, 1.0) "
+            "must be head_dim / 2 = 16 positive factors",
         ),
         (dict(qkv_projections=False, qkv_bias=True), "qkv_bias=True needs the projections it biases"),
         (dict(head_transform=True, activation="swiglu"), "head_transform=True applies an elementwise activation"),

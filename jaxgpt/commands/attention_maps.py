@@ -149,18 +149,10 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
           f"{written[1]} and {written[2]} (the encoder's and the decoder's self-attention)")  # fmt: skip
 
 
+@cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _draw_maps(argv))
-
-
-def _draw_maps(argv: list[str] | None) -> None:
-    argv, f = cli.command_flags(argv)
-    inspected.define_flags(f)
-    flags.DEFINE_integer("layer", None, "Draw only this layer (0-based).", flag_values=f)
-    flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
-    flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
-    cli.parse_flags(argv, __doc__, f)
+    f = inspected.parse_flags(argv, __doc__, _define_flags)
     config, params, tokenizer, source = inspected.load_model(f)
     if config.encoder_layers:
         return _draw_encoder_decoder(f, config, params, tokenizer)
@@ -175,6 +167,12 @@ def _draw_maps(argv: list[str] | None) -> None:
     out = Path(f.out) if f.out else Path(f.workdir or ".") / "attention.png"
     out = draw(maps, labels, first, out, scores=f.scores)
     print(f"wrote {out} ({source}, {len(ids)} tokens, {maps.shape[0]} layer(s) x {maps.shape[1]} heads)")
+
+
+def _define_flags(f: flags.FlagValues) -> None:
+    flags.DEFINE_integer("layer", None, "Draw only this layer (0-based).", flag_values=f)
+    flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
+    flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
 
 
 if __name__ == "__main__":

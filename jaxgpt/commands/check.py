@@ -41,12 +41,9 @@ def define_flags(argv: list[str], f: flags.FlagValues) -> None:
     )
 
 
+@cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point (jaxgpt check)."""
-    cli.run(lambda: _check(argv))
-
-
-def _check(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     define_flags(argv, f)
     cli.parse_flags(argv, __doc__, f)

@@ -6,6 +6,7 @@ and the fix, and exits with status 2; anything else is a bug and keeps its trace
 
 from __future__ import annotations
 
+import functools
 import os
 import re
 import sys
@@ -298,6 +299,20 @@ def refuse_a_pretrained_encoder_decoder(model, source: str) -> None:
             "train.py (--workdir); load this one in Python with jaxgpt.hf.load_pretrained and decode with "
             "jaxgpt.model.sampling.encode and generate"
         )
+
+
+def command(interrupted: str = "interrupted", starts_jax: bool = True):
+    """A command's entry point, `main(argv=None)`, run under `run` below: every command's
+    bad input exits 2 with one line, Ctrl-C as `interrupted` says. `@cli.command()` above it."""
+
+    def decorate(body: Callable[[list[str] | None], None]) -> Callable[[list[str] | None], None]:
+        @functools.wraps(body)
+        def main(argv: list[str] | None = None) -> None:
+            run(lambda: body(argv), interrupted, starts_jax)
+
+        return main
+
+    return decorate
 
 
 def run(main: Callable[[], None], interrupted: str = "interrupted", starts_jax: bool = True) -> None:

@@ -268,15 +268,9 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
     return summary, table
 
 
+@cli.command(interrupted="interrupted; rerun the same command: finished runs are skipped, the others resume")
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point (jaxgpt compare)."""
-    cli.run(
-        lambda: _compare(argv),
-        interrupted="interrupted; rerun the same command: finished runs are skipped, the others resume",
-    )
-
-
-def _compare(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     define_flags(argv, f)
     cli.parse_flags(argv, __doc__, f)

@@ -346,11 +346,6 @@ def draw(runs: list[tuple[str, int, list[LengthResult]]], out: Path) -> Path:
     return save_png(figure, out)
 
 
-def main(argv: list[str] | None = None) -> None:
-    """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _evaluate(argv))
-
-
 def _lengths(text: list[str]) -> list[int]:
     try:
         lengths = sorted({int(part) for part in text})
@@ -384,25 +379,19 @@ def run_names(workdirs: list[Path]) -> list[str]:
     return [str(w) for w in workdirs]
 
 
-def _evaluate(argv: list[str] | None) -> None:
+@cli.command()
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point: bad input exits 2 with one line."""
     argv, f = cli.command_flags(argv)
     flags.DEFINE_multi_string("workdir", [], "A run; repeat to compare.", flag_values=f)
     flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
     flags.DEFINE_list("lengths", ["64", "128", "256", "512", "1024"], "Window lengths.", flag_values=f)
     flags.DEFINE_integer("tokens", 32768, "Validation tokens scored at each length.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <first workdir>/loss_by_position.png).", flag_values=f)
-    flags.DEFINE_bool(
-        "mask_heads", False, "Instead: the loss at block_size with each attention head removed.", flag_values=f
-    )
-    flags.DEFINE_string(
-        "remove_heads", None, "Instead: the loss with these heads removed, LAYER.HEAD,...", flag_values=f
-    )
-    flags.DEFINE_float(
-        "prune", None, "Instead: remove this share of the heads greedily, least useful first.", flag_values=f
-    )
-    flags.DEFINE_bool(
-        "induction", False, "Instead: each head's induction score on repeated random tokens.", flag_values=f
-    )
+    flags.DEFINE_bool("mask_heads", False, "Instead: the loss at block_size with each head removed.", flag_values=f)
+    flags.DEFINE_string("remove_heads", None, "Instead: the loss with heads LAYER.HEAD,... removed.", flag_values=f)
+    flags.DEFINE_float("prune", None, "Instead: remove this share of heads, least useful first.", flag_values=f)
+    flags.DEFINE_bool("induction", False, "Instead: each head's induction score on repeated tokens.", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)

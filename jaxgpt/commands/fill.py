@@ -59,18 +59,10 @@ def filled(prompt: str, guesses: list[str]) -> str:
     return pieces[0] + "".join(guess + piece for guess, piece in zip(guesses, pieces[1:], strict=True))
 
 
+@cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _fill(argv))
-
-
-def _fill(argv: list[str] | None) -> None:
-    argv, f = cli.command_flags(argv)
-    inspected.define_flags(f)
-    flags.DEFINE_integer("top", 5, "Candidates shown for each blank.", flag_values=f)
-    cli.parse_flags(argv, __doc__, f)
-    if f.top < 1:
-        raise UserError(f"--top {f.top}: show at least 1 candidate")
+    f = inspected.parse_flags(argv, __doc__, _define_flags)
     config, params, tokenizer, source = inspected.load_model(f)
     if config.objective != "masked":
         raise UserError(
@@ -85,6 +77,10 @@ def _fill(argv: list[str] | None) -> None:
         top = np.argsort(-p)[: f.top]
         candidates = "  ".join(f"{tokenizer.decode([int(i)])!r} {p[i]:.3f}" for i in top)
         print(f"blank {number + 1} (token {blanks[number]}): {candidates}")
+
+
+def _define_flags(f: flags.FlagValues) -> None:
+    flags.DEFINE_integer("top", 5, "Candidates shown for each blank.", lower_bound=1, flag_values=f)
 
 
 if __name__ == "__main__":

@@ -15,32 +15,26 @@ from absl import flags
 from tqdm import tqdm
 
 from jaxgpt.commands import cli, inspected
-from jaxgpt.errors import UserError
 from jaxgpt.lab import multiple_choice
 
 
+@cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _score(argv))
-
-
-def _score(argv: list[str] | None) -> None:
-    argv, f = cli.command_flags(argv)
-    inspected.define_flags(f, prompt=False)
-    flags.DEFINE_string("questions", None, "A HellaSwag JSONL file, or hf:NAME[:SPLIT].", flag_values=f)
-    flags.DEFINE_integer("limit", None, "Score only the first this many questions.", flag_values=f)
-    flags.DEFINE_integer("batch", 8, "Questions per forward pass.", flag_values=f)
-    cli.parse_flags(argv, __doc__, f)
+    f = inspected.parse_flags(argv, __doc__, _define_flags, prompt=False)
     cli.require(f, "questions", what="the questions to score: a HellaSwag JSONL file, or hf:Rowan/hellaswag")
-    for flag in ("limit", "batch"):
-        if f[flag].value is not None and f[flag].value < 1:
-            raise UserError(f"--{flag} {f[flag].value}: give at least 1")
     questions = multiple_choice.read_questions(f.questions, f.limit)
     config, params, tokenizer, source = inspected.load_model(f)
     cli.refuse_an_encoder_decoder(config, f.workdir or f.init_from, "its endings are scored as text continuing text")
     with tqdm(total=len(questions), unit="question", leave=False, disable=None) as bar:
         result = multiple_choice.score(config, params, tokenizer, questions, f.batch, progress=bar.update)
     print(result.line(f"{f.questions} ({source})"))
+
+
+def _define_flags(f: flags.FlagValues) -> None:
+    flags.DEFINE_string("questions", None, "A HellaSwag JSONL file, or hf:NAME[:SPLIT].", flag_values=f)
+    flags.DEFINE_integer("limit", None, "Score only the first this many questions.", lower_bound=1, flag_values=f)
+    flags.DEFINE_integer("batch", 8, "Questions per forward pass.", lower_bound=1, flag_values=f)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""The model an inspecting command looks at (attention_maps, logit_lens, hellaswag): a run's newest
+"""The model an inspecting command looks at (attention_maps, logit_lens, fill, hellaswag): a run's newest
 checkpoint, a kept one (--step), its initialisation (--init), or Hugging Face weights
 (--init_from); and the prompt it reads."""
 
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -25,6 +26,17 @@ def define_flags(f: flags.FlagValues, prompt: bool = True) -> None:
         flags.DEFINE_string("prompt", None, "Text to run the model on.", flag_values=f)
     flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
     flags.DEFINE_bool("init", False, "The run's parameters at initialisation (step 0).", flag_values=f)
+
+
+def parse_flags(
+    argv: list[str] | None, usage: str, define: Callable[[flags.FlagValues], None], prompt: bool = True
+) -> flags.FlagValues:
+    """An inspecting command's flags: the ones above, the command's own (`define`), parsed."""
+    argv, f = cli.command_flags(argv)
+    define_flags(f, prompt)
+    define(f)
+    cli.parse_flags(argv, usage, f)
+    return f
 
 
 def load_model(f: flags.FlagValues) -> tuple[ModelConfig, dict, object, str]:

@@ -19,7 +19,6 @@ import numpy as np
 from absl import flags
 
 from jaxgpt.commands import cli, inspected
-from jaxgpt.errors import UserError
 from jaxgpt.lab.capture import capture
 
 CELL = 7  # characters per token column
@@ -60,18 +59,10 @@ def table(rows: list[dict], ids: np.ndarray, decode, positions: int) -> list[str
     return lines
 
 
+@cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _lens(argv))
-
-
-def _lens(argv: list[str] | None) -> None:
-    argv, f = cli.command_flags(argv)
-    inspected.define_flags(f)
-    flags.DEFINE_integer("positions", 12, "Show the last this many positions.", flag_values=f)
-    cli.parse_flags(argv, __doc__, f)
-    if f.positions < 1:
-        raise UserError(f"--positions {f.positions}: show at least 1")
+    f = inspected.parse_flags(argv, __doc__, _define_flags)
     config, params, tokenizer, source = inspected.load_model(f)
     cli.refuse_an_encoder(config, f.workdir or f.init_from, "its layers have no next-token guesses to read")
     cli.refuse_an_encoder_decoder(config, f.workdir or f.init_from, "the logit lens reads a decoder given text alone")
@@ -80,6 +71,10 @@ def _lens(argv: list[str] | None) -> None:
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
     print(f"logit lens ({source}, {len(ids)} tokens): a row per layer, its top next token at each position")
     print("\n".join(table(rows, ids, tokenizer.decode, f.positions)))
+
+
+def _define_flags(f: flags.FlagValues) -> None:
+    flags.DEFINE_integer("positions", 12, "Show the last this many positions.", lower_bound=1, flag_values=f)
 
 
 if __name__ == "__main__":

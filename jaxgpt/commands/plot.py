@@ -139,12 +139,9 @@ def save_png(figure, out: Path) -> Path:
     return out
 
 
+@cli.command(starts_jax=False)  # matplotlib alone
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
-    cli.run(lambda: _plot(argv), starts_jax=False)  # matplotlib alone
-
-
-def _plot(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     flags.DEFINE_string("metric", "loss", "loss (train and val), or any key of metrics.jsonl.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <first run>/<metric>.png).", flag_values=f)

@@ -25,16 +25,12 @@ def define_flags(argv: list[str], f: flags.FlagValues) -> None:
     )
 
 
+@cli.command(
+    interrupted="interrupted; rerun the same command to continue from the last whole shard",
+    starts_jax=False,  # tokenizing: no backend, so no address space to reserve for one
+)
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point (jaxgpt prepare)."""
-    cli.run(
-        lambda: _prepare(argv),
-        interrupted="interrupted; rerun the same command to continue from the last whole shard",
-        starts_jax=False,  # tokenizing: no backend, so no address space to reserve for one
-    )
-
-
-def _prepare(argv: list[str] | None) -> None:
     from jaxgpt import data
     from jaxgpt.config_files import resolve
 

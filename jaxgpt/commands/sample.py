@@ -42,12 +42,9 @@ def define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_bool("stream", False, "Print tokens as they are generated (first sample).", flag_values=f)
 
 
+@cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point (jaxgpt sample): bad input exits 2 with one line."""
-    cli.run(lambda: _sample(argv))
-
-
-def _sample(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     define_flags(f)
     cli.parse_flags(argv, __doc__, f)

@@ -9,7 +9,7 @@ Examples:
 
 Rerunning the same command resumes from the newest checkpoint; --workdir alone resumes a run with
 the configuration saved in it. Every config key can be set as --config.<section>.<key>=VALUE
-(sections model, data, train, mesh; see jaxgpt/config.py).
+(sections model, data, train, mesh; see jaxgpt/config/).
 
 A thin shell over jaxgpt.job.trainer.train_and_evaluate, which notebooks can call directly.
 """
@@ -51,18 +51,14 @@ def define_flags(argv: list[str], f: flags.FlagValues) -> None:
     flags.DEFINE_integer("process_id", None, "Multi-process runs: this process's index, 0-based.", flag_values=f)
 
 
+@cli.command(
+    interrupted="interrupted: stopped at once; rerun the same command to resume from the newest complete "
+    "checkpoint (from step 0 if none was written yet)"
+)
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point (jaxgpt train): bad input exits 2 with one line; Ctrl-C
     in the training loop finishes the step, checkpoints and exits 130, and anywhere else (or a
     second time) ends the run at once."""
-    cli.run(
-        lambda: _train(argv),
-        interrupted="interrupted: stopped at once; rerun the same command to resume from the newest complete "
-        "checkpoint (from step 0 if none was written yet)",
-    )
-
-
-def _train(argv: list[str] | None) -> None:
     argv, f = cli.command_flags(argv)
     argv = cli.config_from_run(argv)
     define_flags(argv, f)

@@ -1,10 +1,12 @@
 """Data: read a corpus, tokenize it once into cached token files, and cut batches from them.
-Three steps, a module each:
+Three steps, a module each (and the cache's files):
 
   sources.py   where the text comes from (`data.source`: the built-in Python reference, local
                files, a Hugging Face Hub dataset)
   prepared.py  how it becomes cached tokens: tokenized on every core into shards, checked at
                every start, memory-mapped (`prepare` returns the `Dataset`)
+  shards.py    the files it keeps: shards written whole, meta.json, the shards read as one
+               stream
   batches.py   how batches are cut from them: a pure function of (seed, step), and a fixed
                validation set
   pairs.py     text pairs (a source, the target to answer it with) as examples packed into
@@ -35,7 +37,6 @@ from jaxgpt.data.pairs import PairValidation, TrainPairs
 from jaxgpt.data.prepared import (
     WORKERS_ENV,
     Dataset,
-    TokenShards,
     cache_folder,
     cache_root,
     prepare,
@@ -43,6 +44,7 @@ from jaxgpt.data.prepared import (
     tokenizing_workers,
     vocab_size_for,
 )
+from jaxgpt.data.shards import TokenShards
 from jaxgpt.data.sources import read_documents
 
 __all__ = [

@@ -7,7 +7,7 @@ the tokens is validation. A preparation that is killed continues from its last w
 `meta.json` records what every file must be (token counts, SHA-256 taken while writing); every
 start checks the sizes and the document starts, and the checksums when hashing is cheap or
 asked for (a training run on a larger cache takes them in a thread). A damaged cache is moved
-aside and prepared again. Later runs memory-map the shards (`TokenShards`).
+aside and prepared again. Later runs memory-map the shards (jaxgpt/data/shards.py).
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ import sys
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ProcessPoolExecutor
 from functools import partial
 from pathlib import Path
@@ -36,6 +36,15 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxgpt.config import DataConfig
+from jaxgpt.data.shards import (
+    PREPARATION_VERSION,
+    ShardWriter,
+    sha256_of,
+    token_streams,
+    whole_shards,
+    write_meta,
+    write_whole,
+)
 from jaxgpt.data.sources import document_texts, local_files, read_documents
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware.machine import cache_root as machine_cache_root
@@ -45,9 +54,6 @@ from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, to
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
 WORKERS_ENV = "JAXGPT_PREPARE_WORKERS"
-# bump when the token file format or splitting changes (2: meta.json records a checksum;
-# 3: documents.bin records where each document begins; 4: the tokens are in shards)
-PREPARATION_VERSION = 4
 # The token files are hashed at every start up to this size: SHA-256 ran at 0.74 GB/s on the
 # 2-core EPYC this was written on, so at most ~0.2 s; larger corpora are hashed with verify=True.
 CHECKSUM_ON_START_BYTES = 128 << 20
@@ -92,7 +98,7 @@ class BackgroundChecksums:
     def _check(self, folder: Path, shards: list[tuple[str, str]]) -> None:
         try:
             for name, digest in shards:
-                if _sha256(folder / name) != digest:
+                if sha256_of(folder / name) != digest:
                     self.problem = f"{name}'s SHA-256 differs from the one recorded when it was written"
                     break
         except OSError as error:
@@ -231,12 +237,7 @@ def prepare(
         if not built and (problem := cache_problem(folder, verify=True)):
             raise UserError(f"the prepared data in {folder}, just written by another process, is damaged ({problem})")
     meta = json.loads((folder / "meta.json").read_text())
-    shards = [np.memmap(folder / shard["file"], dtype=meta["dtype"], mode="r") for shard in meta["shards"]]
-    split = meta["train_tokens"]
-    if len(shards) == 1:
-        train, val = shards[0][:split], shards[0][split:]
-    else:
-        train, val = TokenShards(shards, 0, split), TokenShards(shards, split, meta["tokens"])
+    train, val = token_streams(folder, meta)
     documents = np.fromfile(folder / "documents.bin", np.int64)
     dataset = Dataset(load_tokenizer(folder / "tokenizer.json"), train, val, documents, folder)
     hashed = verify or written_now or meta["tokens"] * np.dtype(meta["dtype"]).itemsize <= CHECKSUM_ON_START_BYTES
@@ -250,41 +251,6 @@ def cache_folder(config: DataConfig) -> Path:
     everything that changes the tokens."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
     return cache_root(config) / f"{slug}-{config.tokenizer}-{_fingerprint(config)}"
-
-
-class TokenShards:
-    """Memory-mapped token files read as one stream: `len`, slices (a window that crosses from
-    one file into the next reads as from a single file) and `np.asarray`, which is what
-    batches and evaluation use, over tokens [start, stop) of the files end to end. Only the
-    windows read are loaded, so a corpus larger than memory trains."""
-
-    def __init__(self, shards: list[np.ndarray], start: int, stop: int):
-        self.shards, self.start, self.stop = shards, start, stop
-        self.ends = np.cumsum([len(shard) for shard in shards])
-        self.dtype = shards[0].dtype
-
-    def __len__(self) -> int:
-        return self.stop - self.start
-
-    def __getitem__(self, window: slice) -> np.ndarray:
-        if not isinstance(window, slice):
-            raise TypeError("TokenShards reads slices (tokens[a:b]); np.asarray(tokens) reads it whole")
-        first, last, stride = window.indices(len(self))
-        return self._read(self.start + first, self.start + max(first, last))[::stride]
-
-    def _read(self, start: int, stop: int) -> np.ndarray:
-        pieces = []
-        shard = int(np.searchsorted(self.ends, start, side="right"))
-        while start < stop:
-            offset = int(self.ends[shard - 1]) if shard else 0
-            end = min(stop, int(self.ends[shard]))
-            pieces.append(self.shards[shard][start - offset : end - offset])
-            start, shard = end, shard + 1
-        return pieces[0] if len(pieces) == 1 else np.concatenate(pieces or [np.empty(0, self.dtype)])
-
-    def __array__(self, dtype=None, copy=None) -> np.ndarray:
-        whole = self._read(self.start, self.stop)
-        return whole if dtype is None else whole.astype(dtype)
 
 
 def cache_problem(folder: Path, verify: bool = False) -> str | None:
@@ -313,7 +279,7 @@ def cache_problem(folder: Path, verify: bool = False) -> str | None:
     starts = np.fromfile(documents, np.int64)  # 8 bytes a document: read whole at every start anyway
     if len(starts) and (starts[0] != 0 or starts[-1] >= total or np.any(np.diff(starts) < 0)):
         return f"documents.bin does not hold document starts (rising from 0, each below the {total:,} tokens)"
-    if "documents_sha256" in meta and _sha256(documents) != meta["documents_sha256"]:  # caches since 2026-11
+    if "documents_sha256" in meta and sha256_of(documents) != meta["documents_sha256"]:  # caches since 2026-11
         return "documents.bin's SHA-256 differs from the one recorded when it was written"
     try:
         load_tokenizer(folder / "tokenizer.json")
@@ -321,17 +287,9 @@ def cache_problem(folder: Path, verify: bool = False) -> str | None:
         return f"tokenizer.json cannot be read: {type(error).__name__}: {str(error).splitlines()[0][:120]}"
     if verify or total * itemsize <= CHECKSUM_ON_START_BYTES:
         for name, _, digest in shards:
-            if _sha256(folder / name) != digest:
+            if sha256_of(folder / name) != digest:
                 return f"{name}'s SHA-256 differs from the one recorded when it was written"
     return None
-
-
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as file:
-        while chunk := file.read(16 << 20):
-            digest.update(chunk)
-    return digest.hexdigest()
 
 
 def _set_aside(folder: Path) -> Path | None:
@@ -365,10 +323,10 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
             tokenizer = _staged_tokenizer(config, staging, docs)
             dtype = _token_dtype(tokenizer)
             separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
-            shards = _whole_shards(staging, np.dtype(dtype).itemsize)
+            shards = whole_shards(staging, np.dtype(dtype).itemsize)
             if not config.max_tokens or sum(shard["tokens"] for shard in shards) < config.max_tokens:
                 _write_shards(config, staging, shards, (docs, count), tokenizer, separator, dtype, progress)
-            _finish(config, staging, shards, dtype, len(separator))
+            write_meta(config, staging, shards, dtype, len(separator))
         except OSError as error:
             if error.errno not in (errno.ENOSPC, errno.EDQUOT):
                 raise
@@ -388,7 +346,7 @@ def _out_of_space(config: DataConfig, staging: Path) -> UserError:
     much the folder holds and how to give it back."""
     tokenizer = staging / "tokenizer.json"
     whole = (
-        _whole_shards(staging, np.dtype(_token_dtype(load_tokenizer(tokenizer))).itemsize) if tokenizer.exists() else []
+        whole_shards(staging, np.dtype(_token_dtype(load_tokenizer(tokenizer))).itemsize) if tokenizer.exists() else []
     )
     kept = sum(p.stat().st_size for p in staging.iterdir() if p.is_file())
     return UserError(
@@ -411,38 +369,10 @@ def _staged_tokenizer(config: DataConfig, staging: Path, docs):
         tokenizer = make_tokenizer("char", "".join(characters))
     else:
         tokenizer = make_tokenizer(config.tokenizer)
-    _write_whole(path, partial(save_tokenizer, tokenizer))
+    write_whole(path, partial(save_tokenizer, tokenizer))
     return tokenizer
 
 
-def _write_whole(path: Path, write: Callable[[Path], None]) -> None:
-    """write(a path beside `path`), then rename it to `path`: a kill leaves it whole or absent."""
-    beside = path.with_name(path.name + ".partial")
-    write(beside)
-    os.replace(beside, path)
-
-
-def _shard_name(index: int, kind: str) -> str:
-    return f"{kind}-{index:05d}.{'json' if kind == 'record' else 'bin'}"
-
-
-def _whole_shards(staging: Path, itemsize: int) -> list[dict]:
-    """The shards a killed preparation finished, in order (each has its record, written last),
-    with everything after them removed: the shard it was writing is written again."""
-    shards = []
-    while (record := staging / _shard_name(len(shards), "record")).exists():
-        shard = json.loads(record.read_text())
-        if (staging / shard["file"]).stat().st_size != shard["tokens"] * itemsize:
-            break
-        shards.append(shard)
-    keep = {"lock", "tokenizer.json"} | {_shard_name(i, k) for i in range(len(shards)) for k in SHARD_FILES}
-    for path in staging.iterdir():
-        if path.name not in keep:
-            path.unlink()
-    return shards
-
-
-SHARD_FILES = ("tokens", "starts", "record")  # per shard: its tokens, its documents' starts, its record
 LINE_SECONDS = 30  # between progress lines where stderr is not a terminal (a log file, a notebook's output)
 
 
@@ -478,7 +408,7 @@ def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus,
             print(f"{desc}: {counted}{of} {unit}s, {done}, {rate:,.0f} tokens/s", file=sys.stderr, flush=True)
             last_line = time.perf_counter()
 
-    writer = _ShardWriter(staging, len(shards), total)
+    writer = ShardWriter(staging, len(shards), total)
     for ids in _encoded(document_texts(docs, skipped), tokenizer, separator, dtype):
         ids = ids[: config.max_tokens - total] if config.max_tokens else ids
         writer.add(ids, len(separator))
@@ -491,76 +421,13 @@ def _write_shards(config: DataConfig, staging: Path, shards: list[dict], corpus,
         if writer.tokens >= config.shard_tokens:
             shards.append(writer.close())
             skipped += shards[-1]["documents"]
-            writer = _ShardWriter(staging, len(shards), total)
+            writer = ShardWriter(staging, len(shards), total)
     describe(final=True)
     bar.close()
     if writer.tokens:
         shards.append(writer.close())
     else:
         writer.discard()
-
-
-class _ShardWriter:
-    """One shard being written: its tokens, their SHA-256 taken while writing (checking the
-    file later needs no second read here), and where each of its documents begins in the
-    whole stream (the separator before it, 0 for the first document)."""
-
-    def __init__(self, staging: Path, index: int, offset: int):
-        self.staging, self.index, self.offset = staging, index, offset
-        self.path = staging / _shard_name(index, "tokens")
-        self.file = open(self.path, "wb")
-        self.digest = hashlib.sha256()
-        self.starts: list[int] = []
-        self.tokens = 0
-
-    @property
-    def documents(self) -> int:
-        return len(self.starts)
-
-    def add(self, ids: np.ndarray, separator_length: int) -> None:
-        self.starts.append(max(self.offset + self.tokens - separator_length, 0))
-        chunk = ids.tobytes()
-        self.file.write(chunk)
-        self.digest.update(chunk)
-        self.tokens += len(ids)
-
-    def close(self) -> dict:
-        """Make the shard durable, then record it: the record's presence says it is whole."""
-        self.file.flush()
-        os.fsync(self.file.fileno())
-        self.file.close()
-        np.asarray(self.starts, np.int64).tofile(self.staging / _shard_name(self.index, "starts"))
-        record = {"file": self.path.name, "tokens": self.tokens, "documents": self.documents}
-        record["sha256"] = self.digest.hexdigest()
-        _write_whole(self.staging / _shard_name(self.index, "record"), lambda path: path.write_text(json.dumps(record)))
-        return record
-
-    def discard(self) -> None:
-        self.file.close()
-        self.path.unlink()
-
-
-def _finish(config: DataConfig, staging: Path, shards: list[dict], dtype, separator_length: int) -> None:
-    """Join the shards' document starts, split off validation, and write meta.json."""
-    total = sum(shard["tokens"] for shard in shards)
-    documents = sum(shard["documents"] for shard in shards)
-    if total == documents * separator_length:  # nothing but separators (or nothing at all)
-        shutil.rmtree(staging)
-        raise UserError(f"data.source {config.source!r} holds no text; point it at a non-empty corpus")
-    starts_digest = hashlib.sha256()
-    with open(staging / "documents.bin", "wb") as out:
-        for index in range(len(shards)):
-            starts = (staging / _shard_name(index, "starts")).read_bytes()
-            out.write(starts)
-            starts_digest.update(starts)
-            (staging / _shard_name(index, "starts")).unlink()
-            (staging / _shard_name(index, "record")).unlink()
-    val = max(1, int(total * config.val_fraction))
-    meta = {"source": config.source, "tokenizer": config.tokenizer, "version": PREPARATION_VERSION}
-    meta |= {"dtype": np.dtype(dtype).name, "tokens": total, "train_tokens": total - val, "val_tokens": val}
-    meta |= {"documents": documents, "documents_sha256": starts_digest.hexdigest()}
-    meta |= {"shards": [{k: s[k] for k in ("file", "tokens", "sha256")} for s in shards]}
-    (staging / "meta.json").write_text(json.dumps(meta, indent=1))
 
 
 def vocab_size_for(config) -> int | None:

@@ -1,0 +1,280 @@
+"""What a run is: the model (jaxgpt/config/model.py), the data, the training and the device
+mesh, each a frozen dataclass checked when it is built, and the checks that need two sections
+at once (RunConfig)."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+from jaxgpt.config.model import ModelConfig
+from jaxgpt.config.problems import ConfigError, Problems
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    """Where text comes from and how it becomes tokens.
+
+    source: builtin:python-docs | builtin:repeated-random | text:PATH | hf:NAME[:CONFIG] (see
+        jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates |
+        builtin:reverse | builtin:sort (jaxgpt/data/pairs.py): examples of a source and its
+        target, the loss on the target.
+    tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base.
+    val_fraction: share of the token stream, taken from its end, held out for validation.
+    text_column: the column holding text in .jsonl/.parquet files and Hub datasets.
+    max_tokens: stop preparing after this many tokens (0: the whole corpus); for sampling a
+        slice of a huge streamed corpus.
+    cache_dir: where prepared token files live ("" means $JAXGPT_CACHE or ~/.cache/jaxgpt).
+    shard_tokens: tokens per prepared file (the last holds the rest): a preparation killed part
+        way continues from its last whole shard, so this bounds the work a kill loses. It names
+        the files, not the tokens: any value prepares the same stream.
+    align_to_documents: training windows begin where a document does (at the separator before
+        it, so its first token is predicted from a clean start) or a whole window further into
+        a long one, instead of at any offset (modded-nanogpt's "align batch starts with EoS",
+        nanochat's BOS-aligned rows); shorter documents are packed after it as without.
+    attend_within_documents: each token attends only to the tokens of its own document, and
+        positions restart at each document's start (its separator), as Llama 3 trains on
+        packed documents; without it a window's tokens attend to every earlier token in it,
+        whichever document it is from. Training, evaluation and bits per byte score the same
+        tokens either way.
+    """
+
+    source: str = "builtin:python-docs"
+    tokenizer: str = "char"
+    val_fraction: float = 0.1
+    text_column: str = "text"
+    max_tokens: int = 0
+    cache_dir: str = ""
+    shard_tokens: int = 1 << 27  # 256 MiB of uint16 tokens per file
+    align_to_documents: bool = False
+    attend_within_documents: bool = False
+
+    def __post_init__(self):
+        problems = Problems("data", self)
+        problems.share("val_fraction")
+        if not self.max_tokens >= 0:
+            problems.add("max_tokens", "must be >= 0 (0 means all)")
+        if not self.shard_tokens >= 1:
+            problems.add("shard_tokens", "must be >= 1")
+        for name in ("align_to_documents", "attend_within_documents"):
+            if self.pairs and getattr(self, name):
+                problems.add(name, "cuts windows from a stream; a pairs source packs whole examples already: drop it")
+        problems.raise_if_any()
+
+    @property
+    def pairs(self) -> bool:
+        """Whether the source is a set of (source, target) examples rather than a token stream."""
+        return is_pairs_source(self.source)
+
+
+BUILTIN_PAIRS = ("dates", "reverse", "sort")  # builtin:NAME sources of text pairs (jaxgpt/data/pairs.py)
+
+
+def is_pairs_source(source: str) -> bool:
+    """pairs:PATH and builtin:dates, reverse and sort (jaxgpt/data/pairs.py) give examples, the
+    others a token stream."""
+    kind, _, rest = source.partition(":")
+    return kind == "pairs" or (kind == "builtin" and rest in BUILTIN_PAIRS)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    """The optimisation and its cadence.
+
+    steps: optimizer steps in the run (raise it to extend a finished run).
+    batch_size: sequences of model.block_size tokens per step.
+    lr, min_lr: peak learning rate, reached after warmup_steps of linear warmup, then cosine
+        decay to min_lr at decay_steps (Loshchilov & Hutter 2017), constant after.
+    decay_steps: where the cosine ends; 0 means at `steps`. Extending a finished run with
+        decay_steps set to its old length continues at min_lr instead of raising the rate.
+    weight_decay: AdamW's decoupled decay, on matrices only: norms and biases are never
+        decayed, embeddings only with decay_embeddings.
+    beta1, beta2: Adam moments; beta2 = 0.95 as in GPT-3 and nanoGPT, steadier than 0.999 for
+        large transformers.
+    grad_clip: clip the global gradient norm to this (0 disables).
+    eval_every, eval_batches: evaluate train and val loss on eval_batches fixed batches.
+    log_every: write a metrics line and refresh the progress bar.
+    log_layer_grad_norms: also log the gradient norm of each parameter group (embeddings, each
+        block, the final norm) as grad_norm/<group>, from the last step of each interval: where
+        in the depth the gradient vanishes or explodes.
+    checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
+        the newest keep_checkpoints and the best by validation loss.
+    multiple_choice: also score the model on multiple-choice questions (a HellaSwag JSONL
+        file, or hf:NAME[:SPLIT]; jaxgpt/lab/multiple_choice.py) at the end, and every
+        multiple_choice_every steps if that is not 0, on the first multiple_choice_limit of them
+        (0: all); logged as multiple_choice_accuracy and multiple_choice_accuracy_norm.
+    seed: seeds initialisation, dropout and every batch.
+    microbatches: split each batch into this many sequential microbatches and accumulate
+        their gradients inside the compiled step (same result up to float32 summation order,
+        less activation memory). 0 lets the run choose (jaxgpt/hardware/step_choice.py): the fewest whose
+        step fits the CPU's cache, or the accelerator's memory.
+    dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
+        float32: mixed precision).
+    decay_embeddings: also apply weight decay to the token/position embeddings.
+    optimizer: "adamw", or "muon": Muon (Jordan et al. 2024; optax.contrib) for the blocks'
+        matrices, whose momentum is orthogonalised by a Newton-Schulz iteration, at muon_lr
+        (following the same warmup and cosine), with train.weight_decay; Adam (with Nesterov
+        momentum, as optax's Muon has it) without weight decay at lr for everything else
+        (embeddings, LM head, norms, biases).
+    muon_lr, muon_momentum: Muon's peak learning rate and momentum (Nesterov).
+    init_from: start from trained weights instead of a random init: a jaxgpt run's workdir
+        (its newest checkpoint; the same tokenizer), or Hugging Face weights (a directory, or
+        a Hub name such as "gpt2"). The model section must describe the same architecture,
+        except that block_size may change where no parameter has its length (any position
+        kind but learned) and rope_theta / rope_scaling may change: a context extension. A
+        new run with a fresh optimizer, in its own workdir; config.json records the origin.
+    tensorboard: also write the metrics as TensorBoard event files in <workdir>/tensorboard
+        (`tensorboard --logdir runs`).
+    wandb_project: also log to this Weights & Biases project ("" for none; needs
+        `pip install wandb` and a login).
+    """
+
+    steps: int = 2000
+    batch_size: int = 12
+    lr: float = 1e-3
+    min_lr: float = 1e-4
+    warmup_steps: int = 100
+    decay_steps: int = 0
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0
+    eval_every: int = 250
+    eval_batches: int = 20
+    log_every: int = 50
+    log_layer_grad_norms: bool = False
+    checkpoint_every: int = 500
+    keep_checkpoints: int = 3
+    multiple_choice: str = ""
+    multiple_choice_every: int = 0
+    multiple_choice_limit: int = 0
+    seed: int = 0
+    microbatches: int = 0
+    dtype: str = "float32"
+    decay_embeddings: bool = False
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
+    muon_momentum: float = 0.95
+    init_from: str = ""
+    tensorboard: bool = True
+    wandb_project: str = ""
+
+    def __post_init__(self):
+        problems = Problems("train", self)
+        problems.positive("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every")
+        problems.positive("keep_checkpoints", "lr")
+        if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):
+            problems.add(
+                "microbatches",
+                f"does not divide train.batch_size={self.batch_size}; choose microbatches dividing the batch, or 0 to "
+                "let the run choose",
+            )
+        if not 0 <= self.min_lr <= self.lr:
+            problems.add("min_lr", f"must be between 0 and train.lr={self.lr}")
+        if not 0 <= self.warmup_steps < self.steps:
+            problems.add("warmup_steps", f"must be >= 0 and below train.steps={self.steps}")
+        if self.decay_steps and not self.warmup_steps < self.decay_steps:
+            problems.add(
+                "decay_steps", f"must be 0 (decay until train.steps) or above train.warmup_steps={self.warmup_steps}"
+            )
+        problems.below_one("beta1", "beta2", "muon_momentum")
+        problems.not_negative("weight_decay", "grad_clip", "multiple_choice_every", "multiple_choice_limit")
+        if self.multiple_choice_every and not self.multiple_choice:
+            problems.add("multiple_choice_every", "scores questions from train.multiple_choice, which is empty: set it")
+        problems.one_of("dtype", ("float32", "bfloat16"))
+        problems.one_of("optimizer", ("adamw", "muon"))
+        problems.positive("muon_lr")
+        problems.raise_if_any()
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    """The device mesh (see jaxgpt/sharding.py): sizes of the data, fsdp, tensor and expert
+    axes. -1 takes all the devices the other axes leave (at most one -1); the default puts
+    every device on `data`. The product must divide the device count (a smaller mesh uses the
+    first devices). The expert axis splits a mixture of experts' experts (and, outside the
+    experts, the batch, as data does)."""
+
+    data: int = -1
+    fsdp: int = 1
+    tensor: int = 1
+    expert: int = 1
+
+    def __post_init__(self):
+        problems = Problems("mesh", self)
+        for field in ("data", "fsdp", "tensor", "expert"):
+            if getattr(self, field) == 0 or getattr(self, field) < -1:
+                problems.add(field, "must be positive, or -1 for all the devices the other axes leave")
+        if [self.data, self.fsdp, self.tensor, self.expert].count(-1) > 1:
+            problems.found.append(
+                f"mesh {self._text()} has more than one -1; use at most one -1 (the axis taking the rest)"
+            )
+        problems.raise_if_any()
+
+    def shape(self, n_devices: int) -> tuple[int, int, int, int]:
+        """The axes' sizes over `n_devices`, in the mesh's order (sharding.AXES)."""
+        sizes = [self.data, self.fsdp, self.expert, self.tensor]
+        fixed = math.prod(s for s in sizes if s != -1)
+        if n_devices % fixed:
+            raise ConfigError(
+                f"mesh {self._text()} does not divide the {n_devices} devices; choose sizes whose product divides "
+                f"{n_devices} (mesh.data, mesh.fsdp, mesh.tensor, mesh.expert)"
+            )
+        return tuple(n_devices // fixed if s == -1 else s for s in sizes)
+
+    def _text(self) -> str:
+        return f"data={self.data}, fsdp={self.fsdp}, tensor={self.tensor}, expert={self.expert}"
+
+
+@dataclasses.dataclass(frozen=True)
+class RunConfig:
+    model: ModelConfig
+    data: DataConfig
+    train: TrainConfig
+    mesh: MeshConfig = MeshConfig()
+
+    def __post_init__(self):
+        experts = self.model.moe.experts if self.model.moe else 0
+        if self.mesh.expert != 1 and not experts:
+            raise ConfigError(
+                f"mesh.expert={self.mesh.expert} splits experts over devices, but the model has none; set "
+                "model.moe.experts or leave mesh.expert at 1"
+            )
+        if self.mesh.expert > 1 and experts % self.mesh.expert:
+            raise ConfigError(
+                f"mesh.expert={self.mesh.expert} does not divide model.moe.experts={experts}; choose a divisor so "
+                "each device holds whole experts"
+            )
+        if self.model.encoder_layers and not self.data.pairs:
+            raise ConfigError(
+                f"model.encoder_layers={self.model.encoder_layers} gives the model an encoder, which reads a source "
+                f"for each target, and data.source={self.data.source!r} is one stream of text; give it text pairs "
+                "(pairs:PATH, builtin:reverse, builtin:sort or builtin:dates), or set model.encoder_layers=0"
+            )
+        if self.model.encoder_layers and self.train.multiple_choice:
+            raise ConfigError(
+                "train.multiple_choice scores endings as text continuing text, which an encoder–decoder's decoder "
+                "does not read; leave it empty for a run with model.encoder_layers"
+            )
+        tokens = self.train.batch_size * self.model.block_size
+        if self.model.objective == "masked" and self.model.mask_rate * tokens < 1:
+            raise ConfigError(
+                f"model.mask_rate={self.model.mask_rate} hides {self.model.mask_rate * tokens:.2g} of a batch's "
+                f"{tokens:,} tokens on average, so most batches would score nothing (a loss of 0 over no tokens); "
+                f"raise mask_rate to at least {1 / tokens:.2g}, or the batch or block size"
+            )
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def with_train(run: RunConfig, **changes) -> RunConfig:
+    """`run` with these fields of its train section changed."""
+    return dataclasses.replace(run, train=dataclasses.replace(run.train, **changes))
+
+
+def run_config_from_dict(d: dict) -> RunConfig:
+    """Inverse of RunConfig.to_dict (reads a run's config.json)."""
+    return RunConfig(
+        ModelConfig(**d["model"]), DataConfig(**d["data"]), TrainConfig(**d["train"]), MeshConfig(**d.get("mesh", {}))
+    )
