@@ -243,7 +243,8 @@ def _prepared(tmp_path):
     """A fresh cache of CORPUS, as four documents: (config, its folder, the token file's bytes,
     data module)."""
     from jaxgpt.config import DataConfig
-    from jaxgpt.data import prepared as data  # its constants and writers, as well as prepare
+    from jaxgpt.data import prepared as data
+    from jaxgpt.data.shards import ShardWriter
 
     (tmp_path / "corpus").mkdir()
     for part in range(4):
@@ -604,7 +605,8 @@ def test_a_disk_that_fills_while_preparing_is_one_line_and_the_whole_shards_stay
     import errno
 
     from jaxgpt.config import DataConfig
-    from jaxgpt.data import prepared as data  # its constants and writers, as well as prepare
+    from jaxgpt.data import prepared as data
+    from jaxgpt.data.shards import ShardWriter
     from jaxgpt.errors import UserError
 
     documents = [json.dumps({"text": CORPUS[i * 600 : (i + 1) * 600]}) for i in range(400)]
@@ -612,14 +614,14 @@ def test_a_disk_that_fills_while_preparing_is_one_line_and_the_whole_shards_stay
     config = DataConfig(
         source=f"text:{tmp_path / 'corpus.jsonl'}", cache_dir=str(tmp_path / "cache"), shard_tokens=50_000
     )
-    add = data._ShardWriter.add
+    add = ShardWriter.add
 
     def add_until_full(writer, ids, separator_length):
         if writer.index == 3 and writer.tokens > 20_000:
             raise OSError(errno.ENOSPC, "No space left on device")
         add(writer, ids, separator_length)
 
-    monkeypatch.setattr(data._ShardWriter, "add", add_until_full)
+    monkeypatch.setattr(ShardWriter, "add", add_until_full)
     with pytest.raises(UserError) as full:
         data.prepare(config, progress=False)
     staging = data.cache_folder(config).parent / f".preparing-{data.cache_folder(config).name}"
@@ -629,7 +631,7 @@ def test_a_disk_that_fills_while_preparing_is_one_line_and_the_whole_shards_stay
     assert sorted(p.name for p in staging.iterdir() if p.name.startswith("tokens")) == [
         f"tokens-0000{i}.bin" for i in range(3)
     ]
-    monkeypatch.setattr(data._ShardWriter, "add", add)
+    monkeypatch.setattr(ShardWriter, "add", add)
     resumed = data.prepare(config, progress=False)
     whole = data.prepare(DataConfig(source=config.source, cache_dir=str(tmp_path / "whole"), shard_tokens=50_000))
     np.testing.assert_array_equal(np.asarray(resumed.train), np.asarray(whole.train))

@@ -282,7 +282,7 @@ def test_a_preparation_that_crashed_continues_to_the_same_files(tmp_path, monkey
     with monkeypatch.context() as patched:
         patched.setattr(preparation, "_encoded", crashing)
         if crash_after == "finish":
-            patched.setattr(preparation, "_finish", unfinished)
+            patched.setattr(preparation, "write_meta", unfinished)
         with pytest.raises(Crash):
             data.prepare(config, progress=False)
     assert not data.cache_folder(config).exists()
