@@ -244,7 +244,6 @@ def _prepared(tmp_path):
     data module)."""
     from jaxgpt.config import DataConfig
     from jaxgpt.data import prepared as data
-    from jaxgpt.data.shards import ShardWriter
 
     (tmp_path / "corpus").mkdir()
     for part in range(4):

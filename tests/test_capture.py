@@ -94,7 +94,7 @@ def test_the_lens_table_rows_give_the_readouts_loss_norm_and_guesses():
     """Two layers over a 3-token prompt and a 4-token vocabulary: layer 0's readout is uniform
     (loss ln 4 at each of the two scored positions), layer 1's puts logit 10 on the right next
     token (loss -log softmax = log(1 + 3e-10))."""
-    from jaxgpt.commands.logit_lens import lens_rows, table
+    from jaxgpt.commands.logit_lens import lens_caption, lens_rows, table
 
     ids = np.array([0, 2, 3])
     lens = np.zeros((2, 3, 4))
@@ -109,6 +109,8 @@ def test_the_lens_table_rows_give_the_readouts_loss_norm_and_guesses():
     assert lines[0].split()[-4:] == ["c", "d", "<-", "input"]  # the last two positions
     assert lines[2].split()[0:2] == ["block", "0"] and lines[2].split()[-2:] == ["d", "a"]
     assert lines[-1].split() == ["d", "?", "<-", "next"]
+    assert lens_caption(tokens=3, positions=2).endswith("at each of the last 2 positions (--positions)")
+    assert lens_caption(tokens=3, positions=3).endswith("at each position")  # nothing cut, nothing said
 
 
 def test_the_lens_command_prints_a_row_per_layer(trained_small_run, capsys):
@@ -117,6 +119,7 @@ def test_the_lens_command_prints_a_row_per_layer(trained_small_run, capsys):
     logit_lens.main(["--workdir", str(trained_small_run), "--prompt", "import os", "--positions", "4"])
     printed = capsys.readouterr().out.splitlines()
     assert printed[0].startswith("logit lens (step 20, 9 tokens)")
+    assert printed[0].endswith("at each of the last 4 positions (--positions)")  # 9 tokens, 4 shown: said
     assert [line.split()[0] for line in printed[2:5]] == ["embed", "block", "block"]  # 2 layers
     losses = [float(line[17:23]) for line in printed[2:5]]  # the loss column (guesses may be blanks)
     assert all(0 < x < 10 for x in losses)

@@ -81,7 +81,10 @@ def test_a_ten_step_comparison_draws_each_variants_training_curve_and_its_evalua
     assert "train.log_every 50 -> 1" in result.stdout
     drawn = {}
     monkeypatch.setattr(plot, "save_png", lambda figure, path: drawn.setdefault("figure", figure))
-    compare.plot({name: [out / name / "seed0"] for name in NAMES}, out / "unused.png")
+    vary = [("model.position", ["learned", "rope"]), ("model.activation", ["gelu", "relu"])]
+    compare.plot({name: [out / name / "seed0"] for name in NAMES}, out / "unused.png", vary)
+    title = drawn["figure"].axes[0].get_title()
+    assert title == "model.position in {learned, rope} x model.activation in {gelu, relu}: 4 variants"
     lines = drawn["figure"].axes[0].get_lines()
     curves = [list(line.get_xdata()) for line in lines if line.get_linestyle() == "-"]
     dots = [list(line.get_xdata()) for line in lines if line.get_linestyle() == "None"]

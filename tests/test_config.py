@@ -61,8 +61,14 @@ def test_rope_scaling_accepts_a_plain_dict():
             "model.position='learned' but rope_scaling is set",
         ),
         (dict(position="rope", rope_scaling=RopeScaling("dynamic", 2.0)), "rope_scaling.kind='dynamic'"),
-        (dict(position="rope", rope_scaling=RopeScaling("yarn", 4.0)), "original_block_size=None must be positive: yarn needs the context length"),
-        (dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0)), "original_block_size=None must be positive: llama3 needs the context length"),
+        (
+            dict(position="rope", rope_scaling=RopeScaling("yarn", 4.0)),
+            "original_block_size=None must be positive: yarn needs the context length",
+        ),
+        (
+            dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0)),
+            "original_block_size=None must be positive: llama3 needs the context length",
+        ),
         (
             dict(position="rope", rope_scaling=RopeScaling("llama3", 8.0, 64, low_freq_factor=4, high_freq_factor=1)),
             "llama3 needs 0 < low_freq_factor < high_freq_factor",

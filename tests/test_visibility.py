@@ -87,6 +87,21 @@ def test_a_run_evaluated_once_shows_its_validation_point(tmp_path):
     assert all(line.get_label().endswith("val") for line in single)
 
 
+def test_each_logged_training_loss_is_drawn_at_the_middle_of_the_steps_it_averages(tmp_path):
+    """Logged every 10 steps with an evaluation at 25 (an interval cut short): the mean over
+    steps 21-25 is drawn at 23 and the one over 26-30 at 28, not at 25 and 30, so the shorter
+    interval's mean (over later, lower losses) does not read as a dip. Val points stay at their
+    steps."""
+    (tmp_path / "config.json").write_text('{"train": {"batch_size": 8}, "model": {"block_size": 32}}')
+    records = [(10, 4.0), (20, 3.0), (25, 2.6, 2.7), (30, 2.4)]
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": r[0], "train_loss": r[1]} | ({"val_loss": r[2]} if len(r) > 2 else {})) + "\n"
+                for r in records)
+    )  # fmt: skip
+    train, val = plot.curves(plot.read_metrics(tmp_path), "loss").values()
+    assert train == ([5.5, 15.5, 23.0, 28.0], [4.0, 3.0, 2.6, 2.4]) and val == ([25], [2.7])
+
+
 def test_plot_rejects_a_metric_the_run_never_logged(trained, tmp_path):
     result = run_script("jaxgpt", "plot", str(trained[0]), "--metric", "perplexity", "--out", str(tmp_path / "x.png"))
     assert result.returncode == 2 and result.stderr.strip().startswith("error: no 'perplexity' values")
@@ -154,7 +169,7 @@ def test_maps_of_a_kept_step_and_of_the_scores(trained, tmp_path, capsys):
     np.testing.assert_allclose(jax.nn.softmax(scores, axis=-1), weights, rtol=1e-6, atol=1e-7)
     out = tmp_path / "scores.png"
     command.main(["--workdir", str(trained[0]), "--prompt", "x = 1", "--step", "10", "--scores", "--out", str(out)])
-    assert "(step 10, 5 tokens" in capsys.readouterr().out and png_size(out) == (2 * 200, 2 * 200)
+    assert "(step 10, 5 tokens" in capsys.readouterr().out and png_size(out) == (2 * 200 + 70, 2 * 200)  # and the colour bar
 
 
 def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
@@ -173,7 +188,7 @@ def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
         devices=1,  # the run was saved from 8 devices: loading must not need them
     )
     assert result.returncode == 0, result.stderr
-    assert png_size(out) == (4 * 200, 200)  # 4 heads of 2 x 2 inches at 100 dpi
+    assert png_size(out) == (4 * 200 + 70, 200)  # 4 heads of 2 x 2 inches and a 0.7-inch colour bar at 100 dpi
     bad = run_script("jaxgpt", "attention-maps", "--workdir", str(trained[1]), "--prompt", "x", "--layer", "3")
     assert bad.returncode == 2 and "--layer 3 is out of range" in bad.stderr
 

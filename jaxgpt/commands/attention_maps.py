@@ -38,7 +38,9 @@ from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.lab.capture import capture  # noqa: E402
 
 LABELLED_TOKENS = 32  # longer prompts get numbered axes instead of token ticks
-PANEL_INCHES, DPI = 2.0, 100
+PANEL_INCHES, DPI = 2.0, 100  # a panel's side; longer labelled prompts get larger panels
+LABEL_INCHES = 0.1  # a token's tick label at 6 points, with its spacing
+COLOUR_BAR_INCHES = 0.7  # the figure's one colour bar, to the right of the panels
 
 
 def attention_maps(config: ModelConfig, params, tokens: np.ndarray, scores: bool = False) -> np.ndarray:
@@ -58,12 +60,19 @@ def draw(
     kind: str = "",
 ) -> Path:
     """A panel per layer and head of maps (layers, heads, queries, keys), queries down and keys
-    across, labelled by `labels` (and `key_labels` where the keys are another sequence, as in
-    cross-attention; titles then start with `kind`)."""
+    across (each axis named on the outer panels), labelled by `labels` (and `key_labels` where
+    the keys are another sequence, as in cross-attention; titles then start with `kind`), one
+    colour bar for all of them."""
     layers, heads, t, s = maps.shape
     key_labels = labels if key_labels is None else key_labels
+    side = max(PANEL_INCHES, LABEL_INCHES * max(t, s) + 0.8) if labels is not None else PANEL_INCHES
     figure, grid = plt.subplots(
-        layers, heads, figsize=(PANEL_INCHES * heads, PANEL_INCHES * layers), dpi=DPI, squeeze=False
+        layers,
+        heads,
+        figsize=(side * heads + COLOUR_BAR_INCHES, side * layers),
+        dpi=DPI,
+        squeeze=False,
+        layout="constrained",  # room for the colour bar and the axis names without overlap
     )
     # Weights lie in [0, 1]; scores on one symmetric scale for all panels, the masked ones blank.
     shown = np.ma.masked_invalid(maps)
@@ -72,14 +81,19 @@ def draw(
     for layer in range(layers):
         for head in range(heads):
             axes = grid[layer, head]
-            axes.imshow(shown[layer, head], interpolation="nearest", **colours)
+            image = axes.imshow(shown[layer, head], interpolation="nearest", **colours)
             what = "scores" if scores else "weights"
-            axes.set_title(f"{kind}layer {first_layer + layer} head {head} {what}", fontsize=7)
+            axes.set_title(f"{kind}layer {first_layer + layer} head {head} {what}", fontsize=8)
             if labels is not None:
-                axes.set_xticks(range(s), key_labels, rotation=90, fontsize=5)
-                axes.set_yticks(range(t), labels, fontsize=5)
+                axes.set_xticks(range(s), key_labels, rotation=90, fontsize=6)
+                axes.set_yticks(range(t), labels, fontsize=6)
             else:
-                axes.tick_params(labelsize=5)
+                axes.tick_params(labelsize=6)
+        grid[layer, 0].set_ylabel("query (attends)", fontsize=7)
+    for head in range(heads):
+        grid[-1, head].set_xlabel("key (attended to)", fontsize=7)
+    label = "pre-softmax score (blank: masked)" if scores else "attention weight"
+    figure.colorbar(image, ax=grid, fraction=0.5 / (side * heads + COLOUR_BAR_INCHES), label=label)
     return save_png(figure, out)
 
 

@@ -186,18 +186,22 @@ def log_often_enough(config) -> str | None:
     return f"train.log_every {old} -> {wanted}, so each run's curve has {t.steps // wanted} points"
 
 
-def plot(runs: dict[str, list[Path]], out: Path) -> Path:
+def plot(runs: dict[str, list[Path]], out: Path, vary: list[tuple[str, list[str]]]) -> Path:
     """Loss against steps, one colour per variant (mean over its seeds): the logged training
-    loss as a line, each evaluation's val loss as a dot of the same colour."""
+    loss as a line (each interval's mean at its middle), each evaluation's val loss as a dot of
+    the same colour; titled by what varied."""
     import numpy as np
     from matplotlib.lines import Line2D
 
-    from jaxgpt.commands.plot import plt, save_png
+    from jaxgpt.commands.plot import interval_midpoints, plt, save_png
     from jaxgpt.job.metrics import read_metrics
 
-    def mean_curve(workdirs: list[Path], key: str) -> tuple[list[int], np.ndarray]:
+    def mean_curve(workdirs: list[Path], key: str) -> tuple[list[float], np.ndarray]:
         curves = [[(r["step"], r[key]) for r in read_metrics(w) if r.get(key) is not None] for w in workdirs]
-        return [s for s, _ in curves[0]], np.mean([[v for _, v in curve] for curve in curves], axis=0)
+        steps = [s for s, _ in curves[0]]
+        return interval_midpoints(steps) if key == "train_loss" else steps, np.mean(
+            [[v for _, v in curve] for curve in curves], axis=0
+        )
 
     figure, axes = plt.subplots(figsize=(8, 4.5), dpi=100)
     for i, (name, workdirs) in enumerate(runs.items()):
@@ -207,7 +211,8 @@ def plot(runs: dict[str, list[Path]], out: Path) -> Path:
         axes.plot(*mean_curve(workdirs, "train_loss"), color=colour, alpha=0.85, linewidth=1.5, label=label)
         axes.plot(*mean_curve(workdirs, val_key), "o", color=colour, markeredgecolor="black", markersize=6)
     seeds = len(next(iter(runs.values())))
-    axes.set_title(f"{len(runs)} variants" + (f", mean of {seeds} seeds" if seeds > 1 else ""))
+    varied = " x ".join(f"{key} in {{{', '.join(values)}}}" for key, values in vary)
+    axes.set_title(f"{varied}: {len(runs)} variants" + (f", mean of {seeds} seeds" if seeds > 1 else ""))
     axes.set_xlabel("step")
     axes.set_ylabel("loss (nats per token)")
     axes.grid(alpha=0.3)
@@ -264,7 +269,7 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
     table = markdown(summary)
     (out / "results.md").write_text(table)
     (out / "results.json").write_text(json.dumps({"vary": dict(vary), "runs": rows, "summary": summary}, indent=2))
-    plot(runs, out / "loss.png")
+    plot(runs, out / "loss.png", vary)
     return summary, table
 
 

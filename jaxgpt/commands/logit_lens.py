@@ -43,6 +43,13 @@ def lens_rows(logit_lens: np.ndarray, residual: np.ndarray, ids: np.ndarray) -> 
     return rows
 
 
+def lens_caption(tokens: int, positions: int) -> str:
+    """What the table shows; it names a cut, so a long prompt's first tokens are not taken
+    for missing (the loss column is over the whole prompt either way)."""
+    where = "each position" if positions >= tokens else f"each of the last {positions} positions (--positions)"
+    return f"a row per layer, its loss over the whole prompt and its top next token at {where}"
+
+
 def shown(text: str) -> str:
     """A token as a fixed-width cell: escaped, cut to fit."""
     return repr(text)[1:-1][: CELL - 1].ljust(CELL)
@@ -69,7 +76,7 @@ def main(argv: list[str] | None = None) -> None:
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)
     captured = capture(config, params, ids[None])
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
-    print(f"logit lens ({source}, {len(ids)} tokens): a row per layer, its top next token at each position")
+    print(f"logit lens ({source}, {len(ids)} tokens): {lens_caption(len(ids), f.positions)}")
     print("\n".join(table(rows, ids, tokenizer.decode, f.positions)))
 
 

@@ -40,14 +40,23 @@ def tokens_per_step(workdir: Path) -> int:
     return config["train"]["batch_size"] * config["model"]["block_size"]
 
 
-def curves(records: list[dict], metric: str) -> dict[str, tuple[list[int], list[float]]]:
-    """label -> (steps, values) for what `metric` names: "loss" is train_loss and val_loss."""
+def interval_midpoints(steps: list[int]) -> list[float]:
+    """Where to draw each logged training loss: it is the mean over the steps since the previous
+    record (prev, step], so at their middle. Drawn at its last step instead, the shorter interval
+    that closes at an evaluation step (its mean over later, lower losses) reads as a dip."""
+    return [(previous + 1 + step) / 2 for previous, step in zip([0, *steps], steps, strict=False)]
+
+
+def curves(records: list[dict], metric: str) -> dict[str, tuple[list[float], list[float]]]:
+    """label -> (steps, values) for what `metric` names: "loss" is train_loss and val_loss; the
+    logged training loss, a mean over its interval, drawn at the interval's middle."""
     keys = {"train": "train_loss", "val": "val_loss"} if metric == "loss" else {metric: metric}
     out = {}
     for label, key in keys.items():
         points = [(r["step"], r[key]) for r in records if key in r]
         if points:
-            out[label] = ([s for s, _ in points], [v for _, v in points])
+            steps = [s for s, _ in points]
+            out[label] = (interval_midpoints(steps) if key == "train_loss" else steps, [v for _, v in points])
     return out
 
 
@@ -128,7 +137,8 @@ def save_png(figure, out: Path) -> Path:
     """Lay out, write and free a figure; its size in pixels is its size in inches x its dpi.
     A path that cannot be written (a read-only workdir) is one line offering --out: what the
     command printed before it (a table) stands."""
-    figure.tight_layout()
+    if figure.get_layout_engine() is None:  # one chosen where it was drawn stands (constrained)
+        figure.tight_layout()
     try:
         out.parent.mkdir(parents=True, exist_ok=True)
         figure.savefig(out, dpi=figure.dpi)
