@@ -169,7 +169,8 @@ def test_maps_of_a_kept_step_and_of_the_scores(trained, tmp_path, capsys):
     np.testing.assert_allclose(jax.nn.softmax(scores, axis=-1), weights, rtol=1e-6, atol=1e-7)
     out = tmp_path / "scores.png"
     command.main(["--workdir", str(trained[0]), "--prompt", "x = 1", "--step", "10", "--scores", "--out", str(out)])
-    assert "(step 10, 5 tokens" in capsys.readouterr().out and png_size(out) == (2 * 200 + 70, 2 * 200)  # and the colour bar
+    # two heads of 2 x 2 inches, two layers, and the 0.7-inch colour bar at 100 dpi
+    assert "(step 10, 5 tokens" in capsys.readouterr().out and png_size(out) == (2 * 200 + 70, 2 * 200)
 
 
 def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
