@@ -6,6 +6,7 @@ Needs the optional extras (pip install -r requirements-hf.txt); skipped without 
 import dataclasses
 import json
 import re
+from functools import partial
 from pathlib import Path
 from typing import NamedTuple
 
@@ -297,8 +298,8 @@ def test_weights_that_do_not_fit_the_config_are_a_clear_error(tmp_path):
 
 def test_a_model_without_a_hugging_face_twin_is_refused(tmp_path):
     config = ModelConfig(vocab_size=VOCAB, block_size=32, n_layer=1, n_head=4, d_model=32, position="alibi")
-    with pytest.raises(UserError, match="neither GPT-2 .* nor Llama"):
-        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+    with pytest.raises(UserError, match="neither GPT-2 .* nor Llama"):  # refused before any weight is read
+        save_pretrained(config, jax.eval_shape(partial(init_params, config), jax.random.key(0)), tmp_path)
 
 
 @pytest.fixture
@@ -421,8 +422,8 @@ def test_a_mixture_of_experts_round_trips_through_mixtral_exactly(tmp_path):
 )
 def test_a_mixture_mixtral_cannot_describe_is_refused_naming_the_setting(moe, message, tmp_path):
     config = MIXTURE.replace(moe=dataclasses.replace(MIXTURE.moe, **moe))
-    with pytest.raises(UserError, match=re.escape(message)):
-        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+    with pytest.raises(UserError, match=re.escape(message)):  # refused before any weight is read: shapes do
+        save_pretrained(config, jax.eval_shape(partial(init_params, config), jax.random.key(0)), tmp_path)
     assert not (tmp_path / "model.safetensors").exists()
 
 
@@ -523,7 +524,7 @@ def test_an_encoder_bert_cannot_describe_is_refused_naming_the_setting(tmp_path)
     config = ModelConfig(vocab_size=VOCAB, block_size=32, n_layer=1, n_head=4, d_model=32, causal=False,
                          objective="masked", position="rope")  # fmt: skip
     with pytest.raises(UserError, match="model.position='rope': a masked-token encoder exports as BertForMaskedLM"):
-        save_pretrained(config, init_params(config, jax.random.key(0)), tmp_path)
+        save_pretrained(config, jax.eval_shape(partial(init_params, config), jax.random.key(0)), tmp_path)
 
 
 def test_fill_reads_a_bert_directory_with_its_wordpiece_tokenizer(tmp_path, capsys):
