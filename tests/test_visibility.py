@@ -296,6 +296,10 @@ def test_colab_notebook_executes_top_to_bottom(tmp_path):
         assert [out["text"] for out in cell.outputs if out.get("name") == "stdout"] == [f"working in {ROOT}\n"]
     assert (tmp_path / "runs" / "loss.png").stat().st_size > 10_000
     assert (tmp_path / "runs" / "resume" / "metrics.jsonl").exists()
+    tiny = next(cell for cell in notebook.cells if 'show_run(WORKDIR / "tiny")' in cell.source)
+    table = "".join(out["text"] for out in tiny.outputs if out.get("name") == "stdout").splitlines()
+    assert table[0].split() == ["tiny:", "step", "train", "val", "bits/byte", "tokens/s"]  # a table, not a dict
+    assert [int(row.split()[0]) for row in table[1:]] == [10, 20]  # the quick tour's evaluations
 
 
 def first_cell_on_colab(monkeypatch, tmp_path, uploads: dict, repo_url: str | None = None):
