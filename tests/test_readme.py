@@ -258,6 +258,8 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
     out = value.get("--out")
     if out and name == "compare":
         assert (home / out / "results.md").exists()
+    elif out and name == "export":  # a Hugging Face folder
+        assert printed.startswith(f"wrote {out}: ") and (home / out / "model.safetensors").exists(), printed
     elif out:  # a drawing
         assert f"wrote {out}" in printed and (home / out).read_bytes()[:4] == b"\x89PNG", printed
 

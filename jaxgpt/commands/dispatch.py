@@ -23,6 +23,7 @@ COMMANDS = {
     "fill": ("fill", "fill in [MASK] blanks with an encoder (model.objective=masked)"),
     "seq2seq": ("seq2seq", "retired: says how an encoder-decoder trains now (train.py, configs/seq2seq_*.py)"),
     "hellaswag": ("hellaswag", "score a model on multiple-choice questions"),
+    "export": ("export", "write a run as a Hugging Face folder (transformers, TransformerLens)"),
 }
 
 

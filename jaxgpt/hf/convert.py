@@ -23,7 +23,7 @@ from jaxgpt.hf.files import (
     token_id,
     weight_files,
 )
-from jaxgpt.model.transformer import init_params
+from jaxgpt.model.transformer import init_params, unstack_blocks
 
 FAMILIES: dict[str, Family] = {  # config.json's model_type -> the family
     "gpt2": gpt2.FAMILY,
@@ -177,7 +177,8 @@ def _check_shapes(config: ModelConfig, params: dict, source) -> None:
 def save_pretrained(
     config: ModelConfig, params: dict, directory: str | Path, special_tokens: dict | None = None
 ) -> Path:
-    """Write a directory transformers loads: config.json and model.safetensors. `special_tokens`
+    """Write a directory transformers loads: config.json and model.safetensors (float32, the
+    blocks of scanned layers one a layer). `special_tokens`
     join config.json: an encoder–decoder trained on pairs starts and ends its answers at the
     pair separator, {"decoder_start_token_id": sep, "eos_token_id": sep}, for
     transformers' generate to do the same."""
@@ -185,6 +186,11 @@ def save_pretrained(
 
     family = family_of(config)
     to_weights, to_hf_config = FAMILIES[family].weights, FAMILIES[family].hf_config
+    if config.scan_layers:  # a layout of the computation, not of the model: a block a layer, as transformers
+        params = unstack_blocks(params) | (
+            {"encoder": unstack_blocks(params["encoder"])} if config.encoder_layers else {}
+        )
+        config = config.replace(scan_layers=False)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     numpy_params = jax.tree.map(lambda a: np.asarray(a, np.float32), params)

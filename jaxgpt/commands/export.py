@@ -1,0 +1,77 @@
+"""Write a trained run as a Hugging Face folder, config.json and model.safetensors, which
+transformers loads (and with it TransformerLens, or any tool that reads such a folder):
+python -m jaxgpt export --workdir DIR --out FOLDER [--step N]
+
+Examples:
+  python -m jaxgpt export --workdir runs/tiny --out exported/tiny
+  python -m jaxgpt export --workdir runs/llama_tiny --out exported/llama_tiny --step 1000
+
+The family follows the model: GPT-2 (learned positions, LayerNorm, GELU), Llama, Mistral or Qwen2
+(RoPE, RMSNorm, SwiGLU; a sliding window; query, key and value biases), Mixtral (a mixture of
+experts), BERT (a masked-token encoder) or BART (an encoder–decoder, whose answers start and end at
+the pair separator). A model with a switch none of them has is refused in one line naming it,
+before anything is read or written. The weights are written as float32, scanned layers one block
+a layer, as transformers keeps them.
+
+The run's own tokenizer goes beside them as jaxgpt_tokenizer.json (jaxgpt's format; a
+tokenizer.json there would be read as Hugging Face's). A run on the GPT-2 BPE needs none:
+transformers' "gpt2" tokenizer is the same.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+from absl import flags
+
+from jaxgpt.commands import cli, inspected
+from jaxgpt.errors import UserError
+
+TOKENIZER_FILE = "jaxgpt_tokenizer.json"
+
+
+@cli.command()
+def main(argv: list[str] | None = None) -> None:
+    """The command's entry point: bad input exits 2 with one line."""
+    from jaxgpt.config import run_config_from_dict
+    from jaxgpt.hf import family_of, save_pretrained
+    from jaxgpt.hf.convert import FAMILIES
+    from jaxgpt.tokenizers import save_tokenizer
+
+    argv, f = cli.command_flags(argv)
+    flags.DEFINE_string("workdir", None, "A train.py run.", flag_values=f)
+    flags.DEFINE_string("out", None, "The folder to write: new, or empty.", flag_values=f)
+    flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
+    cli.parse_flags(argv, __doc__, f)
+    cli.require(f, "workdir", what="the run to export")
+    cli.require(f, "out", what="the folder to write the Hugging Face files to")
+    workdir, out = Path(f.workdir), Path(f.out)
+    if out.exists() and not (out.is_dir() and not any(out.iterdir())):
+        raise UserError(f"--out {out} exists and is not an empty folder; name a new one (nothing is overwritten)")
+    saved = workdir / "config.json"
+    if not saved.is_file():
+        raise UserError(f"no config.json in {workdir}; --workdir names a run train.py has started")
+    family = family_of(run_config_from_dict(json.loads(saved.read_text())).model)  # refused before reading weights
+    config, params, tokenizer, source = inspected.load(workdir, step=f.step)
+    special_tokens = None
+    if config.encoder_layers:  # a pairs run: answers start and end at the pair separator
+        from jaxgpt.data.pairs import pair_separator
+
+        separator = pair_separator(tokenizer)
+        special_tokens = {"decoder_start_token_id": separator, "eos_token_id": separator}
+    # Written beside the destination, then renamed into place: a failure leaves no half folder.
+    staging = out.parent / f".{out.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    save_pretrained(config, params, staging, special_tokens)
+    save_tokenizer(tokenizer, staging / TOKENIZER_FILE)
+    if out.exists():
+        out.rmdir()  # empty, checked above
+    staging.rename(out)
+    print(f"wrote {out}: {FAMILIES[family].architecture} from {workdir} ({source}), config.json, model.safetensors")
+    print(f"  and {TOKENIZER_FILE} (the run's {tokenizer.name} tokenizer, jaxgpt's format)")
+
+
+if __name__ == "__main__":
+    main()
