@@ -170,6 +170,35 @@ def test_an_encoder_decoder_trains_on_a_mesh_as_on_one_device(one_device, tmp_pa
     assert {"val_loss", "val_token_accuracy", "val_exact_match"} <= set(last)
 
 
+def test_attention_pages_of_an_encoder_decoder_hold_its_three_kinds_of_attention(one_device, tmp_path, capsys):
+    """attention-maps --html on an encoder–decoder: the cross-attention page (answer tokens
+    querying source tokens) and the encoder's and the decoder's self-attention beside it, each
+    the weights of encoder_decoder_maps for the answer the command printed."""
+    from jaxgpt.commands import attention_maps
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab.views import embedded_data
+
+    page = tmp_path / "reverse.html"
+    argv = ["--workdir", str(one_device), "--prompt", "3141", "--out", str(tmp_path / "reverse.png")]
+    attention_maps.main([*argv, "--html", str(page)])
+    answer = capsys.readouterr().out.splitlines()[0].split(" -> ")[1]
+    run, params, tokenizer, _ = load_latest(one_device)
+    source, decoder_input = tokenizer.encode("3141\n"), tokenizer.encode("\n" + answer)
+    maps = attention_maps.encoder_decoder_maps(run.model, params, np.asarray(source), np.asarray(decoder_input))
+    texts = {
+        "source": [tokenizer.decode([i]) for i in source],
+        "answer": [tokenizer.decode([i]) for i in decoder_input],
+    }
+    for name, side, queries, keys in (
+        ("reverse.html", "cross", "answer", "source"),
+        ("reverse_encoder.html", "encoder", "source", "source"),
+        ("reverse_decoder.html", "decoder", "answer", "answer"),
+    ):
+        data = embedded_data((tmp_path / name).read_text())
+        assert (data["queries"], data["keys"]) == (texts[queries], texts[keys]), name
+        np.testing.assert_allclose(data["weights"], maps[side], atol=1e-4)
+
+
 @pytest.mark.slow  # 6 s: tests/test_pairs.py resumes a pairs run in the quick set
 def test_an_encoder_decoder_resumes_bit_for_bit(one_device, tmp_path):
     train_and_evaluate(reverse_run(), tmp_path, progress=False, stop_at=5)

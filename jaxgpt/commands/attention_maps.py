@@ -5,6 +5,7 @@ Examples:
   python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --layer 0 --init
   python -m jaxgpt attention-maps --init_from gpt2 --prompt "The cat sat on the mat. The cat"
   python -m jaxgpt attention-maps --workdir runs/seq2seq_reverse --prompt 31415926
+  python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --html attention.html
 
 One panel per head (a row per layer, or only layer L): query position down, key position
 across, brightness the attention weight (or, with --scores, the pre-softmax score, the masked
@@ -18,6 +19,9 @@ On an encoder–decoder run (model.encoder_layers, e.g. configs/seq2seq_reverse.
 a source: the model answers it greedily, and its cross-attention is drawn, answer positions down
 and source tokens across, with the encoder's and the decoder's self-attention in two more files
 beside it (<out>_encoder.png, <out>_decoder.png).
+--html PAGE also writes the weights as a page to touch (jaxgpt/lab/views.py): pick a layer and a
+head, hover a query token, and the keys it reads are shaded by their weights, listed to three
+decimals; one self-contained file, nothing fetched (an encoder–decoder's three beside each other).
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from jaxgpt.commands.plot import save_png  # noqa: E402
 from jaxgpt.config import ModelConfig  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.lab.capture import capture  # noqa: E402
+from jaxgpt.lab.views import attention_view  # noqa: E402
 
 LABELLED_TOKENS = 32  # longer prompts get numbered axes instead of token ticks
 PANEL_INCHES, DPI = 2.0, 100  # a panel's side; longer labelled prompts get larger panels
@@ -149,24 +154,39 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
     decoder_input = np.asarray([stop, *answer])
     maps = encoder_decoder_maps(config, params, source, decoder_input)
 
+    def texts(ids) -> list[str]:
+        return [tokenizer.decode([int(i)]) for i in ids]
+
     def labels(ids) -> list[str]:
-        return [repr(tokenizer.decode([int(i)]))[1:-1] for i in ids]
+        return [repr(text)[1:-1] for text in texts(ids)]
 
     out = Path(f.out) if f.out else Path(f.workdir) / "attention.png"
     written = [draw(maps["cross"], labels(decoder_input), 0, out, key_labels=labels(source), kind="cross ")]
     for side, ids in (("encoder", source), ("decoder", decoder_input)):
-        written.append(
-            draw(maps[side], labels(ids), 0, out.with_name(f"{out.stem}_{side}{out.suffix}"), kind=f"{side} ")
-        )
+        written.append(draw(maps[side], labels(ids), 0, _beside(out, side), kind=f"{side} "))
+    if f.html:
+        page = Path(f.html)
+        for side, name in (
+            ("cross", page),
+            ("encoder", _beside(page, "encoder")),
+            ("decoder", _beside(page, "decoder")),
+        ):
+            queries = decoder_input if side != "encoder" else source
+            keys = texts(source) if side != "decoder" else None
+            attention_view(maps[side], texts(queries), keys, title=f"{side} attention: {f.prompt.strip()}").save(name)
     print(f"{f.prompt.strip()} -> {tokenizer.decode(answer)}")
     print(f"wrote {written[0]} (cross-attention: {config.n_layer} decoder layer(s) x {config.n_head} heads), "
           f"{written[1]} and {written[2]} (the encoder's and the decoder's self-attention)")  # fmt: skip
+    if f.html:
+        print(f"wrote {f.html} and, beside it, its _encoder and _decoder pages (hover a query token)")
 
 
 @cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
     f = inspected.parse_flags(argv, __doc__, _define_flags)
+    if f.html and f.scores:
+        raise UserError("--html shows attention weights; drop --scores for it (the PNG draws the scores)")
     config, params, tokenizer, source = inspected.load_model(f)
     if config.encoder_layers:
         return _draw_encoder_decoder(f, config, params, tokenizer)
@@ -181,12 +201,21 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(f.out) if f.out else Path(f.workdir or ".") / "attention.png"
     out = draw(maps, labels, first, out, scores=f.scores)
     print(f"wrote {out} ({source}, {len(ids)} tokens, {maps.shape[0]} layer(s) x {maps.shape[1]} heads)")
+    if f.html:
+        tokens = [tokenizer.decode([int(i)]) for i in ids]
+        page = attention_view(maps, tokens, title=f"attention ({source}): {f.prompt}", first_layer=first).save(f.html)
+        print(f"wrote {page} (hover a query token: the weights on each key)")
 
 
 def _define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("layer", None, "Draw only this layer (0-based).", flag_values=f)
     flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
+    flags.DEFINE_string("html", None, "Also write the weights as an interactive page, this HTML file.", flag_values=f)
+
+
+def _beside(path: Path, side: str) -> Path:
+    return path.with_name(f"{path.stem}_{side}{path.suffix}")
 
 
 if __name__ == "__main__":

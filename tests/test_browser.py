@@ -1,0 +1,73 @@
+"""The lab's pages in a real browser: headless Chromium opens each from file:// with the network
+off, a test picks a layer and a head, hovers a query token and reads what the page shows: every
+key's weight to three decimals, as the arrays hold them, and no error in the console. A
+screenshot of each is written beside the page.
+
+Needs Debian's chromium and chromium-driver (`apt-get install chromium chromium-driver`; .ci/run
+installs them where it can) and selenium (requirements-test.txt); without them it skips, saying
+which is missing. Slow: a browser start is about 1.5 s a page."""
+
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+from test_views import random_maps
+
+from jaxgpt.lab.views import attention_view
+
+pytestmark = pytest.mark.slow
+CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="module")
+def browser():
+    webdriver = pytest.importorskip(
+        "selenium.webdriver", reason="selenium is not installed: pip install -r requirements-test.txt"
+    )
+    if not (CHROMIUM and DRIVER):
+        pytest.skip("no headless browser here: apt-get install chromium chromium-driver")
+    from selenium.webdriver.chrome.service import Service
+
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for argument in ("--headless=new", "--no-sandbox", "--disable-gpu", "--window-size=1200,900"):
+        options.add_argument(argument)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    driver = webdriver.Chrome(service=Service(DRIVER), options=options)
+    driver.execute_cdp_cmd("Network.enable", {})
+    offline = {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0}
+    driver.execute_cdp_cmd("Network.emulateNetworkConditions", offline)
+    yield driver
+    driver.quit()
+
+
+def shown_weights(browser, page: Path, layer: int, head: int, query: int) -> list[float]:
+    """Open `page`, choose the layer and the head, hover the query: the keys' weights as shown."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    browser.get(page.as_uri())
+    browser.find_elements(By.CSS_SELECTOR, "#layers button")[layer].click()
+    browser.find_elements(By.CSS_SELECTOR, "#heads button")[head].click()
+    ActionChains(browser).move_to_element(browser.find_elements(By.CSS_SELECTOR, "#queries .token")[query]).perform()
+    titles = [float(key.get_attribute("title")) for key in browser.find_elements(By.CSS_SELECTOR, "#keys .token")]
+    listed = browser.find_element(By.ID, "readout").text.split(":\n", 1)[1]
+    assert [float(w) for w in re.findall(r"\d\.\d{3}\b", listed)] == titles  # the list and the shading agree
+    return titles
+
+
+def console_errors(browser) -> list[str]:
+    return [entry["message"] for entry in browser.get_log("browser") if entry["level"] == "SEVERE"]
+
+
+@pytest.mark.parametrize("queries, keys", [(list("if x:"), None), (list("abc"), list("uvwxyz"))], ids=["self", "cross"])
+def test_hovering_a_query_shows_its_weight_on_every_key(browser, tmp_path, queries, keys):
+    maps = random_maps(layers=2, heads=3, t=len(queries), s=len(keys or queries), seed=1)
+    page = attention_view(maps, queries, keys, title="weights").save(tmp_path / "attention.html")
+    for layer, head, query in ((1, 2, len(queries) - 1), (0, 1, 1)):
+        shown = shown_weights(browser, page, layer, head, query)
+        np.testing.assert_allclose(shown, maps[layer, head, query], atol=0.5e-3 + 1e-9)  # three decimals
+    assert console_errors(browser) == []
+    assert browser.save_screenshot(str(tmp_path / "attention.png")) and (tmp_path / "attention.png").stat().st_size
