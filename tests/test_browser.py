@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_views import random_maps
 
-from jaxgpt.lab.views import attention_view
+from jaxgpt.lab.views import attention_view, embedded_data, logit_lens_view
 
 pytestmark = pytest.mark.slow
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -71,3 +71,26 @@ def test_hovering_a_query_shows_its_weight_on_every_key(browser, tmp_path, queri
         np.testing.assert_allclose(shown, maps[layer, head, query], atol=0.5e-3 + 1e-9)  # three decimals
     assert console_errors(browser) == []
     assert browser.save_screenshot(str(tmp_path / "attention.png")) and (tmp_path / "attention.png").stat().st_size
+
+
+def test_hovering_a_lens_cell_lists_that_layers_guesses(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    logits = np.random.default_rng(2).normal(size=(3, 4, 12)) * 3
+    page = logit_lens_view(logits, np.array([1, 4, 2, 9]), lambda t: "abcdefghijkl"[t[0]], title="lens")
+    path = page.save(tmp_path / "lens.html")
+    data = embedded_data(page)
+    browser.get(path.as_uri())
+    rows = browser.find_elements(By.CSS_SELECTOR, "#lens tr")
+    assert [row.find_element(By.TAG_NAME, "th").text for row in rows[1:]] == ["embed", "block 0", "block 1"]
+    for layer, position in ((1, 2), (0, 0)):
+        cell = rows[1 + layer].find_elements(By.CSS_SELECTOR, "td")[position]
+        ActionChains(browser).move_to_element(cell).perform()
+        want = data["cells"][layer][position]
+        assert cell.text == want["top"][0][0] and float(cell.get_attribute("title")) == round(want["top"][0][1], 3)
+        guesses, following = browser.find_element(By.ID, "readout").text.split("\n")[1:]
+        assert [float(p) for p in re.findall(r"\d\.\d{3}\b", guesses)] == [round(p, 3) for _, p in want["top"]]
+        assert float(following.rsplit(": ", 1)[1]) == round(want["next"], 3)
+    assert console_errors(browser) == []
+    assert browser.save_screenshot(str(tmp_path / "lens.png"))

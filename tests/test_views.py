@@ -7,7 +7,7 @@ import re
 import numpy as np
 import pytest
 
-from jaxgpt.lab.views import DECIMALS, attention_view, embedded_data
+from jaxgpt.lab.views import DECIMALS, TOP_K, attention_view, embedded_data, logit_lens_view
 
 
 def random_maps(layers=2, heads=3, t=5, s=None, seed=0) -> np.ndarray:
@@ -69,3 +69,43 @@ def test_the_page_wants_weights_not_scores(trained_small_run, tmp_path, capsys):
         command.main(["--workdir", str(trained_small_run), "--prompt", "x", "--scores", *out])
     assert exit_status.value.code == 2 and "--html shows attention weights" in capsys.readouterr().err
     assert list(tmp_path.iterdir()) == []  # refused before anything was written
+
+
+def test_the_lens_page_holds_each_cells_likeliest_tokens_and_the_true_next_ones_probability():
+    """Logits made so that layer 1 at position 0 ranks token 3, then 1, with known softmax
+    probabilities; the last position has no next token."""
+    vocab, ids = 8, np.array([2, 5, 7])
+    logits = np.zeros((2, 3, vocab))
+    logits[1, 0, 3], logits[1, 0, 1] = 4.0, 2.0
+    probs = np.exp(logits[1, 0]) / np.exp(logits[1, 0]).sum()
+    data = embedded_data(logit_lens_view(logits, ids, lambda t: "abcdefgh"[t[0]], title="lens"))
+    assert data["layers"] == ["embed", "block 0"] and data["tokens"] == ["c", "f", "h"]
+    cell = data["cells"][1][0]
+    assert [text for text, _ in cell["top"]][:2] == ["d", "b"] and len(cell["top"]) == TOP_K
+    np.testing.assert_allclose([p for _, p in cell["top"]][:2], probs[[3, 1]], atol=0.5 * 10**-DECIMALS)
+    assert cell["next"] == pytest.approx(probs[5], abs=0.5 * 10**-DECIMALS)  # token 5 follows token 2
+    assert data["cells"][0][1]["next"] == pytest.approx(1 / vocab, abs=1e-4) and data["cells"][1][2]["next"] is None
+
+
+def test_logit_lens_writes_the_page_of_the_runs_readouts(trained_small_run, tmp_path, capsys):
+    from jaxgpt.commands import logit_lens
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab.capture import capture
+
+    page = tmp_path / "lens.html"
+    logit_lens.main(
+        ["--workdir", str(trained_small_run), "--prompt", "import os", "--positions", "4", "--html", str(page)]
+    )
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {page} (every position; hover a cell for its guesses)"
+    run, params, tokenizer, _ = load_latest(trained_small_run)
+    ids = np.asarray(tokenizer.encode("import os"))
+    lens = np.asarray(capture(run.model, params, ids[None]).logit_lens[:, 0], np.float64)
+    probs = np.exp(lens - lens.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    data = embedded_data(page.read_text())
+    assert len(data["cells"]) == run.model.n_layer + 1 and all(len(row) == len(ids) for row in data["cells"])
+    for layer, position in ((0, 0), (2, len(ids) - 1)):
+        top = probs[layer, position].argsort()[::-1][:TOP_K]
+        shown = data["cells"][layer][position]["top"]
+        assert [text for text, _ in shown] == [tokenizer.decode([int(i)]) for i in top]
+        np.testing.assert_allclose([p for _, p in shown], probs[layer, position, top], atol=1e-4)

@@ -5,12 +5,15 @@ Examples:
   python -m jaxgpt logit-lens --workdir runs/tiny --prompt "if x is None: x = x + 1"
   python -m jaxgpt logit-lens --workdir runs/llama_tiny --prompt "    def __init__(self, x):" --positions 8
   python -m jaxgpt logit-lens --init_from gpt2 --prompt "The Eiffel Tower is in the city of"
+  python -m jaxgpt logit-lens --workdir runs/tiny --prompt "if x is None: x = x + 1" --html lens.html
 
 The final norm and the LM head are applied to the residual stream before the first block and
 after each (jaxgpt/lab/capture.py): a row per layer with the stream's mean norm, the loss of that
 readout on the prompt's own next tokens, and its most likely next token at each of the last
 --positions positions. A model builds its prediction over its depth: the loss falls, and the
-guesses turn from the current token's bigram into the continuation.
+guesses turn from the current token's bigram into the continuation. --html PAGE also writes the
+whole table (every position) as a page to touch: hover a cell for that layer's five likeliest
+next tokens and the probability it gives the one that does come next (jaxgpt/lab/views.py).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from absl import flags
 
 from jaxgpt.commands import cli, inspected
 from jaxgpt.lab.capture import capture
+from jaxgpt.lab.views import logit_lens_view
 
 CELL = 7  # characters per token column
 
@@ -78,10 +82,15 @@ def main(argv: list[str] | None = None) -> None:
     rows = lens_rows(captured.logit_lens[:, 0], captured.residual[:, 0], ids)
     print(f"logit lens ({source}, {len(ids)} tokens): {lens_caption(len(ids), f.positions)}")
     print("\n".join(table(rows, ids, tokenizer.decode, f.positions)))
+    if f.html:
+        title = f"logit lens ({source}): {f.prompt}"
+        page = logit_lens_view(captured.logit_lens[:, 0], ids, tokenizer.decode, title=title).save(f.html)
+        print(f"wrote {page} (every position; hover a cell for its guesses)")
 
 
 def _define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_integer("positions", 12, "Show the last this many positions.", lower_bound=1, flag_values=f)
+    flags.DEFINE_string("html", None, "Also write the whole table as an interactive page (HTML).", flag_values=f)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,9 @@ fetched), written to a file by the commands and shown inline in Jupyter or Colab
 The attention view: every layer and head of one prompt; pick a layer and a head, hover a query
 token (or tab to it) and each key token it may see is shaded by the weight the query gives it,
 the weights listed to three decimals. An encoder–decoder's cross-attention is the same view with
-the source's tokens as keys. The data a page embeds is JSON in a <script type="application/json">
+the source's tokens as keys. The logit-lens view: a row per layer and a column per position,
+each cell that layer's likeliest next token; hover it for the five likeliest and the probability
+of the token that does come next. The data a page embeds is JSON in a <script type="application/json">
 element, read back by tests/test_views.py against the arrays it came from.
 """
 
@@ -64,7 +66,38 @@ def attention_view(
         "keys": keys,
         "weights": np.round(maps, DECIMALS).tolist(),
     }
-    return View(_PAGE.replace("__TITLE__", html.escape(title)).replace("__DATA__", _script_safe(data)))
+    return _document(title, _ATTENTION_STYLE, _ATTENTION_BODY, data, _ATTENTION_SCRIPT)
+
+
+TOP_K = 5  # guesses the logit-lens view lists for each layer and position
+
+
+def logit_lens_view(logit_lens: np.ndarray, ids: np.ndarray, decode, *, title: str) -> View:
+    """logit_lens (layers, t, vocab): the readout of the stream before the first block and after
+    each (jaxgpt/lab/capture.py) for the prompt `ids` (t,); `decode` turns ids into text. A table,
+    a row per layer and a column per position, each cell that layer's top guess for the next
+    token, shaded by its probability; hover a cell for its TOP_K guesses and the probability it
+    gives the token that does come next."""
+    logits = np.asarray(logit_lens, np.float64)
+    log_probs = logits - logits.max(-1, keepdims=True)
+    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
+    probs = np.exp(log_probs)
+    top = np.argsort(-probs, axis=-1, kind="stable")[..., :TOP_K]
+    layers, t, _ = probs.shape
+    following = [int(i) for i in ids[1:]] + [None]
+
+    def cell(layer: int, position: int) -> dict:
+        guesses = [[decode([int(i)]), round(float(probs[layer, position, i]), DECIMALS)] for i in top[layer, position]]
+        nxt = following[position]
+        return {"top": guesses, "next": None if nxt is None else round(float(probs[layer, position, nxt]), DECIMALS)}
+
+    data = {
+        "title": title,
+        "layers": ["embed"] + [f"block {i}" for i in range(layers - 1)],
+        "tokens": [decode([int(i)]) for i in ids],
+        "cells": [[cell(layer, position) for position in range(t)] for layer in range(layers)],
+    }
+    return _document(title, _LENS_STYLE, _LENS_BODY, data, _LENS_SCRIPT)
 
 
 def _script_safe(data: dict) -> str:
@@ -72,37 +105,58 @@ def _script_safe(data: dict) -> str:
     return json.dumps(data).replace("</", "<\\/")
 
 
-_PAGE = """<!DOCTYPE html>
+def _document(title: str, style: str, body: str, data: dict, script: str) -> View:
+    """One self-contained page: the shared look, the view's own style and body, its data as
+    JSON, and its script, which draws from that data."""
+    return View(
+        _DOCUMENT.replace("__TITLE__", html.escape(title))
+        .replace("__STYLE__", style)
+        .replace("__BODY__", body)
+        .replace("__DATA__", _script_safe(data))
+        .replace("__SCRIPT__", script)
+    )
+
+
+_DOCUMENT = """<!DOCTYPE html>
 <html lang="en"><head><meta charset="utf-8"><title>__TITLE__</title>
 <style>
 body { font: 14px system-ui, sans-serif; margin: 16px; color: #222; }
 h1 { font-size: 16px; margin: 0 0 8px; }
+.label { color: #666; font-size: 12px; }
+.token { font-family: ui-monospace, monospace; padding: 2px 3px; margin: 1px; border: 1px solid #ccc;
+         border-radius: 3px; white-space: pre; }
+#readout { font-family: ui-monospace, monospace; white-space: pre-wrap; min-height: 3em; }
+__STYLE__</style></head>
+<body>
+<h1>__TITLE__</h1>
+__BODY__<script type="application/json" id="data">__DATA__</script>
+<script>
+"use strict";
+const data = JSON.parse(document.getElementById("data").textContent);
+function shown(text) { return JSON.stringify(text).slice(1, -1); }
+__SCRIPT__</script>
+</body></html>
+"""
+
+_ATTENTION_STYLE = """
 .controls button { margin: 0 4px 4px 0; padding: 2px 8px; border: 1px solid #999; background: #f4f4f4;
                    cursor: pointer; }
 .controls button.on { background: #2b6cb0; color: #fff; border-color: #2b6cb0; }
 .tokens { margin: 10px 0; line-height: 2.2; }
-.token { font-family: ui-monospace, monospace; padding: 2px 3px; margin: 1px; border: 1px solid #ccc;
-         border-radius: 3px; white-space: pre; }
 .query { cursor: pointer; }
 .query.on { outline: 2px solid #c05621; }
-#readout { font-family: ui-monospace, monospace; white-space: pre-wrap; min-height: 3em; }
-.label { color: #666; font-size: 12px; }
-</style></head>
-<body>
-<h1>__TITLE__</h1>
-<div class="controls" id="layers"></div>
+"""
+
+_ATTENTION_BODY = """<div class="controls" id="layers"></div>
 <div class="controls" id="heads"></div>
 <div class="label">queries (hover one, or tab to it)</div>
 <div class="tokens" id="queries"></div>
 <div class="label">keys, shaded by the chosen query's weight on each</div>
 <div class="tokens" id="keys"></div>
 <div id="readout"></div>
-<script type="application/json" id="data">__DATA__</script>
-<script>
-"use strict";
-const data = JSON.parse(document.getElementById("data").textContent);
-const state = { layer: 0, head: 0, query: data.queries.length - 1 };
-function shown(text) { return JSON.stringify(text).slice(1, -1); }
+"""
+
+_ATTENTION_SCRIPT = """const state = { layer: 0, head: 0, query: data.queries.length - 1 };
 function buttons(id, labels, key) {
   const box = document.getElementById(id);
   labels.forEach((label, i) => {
@@ -147,6 +201,53 @@ function draw() {
     row.map((w, j) => shown(data.keys[j]) + " " + w.toFixed(3)).join("  ");
 }
 draw();
-</script>
-</body></html>
+"""
+
+_LENS_STYLE = """
+table { border-collapse: collapse; margin: 8px 0; }
+td, th { border: 1px solid #ddd; padding: 2px 4px; font-family: ui-monospace, monospace; white-space: pre; }
+th { background: #f4f4f4; font-weight: normal; }
+td.guess { cursor: pointer; min-width: 2.5em; }
+td.guess.on { outline: 2px solid #c05621; }
+"""
+
+_LENS_BODY = """<div class="label">a row per layer, a column per position: the top guess for the next token,
+shaded by its probability (hover a cell, or tab to it, for its guesses)</div>
+<table id="lens"></table>
+<div id="readout"></div>
+"""
+
+_LENS_SCRIPT = """const table = document.getElementById("lens");
+const header = table.insertRow();
+header.appendChild(document.createElement("th"));
+data.tokens.forEach((text) => {
+  const th = document.createElement("th"); th.textContent = shown(text); header.appendChild(th);
+});
+const cells = data.layers.map((name, layer) => {
+  const row = table.insertRow();
+  const th = document.createElement("th"); th.textContent = name; row.appendChild(th);
+  return data.cells[layer].map((cell, position) => {
+    const td = row.insertCell();
+    const [text, p] = cell.top[0];
+    td.className = "guess"; td.tabIndex = 0; td.textContent = shown(text);
+    td.style.background = "rgba(43, 108, 176, " + p + ")"; td.style.color = p > 0.5 ? "#fff" : "#222";
+    td.title = p.toFixed(3);
+    const choose = () => show(layer, position);
+    td.addEventListener("mouseenter", choose);
+    td.addEventListener("focus", choose);
+    return td;
+  });
+});
+function show(layer, position) {
+  cells.flat().forEach((td) => td.classList.remove("on"));
+  cells[layer][position].classList.add("on");
+  const cell = data.cells[layer][position];
+  const last = position + 1 === data.tokens.length;
+  const after = last ? "(past the prompt)" : JSON.stringify(shown(data.tokens[position + 1]));
+  document.getElementById("readout").textContent =
+    data.layers[layer] + ", after " + JSON.stringify(shown(data.tokens[position])) + ":\\n" +
+    cell.top.map(([text, p]) => shown(text) + " " + p.toFixed(3)).join("  ") +
+    "\\nnext token " + after + (cell.next === null ? "" : ": " + cell.next.toFixed(3));
+}
+show(data.layers.length - 1, data.tokens.length - 1);
 """
