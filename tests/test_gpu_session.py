@@ -9,6 +9,7 @@ bench/train_throughput.py's, which the suite tests."""
 import json
 from pathlib import Path
 
+import pytest
 from conftest import run_script
 
 
@@ -21,6 +22,7 @@ def dry_run(out: Path, *stages: str) -> dict:
     return json.loads((out / "gpu_session.json").read_text())["stages"]
 
 
+@pytest.mark.slow  # 18-22 s of three fresh processes; the script changes rarely, the quick set runs often
 def test_the_quick_stages_run_and_report(tmp_path):
     stages = dry_run(tmp_path, "versions", "attention", "tests")
     assert {name: record["status"] for name, record in stages.items()} == dict.fromkeys(stages, "ok")
