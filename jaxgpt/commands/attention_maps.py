@@ -155,10 +155,10 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
     maps = encoder_decoder_maps(config, params, source, decoder_input)
 
     def texts(ids) -> list[str]:
-        return [tokenizer.decode([int(i)]) for i in ids]
+        return token_texts(tokenizer, ids)
 
     def labels(ids) -> list[str]:
-        return [repr(text)[1:-1] for text in texts(ids)]
+        return tick_labels(token_texts(tokenizer, ids))
 
     out = Path(f.out) if f.out else Path(f.workdir) / "attention.png"
     written = [draw(maps["cross"], labels(decoder_input), 0, out, key_labels=labels(source), kind="cross ")]
@@ -197,12 +197,12 @@ def main(argv: list[str] | None = None) -> None:
     first = f.layer or 0
     if f.layer is not None:
         maps = maps[f.layer : f.layer + 1]
-    labels = [repr(tokenizer.decode([int(i)]))[1:-1] for i in ids] if len(ids) <= LABELLED_TOKENS else None
+    tokens = token_texts(tokenizer, ids)
+    labels = tick_labels(tokens) if len(ids) <= LABELLED_TOKENS else None
     out = Path(f.out) if f.out else Path(f.workdir or ".") / "attention.png"
     out = draw(maps, labels, first, out, scores=f.scores)
     print(f"wrote {out} ({source}, {len(ids)} tokens, {maps.shape[0]} layer(s) x {maps.shape[1]} heads)")
     if f.html:
-        tokens = [tokenizer.decode([int(i)]) for i in ids]
         page = attention_view(maps, tokens, title=f"attention ({source}): {f.prompt}", first_layer=first).save(f.html)
         print(f"wrote {page} (hover a query token: the weights on each key)")
 
@@ -212,6 +212,16 @@ def _define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
     flags.DEFINE_string("html", None, "Also write the weights as an interactive page, this HTML file.", flag_values=f)
+
+
+def token_texts(tokenizer, ids) -> list[str]:
+    """Each token's own text (a BPE token may be part of a character, shown as its replacement)."""
+    return [tokenizer.decode([int(i)]) for i in ids]
+
+
+def tick_labels(texts: list[str]) -> list[str]:
+    """Tokens as tick labels: escaped, so a newline or a tab shows as one."""
+    return [repr(text)[1:-1] for text in texts]
 
 
 def _beside(path: Path, side: str) -> Path:
