@@ -1,17 +1,17 @@
-"""Write a trained run as a Hugging Face folder, config.json and model.safetensors, which
-transformers loads (and with it TransformerLens, or any tool that reads such a folder):
-python -m jaxgpt export --workdir DIR --out FOLDER [--step N]
+"""Write a trained run as a Hugging Face folder: python -m jaxgpt export --workdir DIR --out FOLDER [--step N]
 
 Examples:
   python -m jaxgpt export --workdir runs/tiny --out exported/tiny
   python -m jaxgpt export --workdir runs/llama_tiny --out exported/llama_tiny --step 1000
 
-The family follows the model: GPT-2 (learned positions, LayerNorm, GELU), Llama, Mistral or Qwen2
-(RoPE, RMSNorm, SwiGLU; a sliding window; query, key and value biases), Mixtral (a mixture of
-experts), BERT (a masked-token encoder) or BART (an encoder–decoder, whose answers start and end at
-the pair separator). A model with a switch none of them has is refused in one line naming it,
-before anything is read or written. The weights are written as float32, scanned layers one block
-a layer, as transformers keeps them.
+The folder holds config.json and model.safetensors, which transformers loads (and with it
+TransformerLens, or any tool that reads such a folder). The family follows the model: GPT-2
+(learned positions, LayerNorm, GELU), Llama, Mistral or Qwen2 (RoPE, RMSNorm, SwiGLU; a sliding
+window; query, key and value biases), Mixtral (a mixture of experts), BERT (a masked-token
+encoder) or BART (an encoder–decoder, whose answers start and end at the pair separator). A model
+with a switch none of them has is refused in one line naming it, before anything is read or
+written. The weights are written as float32, scanned layers one block a layer, as transformers
+keeps them.
 
 The run's own tokenizer goes beside them as jaxgpt_tokenizer.json (jaxgpt's format; a
 tokenizer.json there would be read as Hugging Face's). A run on the GPT-2 BPE needs none:
