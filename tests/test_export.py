@@ -77,3 +77,22 @@ def test_scanned_layers_export_a_block_a_layer(tmp_path):
     assert (tmp_path / "scanned" / "model.safetensors").read_bytes() == (
         tmp_path / "unrolled" / "model.safetensors"
     ).read_bytes()
+
+
+def test_a_write_that_fails_part_way_leaves_nothing_behind(trained_small_run, tmp_path, monkeypatch, capsys):
+    """The weights written, then the disk fills: one line, and neither the folder nor the
+    half-written one beside it stays."""
+    import errno
+
+    import jaxgpt.tokenizers
+
+    def disk_full(tokenizer, path):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(jaxgpt.tokenizers, "save_tokenizer", disk_full)
+    error = refused(["--workdir", str(trained_small_run), "--out", str(tmp_path / "out")], capsys)
+    assert (
+        error
+        == f"error: cannot write {tmp_path / 'out'} (No space left on device); free some space or choose another --out"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -64,8 +64,15 @@ def main(argv: list[str] | None = None) -> None:
     # Written beside the destination, then renamed into place: a failure leaves no half folder.
     staging = out.parent / f".{out.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    save_pretrained(config, params, staging, special_tokens)
-    save_tokenizer(tokenizer, staging / TOKENIZER_FILE)
+    try:
+        save_pretrained(config, params, staging, special_tokens)
+        save_tokenizer(tokenizer, staging / TOKENIZER_FILE)
+    except OSError as error:  # a full disk, a folder not writable: nothing half-written stays
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"cannot write {out} ({error.strerror}); free some space or choose another --out") from None
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
     if out.exists():
         out.rmdir()  # empty, checked above
     staging.rename(out)

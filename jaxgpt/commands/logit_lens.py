@@ -22,7 +22,7 @@ import numpy as np
 from absl import flags
 
 from jaxgpt.commands import cli, inspected
-from jaxgpt.lab.capture import capture
+from jaxgpt.lab.capture import capture, lens_log_probabilities
 from jaxgpt.lab.views import logit_lens_view
 
 CELL = 7  # characters per token column
@@ -34,8 +34,7 @@ def lens_rows(logit_lens: np.ndarray, residual: np.ndarray, ids: np.ndarray) -> 
     logit_lens (layers, t, vocab), residual (layers, t, d), ids (t,)."""
     rows = []
     for lens, stream in zip(logit_lens, residual, strict=True):
-        shifted = lens - lens.max(-1, keepdims=True)
-        log_probs = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+        log_probs = lens_log_probabilities(lens)
         targets = log_probs[np.arange(len(ids) - 1), ids[1:]]
         rows.append(
             {

@@ -81,6 +81,14 @@ def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
     )
 
 
+def lens_log_probabilities(logit_lens: np.ndarray) -> np.ndarray:
+    """The logit lens's readouts as log-probabilities over the vocabulary, in float64 (a stable
+    log-softmax of the last axis): what the lens table scores and its page lists."""
+    logits = np.asarray(logit_lens, np.float64)
+    shifted = logits - logits.max(-1, keepdims=True)
+    return shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+
+
 def expert_table(captured: Captured, pieces: list[str], layers: list[int]) -> str:
     """Which experts each token of one sequence went to, a line per token: its text (`pieces`,
     one per token) and, per MoE layer (`layers`, their block numbers), the chosen experts with

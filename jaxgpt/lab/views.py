@@ -18,6 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from jaxgpt.lab.capture import lens_log_probabilities
+
 DECIMALS = 4  # embedded weights; the page shows three
 
 
@@ -78,10 +80,7 @@ def logit_lens_view(logit_lens: np.ndarray, ids: np.ndarray, decode, *, title: s
     a row per layer and a column per position, each cell that layer's top guess for the next
     token, shaded by its probability; hover a cell for its TOP_K guesses and the probability it
     gives the token that does come next."""
-    logits = np.asarray(logit_lens, np.float64)
-    log_probs = logits - logits.max(-1, keepdims=True)
-    log_probs -= np.log(np.exp(log_probs).sum(-1, keepdims=True))
-    probs = np.exp(log_probs)
+    probs = np.exp(lens_log_probabilities(logit_lens))
     top = np.argsort(-probs, axis=-1, kind="stable")[..., :TOP_K]
     layers, t, _ = probs.shape
     following = [int(i) for i in ids[1:]] + [None]
