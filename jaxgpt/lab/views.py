@@ -6,8 +6,10 @@ token (or tab to it) and each key token it may see is shaded by the weight the q
 the weights listed to three decimals. An encoder–decoder's cross-attention is the same view with
 the source's tokens as keys. The logit-lens view: a row per layer and a column per position,
 each cell that layer's likeliest next token; hover it for the five likeliest and the probability
-of the token that does come next. The data a page embeds is JSON in a <script type="application/json">
-element, read back by tests/test_views.py against the arrays it came from.
+of the token that does come next. The patching view: a heatmap per patching table (each layer
+by position, or by head), hover a cell for the fraction of the logit difference it restores.
+The data a page embeds is JSON in a <script type="application/json"> element, read back by
+tests/test_views.py against the arrays it came from.
 """
 
 from __future__ import annotations
@@ -97,6 +99,24 @@ def logit_lens_view(logit_lens: np.ndarray, ids: np.ndarray, decode, *, title: s
         "cells": [[cell(layer, position) for position in range(t)] for layer in range(layers)],
     }
     return _document(title, _LENS_STYLE, _LENS_BODY, data, _LENS_SCRIPT)
+
+
+def patching_view(tables: dict[str, np.ndarray], columns: dict[str, list[str]], *, title: str, note: str) -> View:
+    """Patching tables, a heatmap each: tables {name: (layers, columns)} of the fraction of the
+    logit difference restored (jaxgpt/lab/patching.py), columns {name: a label per column} (the
+    prompt's tokens, or heads). Blue restores, red works against; hover (or tab to) a cell for
+    its value to three decimals. `note` says what the numbers are (the two logit differences)."""
+    panels = []
+    for name, values in tables.items():
+        values = np.asarray(values, np.float64)
+        if values.shape[1] != len(columns[name]):
+            raise ValueError(f"{name}: {values.shape[1]} columns of values and {len(columns[name])} labels")
+        rows = [f"layer {i}" for i in range(values.shape[0])]
+        panels.append(
+            {"name": name, "rows": rows, "columns": columns[name], "values": np.round(values, DECIMALS).tolist()}
+        )
+    data = {"title": title, "note": note, "panels": panels}
+    return _document(title, _PATCHING_STYLE, _PATCHING_BODY, data, _PATCHING_SCRIPT)
 
 
 def _script_safe(data: dict) -> str:
@@ -249,4 +269,56 @@ function show(layer, position) {
     "\\nnext token " + after + (cell.next === null ? "" : ": " + cell.next.toFixed(3));
 }
 show(data.layers.length - 1, data.tokens.length - 1);
+"""
+
+_PATCHING_STYLE = """
+table { border-collapse: collapse; margin: 4px 0 14px; }
+td, th { border: 1px solid #ddd; padding: 2px 4px; font-family: ui-monospace, monospace; white-space: pre;
+         font-size: 12px; }
+th { background: #f4f4f4; font-weight: normal; }
+td.value { cursor: pointer; min-width: 2.2em; text-align: right; }
+td.value.on { outline: 2px solid #222; }
+"""
+
+_PATCHING_BODY = """<div class="label" id="note"></div>
+<div id="panels"></div>
+<div id="readout"></div>
+"""
+
+_PATCHING_SCRIPT = """document.getElementById("note").textContent = data.note;
+const box = document.getElementById("panels");
+const cells = [];
+data.panels.forEach((panel, p) => {
+  const heading = document.createElement("div");
+  heading.className = "label"; heading.textContent = panel.name; box.appendChild(heading);
+  const table = document.createElement("table"); box.appendChild(table);
+  const header = table.insertRow();
+  header.appendChild(document.createElement("th"));
+  panel.columns.forEach((text) => {
+    const th = document.createElement("th"); th.textContent = shown(text); header.appendChild(th);
+  });
+  panel.rows.forEach((name, r) => {
+    const row = table.insertRow();
+    const th = document.createElement("th"); th.textContent = name; row.appendChild(th);
+    panel.values[r].forEach((v, c) => {
+      const td = row.insertCell();
+      td.className = "value"; td.tabIndex = 0; td.textContent = v.toFixed(2); td.title = v.toFixed(3);
+      const strength = Math.min(1, Math.abs(v));
+      td.style.background = v >= 0 ? "rgba(43, 108, 176, " + strength + ")" : "rgba(192, 86, 33, " + strength + ")";
+      td.style.color = strength > 0.5 ? "#fff" : "#222";
+      const choose = () => show(p, r, c);
+      td.addEventListener("mouseenter", choose);
+      td.addEventListener("focus", choose);
+      cells.push(td);
+      td.dataset.cell = p + "," + r + "," + c;
+    });
+  });
+});
+function show(p, r, c) {
+  cells.forEach((td) => td.classList.toggle("on", td.dataset.cell === p + "," + r + "," + c));
+  const panel = data.panels[p];
+  document.getElementById("readout").textContent =
+    panel.name + ", " + panel.rows[r] + ", " + JSON.stringify(shown(panel.columns[c])) + ": restored " +
+    panel.values[r][c].toFixed(3);
+}
 """

@@ -24,6 +24,7 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.model import kv_cache, probes
 from jaxgpt.model.layers import dtypes, residual_output_init
 from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
+from jaxgpt.model.sites import reads_site, site
 
 
 def causal_score_bias(
@@ -153,6 +154,31 @@ def xla_attention(q, k, v, mask: Mask, scale: float | None):
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 
+def heads_view(x: jnp.ndarray) -> tuple[int, ...]:
+    """How a site shows grouped query heads (b, t, k, g, d): (b, t, n_head, d), query head
+    h = kv * group + g', the order the tables print them in."""
+    return (*x.shape[:2], x.shape[2] * x.shape[3], x.shape[4])
+
+
+def head_sites(layer, q, k, v):
+    """The queries (b, t, n_head, d as a site), keys and values (b, s, kv heads, d) as they
+    leave the projections: TransformerLens's hook_q, hook_k, hook_v (before rotary positions)."""
+    return site(layer, "hook_q", q, heads_view(q)), site(layer, "hook_k", k), site(layer, "hook_v", v)
+
+
+def attend(layer, name: str, q, k, v, mask: Mask, scale: float | None):
+    """The kernel `name`'s attention; where the scores or pattern are read or changed (the lab),
+    the readable one's two einsums with the sites hook_attn_scores (b, n_head, t, s; -inf where
+    masked) and hook_pattern between them."""
+    if not reads_site(layer, "hook_attn_scores", "hook_pattern"):
+        return kernel(name)(q, k, v, mask, scale)
+    scores = attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale)  # (b, k, g, t, s)
+    view = (scores.shape[0], scores.shape[1] * scores.shape[2], *scores.shape[3:])
+    scores = site(layer, "hook_attn_scores", scores, view)
+    weights = site(layer, "hook_pattern", jax.nn.softmax(scores, axis=-1), view)
+    return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
+
+
 def kernel(name: str):
     """The kernel model.attention names. The default needs nothing beyond this file; the others
     are imported only when a config asks for them, and are handed this one for what they
@@ -221,12 +247,14 @@ class CausalSelfAttention(nn.Module):
         if c.qk_norm:  # over each head's head_dim features, with a learned scale per feature
             norm = dict(epsilon=c.norm_eps, **dtypes(c))
             q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)
+        q, k, v = head_sites(self, q, k, v)
 
         if c.position == "rope":
             inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, c.block_size)
             interleaved = c.rope_pairing == "interleaved"
             q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
             k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)
+            q, k = site(self, "hook_rot_q", q, heads_view(q)), site(self, "hook_rot_k", k)
         if cache_index is not None:
             k, v = kv_cache.extend(self, k, v, cache_index)
         slopes = None
@@ -236,8 +264,9 @@ class CausalSelfAttention(nn.Module):
         scale = None if c.scale_attention else 1.0  # None: the standard 1/sqrt(head_dim)
         if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
             scale = 0.0
-        y = kernel(c.attention)(q, k, v, mask, scale)  # (b, t, k, g, d)
+        y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
         y = probes.without_removed_heads(self, y)  # evaluate's head removal; else y itself
+        y = site(self, "hook_z", y, heads_view(y))
         probes.record_attention(self, lambda: attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale))
 
         return nn.DenseGeneral(
@@ -272,11 +301,13 @@ class CrossAttention(nn.Module):
             memory
         )
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]  # (b, s, k, d)
+        q, k, v = head_sites(self, q, k, v)
         paired = segments is not None and memory_segments is not None
         mask = Mask(
             causal=False, segments=segments if paired else None, key_segments=memory_segments if paired else None
         )
-        y = kernel(c.attention)(q, k, v, mask, None)  # (b, t, k, g, d)
+        y = attend(self, c.attention, q, k, v, mask, None)  # (b, t, k, g, d)
+        y = site(self, "hook_z", y, heads_view(y))
         probes.record_attention(self, lambda: attention_scores(q, k, mask.bias(q.shape[1], k.shape[1])))
         return nn.DenseGeneral(
             c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c), name="out", **dtypes(c)

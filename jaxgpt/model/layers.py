@@ -10,6 +10,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model.sites import site
 
 
 def dtypes(config: ModelConfig) -> dict:
@@ -59,10 +60,12 @@ class MLP(nn.Module):
             gate_up = nn.DenseGeneral(
                 (2, c.mlp_hidden), kernel_init=nn.initializers.normal(c.init_std), name="up", **dense
             )(x)
-            h = nn.silu(gate_up[..., 0, :]) * gate_up[..., 1, :]  # (b, t, hidden)
+            gate, up = site(self, "hook_pre", gate_up[..., 0, :]), site(self, "hook_pre_linear", gate_up[..., 1, :])
+            h = nn.silu(gate) * up  # (b, t, hidden)
         else:
             h = nn.Dense(c.mlp_hidden, kernel_init=nn.initializers.normal(c.init_std), name="up", **dense)(x)
-            h = ACTIVATION_FUNCTIONS[c.activation](h)
+            h = ACTIVATION_FUNCTIONS[c.activation](site(self, "hook_pre", h))
+        h = site(self, "hook_post", h)
         return nn.Dense(c.d_model, kernel_init=residual_output_init(c), name="down", **dense)(h)
 
 

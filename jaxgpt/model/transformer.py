@@ -21,6 +21,7 @@ from jaxgpt.model.attention import CausalSelfAttention, CrossAttention
 from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
 from jaxgpt.model.moe import MixtureOfExpertsLayer
 from jaxgpt.model.positions import sinusoidal_embedding
+from jaxgpt.model.sites import site
 
 REMAT_POLICIES = {
     "full": jax.checkpoint_policies.nothing_saveable,
@@ -59,27 +60,29 @@ class Block(nn.Module):
         segments: None, or each token's sequence in its row (jaxgpt/training/batch.py); memory and
         memory_segments: the encoder's output (b, s, d_model) and its tokens' segments."""
         c = self.config
-        attention = CausalSelfAttention(c, name="attn")
         norm_1 = make_norm(c, "norm_1")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
         skip = (lambda x: x) if c.residual else (lambda x: 0)  # noqa: E731  (residual=False: an ablation)
-        if c.norm_position == "pre":
-            x = skip(x) + dropout(attention(norm_1(x), positions, cache_index, segments))
-        else:
-            x = norm_1(skip(x) + dropout(attention(x, positions, cache_index, segments)))
+
+        def residual_branch(x, branch, norm, out_site):
+            """x plus what `branch` writes (the site `out_site`), normed before (pre-norm) or after."""
+            if c.norm_position == "pre":
+                return skip(x) + dropout(site(self, out_site, branch(norm(x))))
+            return norm(skip(x) + dropout(site(self, out_site, branch(x))))
+
+        x = site(self, "hook_resid_pre", x)
+        attention = CausalSelfAttention(c, name="attn")
+        x = residual_branch(x, lambda x: attention(x, positions, cache_index, segments), norm_1, "hook_attn_out")
+        x = site(self, "hook_resid_mid", x)
         if memory is not None:
             cross, norm_cross = CrossAttention(c, name="cross"), make_norm(c, "norm_cross")
-            if c.norm_position == "pre":
-                x = skip(x) + dropout(cross(norm_cross(x), memory, segments, memory_segments))
-            else:
-                x = norm_cross(skip(x) + dropout(cross(x, memory, segments, memory_segments)))
-        if not c.mlp:  # the attention-only ablation
-            return x
-        mlp = MixtureOfExpertsLayer(c, name="moe") if self.moe else MLP(c, name="mlp")
-        norm_2 = make_norm(c, "norm_2")
-        if c.norm_position == "pre":
-            return skip(x) + dropout(mlp(norm_2(x)))
-        return norm_2(skip(x) + dropout(mlp(x)))
+            cross_branch = lambda x: cross(x, memory, segments, memory_segments)  # noqa: E731
+            x = residual_branch(x, cross_branch, norm_cross, "hook_cross_attn_out")
+            x = site(self, "hook_resid_mid_cross", x)
+        if c.mlp:  # else the attention-only ablation
+            mlp = MixtureOfExpertsLayer(c, name="moe") if self.moe else MLP(c, name="mlp")
+            x = residual_branch(x, mlp, make_norm(c, "norm_2"), "hook_mlp_out")
+        return site(self, "hook_resid_post", x)
 
 
 def embedding_init(config: ModelConfig):
@@ -106,20 +109,24 @@ def token_positions(
     return jnp.arange(seq) + cache_index, cache_index
 
 
-def input_embeddings(config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, positions: jnp.ndarray) -> jnp.ndarray:
+def input_embeddings(
+    module: nn.Module, config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, positions: jnp.ndarray
+) -> jnp.ndarray:
     """What the first block reads: the tokens' embeddings (times sqrt(d_model) with
-    scale_embeddings) plus, for absolute positions, their position's (rope and alibi act inside
-    attention instead), normalised with embedding_norm. Called inside a module's compact
-    method: a learned table is that module's "wpe"."""
+    scale_embeddings; the site hook_embed) plus, for absolute positions, their position's
+    (hook_pos_embed; rope and alibi act inside attention instead), normalised with
+    embedding_norm. Called inside `module`'s compact method: a learned table is its "wpe"."""
     c = config
     x = wte(tokens)
     if c.scale_embeddings:
         x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
+    x = site(module, "hook_embed", x)
     if c.position == "learned":
         wpe = nn.Embed(c.block_size, c.d_model, embedding_init=embedding_init(c), **dtypes(c), name="wpe")
-        x = x + wpe(positions)
+        x = x + site(module, "hook_pos_embed", jnp.broadcast_to(wpe(positions), x.shape))
     elif c.position == "sinusoidal":
-        x = x + sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
+        table = sinusoidal_embedding(positions, c.d_model).astype(x.dtype)
+        x = x + site(module, "hook_pos_embed", jnp.broadcast_to(table, x.shape))
     return make_norm(c, "norm_embeddings")(x) if c.embedding_norm else x
 
 
@@ -171,25 +178,23 @@ class GPT(nn.Module):
         if encode_only:
             return memory
         positions, cache_index = token_positions(self, c, tokens.shape[1], decode, positions)
-        x = input_embeddings(c, wte, tokens, positions)  # (batch, seq, d_model)
+        x = input_embeddings(self, c, wte, tokens, positions)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         beside = (segments, memory, source_segments)
         x, residuals = stacked_blocks(
             c, x, positions, cache_index, *beside, train=train, capturing=self.is_mutable_collection("intermediates")
         )
         features = self._head_input()
+        final = site(self, "final_normalized", features(x))  # TransformerLens's ln_final.hook_normalized
         if not head:
-            return features(x)
+            return final
 
         weights = self._head_weights(wte)  # once: a parameter may be created only once
-
-        def readout(x):
-            return head_logits(c, weights, features(x))
-
         if residuals:  # capturing (jaxgpt.lab.capture): the logit lens, the readout after every layer
             self.sow("intermediates", "residual", jnp.stack(residuals))
-            self.sow("intermediates", "logit_lens", jnp.stack([readout(r) for r in residuals]))
-        return readout(x)
+            lens = [head_logits(c, weights, features(r)) for r in residuals]
+            self.sow("intermediates", "logit_lens", jnp.stack(lens))
+        return head_logits(c, weights, final)
 
     def _head_input(self):
         """The function from the residual stream to what the LM head reads: the final norm
@@ -241,7 +246,7 @@ def stacked_blocks(
     if c.scan_layers:
         scan = nn.scan(
             _scan_step,
-            variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0},
+            variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0, "sites": 0, "interventions": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(beside),
             length=count,
@@ -268,12 +273,12 @@ class Encoder(nn.Module):
     def __call__(self, wte: nn.Embed, sources, segments=None, positions=None, *, train: bool = False) -> jnp.ndarray:
         c = self.config.replace(causal=False, moe=None, encoder_layers=0)
         positions, _ = token_positions(self, c, sources.shape[1], False, positions)
-        x = input_embeddings(c, wte, sources, positions)
+        x = input_embeddings(self, c, wte, sources, positions)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x, _ = stacked_blocks(
             c, x, positions, None, segments, None, None, train=train, count=self.config.encoder_layers
         )
-        return make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x
+        return site(self, "final_normalized", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
 
 
 class LMHead(nn.Module):
