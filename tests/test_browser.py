@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from test_views import random_maps
 
-from jaxgpt.lab.views import attention_view, embedded_data, logit_lens_view
+from jaxgpt.lab.views import attention_view, embedded_data, logit_lens_view, patching_view
 
 pytestmark = pytest.mark.slow
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
@@ -95,3 +95,27 @@ def test_hovering_a_lens_cell_lists_that_layers_guesses(browser, tmp_path):
         assert float(following.rsplit(": ", 1)[1]) == round(want["next"], 3)
     assert console_errors(browser) == []
     assert browser.save_screenshot(str(tmp_path / "lens.png"))
+
+
+def test_hovering_a_patching_cell_shows_what_it_restores(browser, tmp_path):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    tables = {
+        "resid_pre": np.random.default_rng(5).normal(size=(2, 4)),
+        "head_out": np.random.default_rng(6).normal(size=(2, 3)),
+    }
+    labels = {"resid_pre": list("abcd"), "head_out": ["head 0", "head 1", "head 2"]}
+    path = patching_view(tables, labels, title="patching", note="clean 1, corrupted 0").save(tmp_path / "patching.html")
+    browser.get(path.as_uri())
+    assert browser.find_element(By.ID, "note").text == "clean 1, corrupted 0"
+    for name, layer, column in (("resid_pre", 1, 2), ("head_out", 0, 1)):
+        cell = browser.find_element(By.CSS_SELECTOR, f'td[data-cell="{list(tables).index(name)},{layer},{column}"]')
+        ActionChains(browser).move_to_element(cell).perform()
+        readout = browser.find_element(By.ID, "readout").text
+        assert readout.startswith(f"{name}, layer {layer}, ")
+        # embedded to four decimals, shown to three: at most 0.5e-4 + 0.5e-3 from the value
+        assert float(readout.rsplit("restored ", 1)[1]) == pytest.approx(tables[name][layer, column], abs=0.55e-3)
+        assert "on" in cell.get_attribute("class").split()
+    assert console_errors(browser) == []
+    assert browser.save_screenshot(str(tmp_path / "patching.png"))

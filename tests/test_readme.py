@@ -258,6 +258,9 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
     out = value.get("--out")
     if out and name == "compare":
         assert (home / out / "results.md").exists()
+    elif name == "patch":  # its tables, and a directory of drawings
+        assert "fraction of the difference restored by patching each activation" in printed, printed
+        assert f"wrote {value.get('--out', value['--workdir'] + '/patching')}/patching.png" in printed, printed
     elif out and name == "export":  # a Hugging Face folder
         assert printed.startswith(f"wrote {out}: ") and (home / out / "model.safetensors").exists(), printed
     elif out:  # a drawing

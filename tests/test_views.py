@@ -109,3 +109,18 @@ def test_logit_lens_writes_the_page_of_the_runs_readouts(trained_small_run, tmp_
         shown = data["cells"][layer][position]["top"]
         assert [text for text, _ in shown] == [tokenizer.decode([int(i)]) for i in top]
         np.testing.assert_allclose([p for _, p in shown], probs[layer, position, top], atol=1e-4)
+
+
+def test_the_patching_page_embeds_each_table_with_its_labels():
+    from jaxgpt.lab.views import patching_view
+
+    tables = {"resid_pre": np.random.default_rng(4).normal(size=(2, 5)), "head_out": np.eye(2, 3)}
+    labels = {"resid_pre": list("ab</c"), "head_out": ["head 0", "head 1", "head 2"]}
+    data = embedded_data(patching_view(tables, labels, title="p", note="clean 2.000, corrupted -1.000"))
+    assert [panel["name"] for panel in data["panels"]] == ["resid_pre", "head_out"]
+    for panel in data["panels"]:
+        assert panel["columns"] == labels[panel["name"]] and panel["rows"] == ["layer 0", "layer 1"]
+        np.testing.assert_allclose(panel["values"], tables[panel["name"]], atol=0.5 * 10**-DECIMALS)
+    assert data["note"] == "clean 2.000, corrupted -1.000"
+    with pytest.raises(ValueError, match="resid_pre: 5 columns of values and 4 labels"):
+        patching_view(tables, labels | {"resid_pre": list("abcd")}, title="p", note="")

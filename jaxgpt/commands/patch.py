@@ -135,7 +135,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError("--answer and --wrong are the same token; the logit difference between them is always 0")
     prompts = patching.prompt_pair(clean, corrupted, answer, wrong)
     clean_diff, corrupted_diff = patching.logit_differences(config, params, prompts)
-    if abs(clean_diff - corrupted_diff) < 1e-4:
+    if abs(clean_diff - corrupted_diff) < 1e-6:
         raise UserError(
             f"the clean and corrupted prompts give the same logit difference ({clean_diff:.4f}): nothing to restore; "
             "change the corrupted prompt where the answer depends on it"

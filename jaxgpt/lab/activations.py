@@ -9,7 +9,7 @@ H query heads, K key/value heads, d head_dim, D d_model, F the MLP's hidden widt
     blocks.L.hook_resid_pre           (b, t, D)     the residual stream entering block L
     blocks.L.attn.hook_q              (b, t, H, d)  queries, before rotary positions
     blocks.L.attn.hook_k, hook_v      (b, s, K, d)  keys and values, keys before rotary positions
-    blocks.L.attn.hook_rot_q, _rot_k                queries and keys after rotary positions (rope)
+    blocks.L.attn.hook_rot_q, hook_rot_k            queries and keys after rotary positions (rope)
     blocks.L.attn.hook_attn_scores    (b, H, t, s)  q.k scaled, plus the mask (-inf) and ALiBi
     blocks.L.attn.hook_pattern        (b, H, t, s)  the softmax of the scores
     blocks.L.attn.hook_z              (b, t, H, d)  each head's output, before the output matrix
@@ -24,11 +24,13 @@ H query heads, K key/value heads, d head_dim, D d_model, F the MLP's hidden widt
     blocks.L.mlp.hook_post            (b, t, F)     after the activation (SwiGLU: the product)
     blocks.L.hook_mlp_out             (b, t, D)     what the MLP (or the experts) writes
     blocks.L.hook_resid_post          (b, t, D)     the stream leaving block L
-    ln_final.hook_normalized          (b, t, D)     what the LM head reads (post-norm: the stream)
+    ln_final.hook_out                 (b, t, D)     what the LM head reads (post-norm: the stream)
     encoder.<any of the above>                      an encoder–decoder's encoder, on the sources
 
 With post-norm blocks, resid_mid and resid_post are after their norms. A mixture-of-experts
-block has hook_mlp_out but no mlp.* sites; attention-only blocks no MLP sites at all.
+block has hook_mlp_out but no mlp.* sites; attention-only blocks no MLP sites at all. The names
+are TransformerLens 4's (its TransformerBridge; tests/test_transformer_lens.py compares every
+one on a GPT-2-family run); its norms' hook_normalized and hook_scale are not sites here.
 
 `run_with_cache(config, params, tokens, names)` returns the logits and the named activations;
 `run_with_interventions(config, params, tokens, edits)` the logits with activations changed,
@@ -59,11 +61,11 @@ POSITION_AXIS = {"hook_attn_scores": 2, "hook_pattern": 2}  # query positions; 1
 
 # Module names in the parameters that the site names spell otherwise.
 _MODULE_NAMES = {"cross_attn": "cross"}
-_SITE_NAMES = {"final_normalized": "ln_final.hook_normalized"}
+_SITE_NAMES = {"final_norm_out": "ln_final.hook_out"}
 
 
 class Edit(NamedTuple):
-    """What an intervention does at one site: x -> x + mask * (value - x) + add, each array
+    """What an intervention does at one site: x -> (1 - mask) * x + mask * value + add, each array
     broadcastable to the site's shape (jaxgpt/model/sites.py)."""
 
     mask: jax.Array
@@ -75,14 +77,14 @@ class Edit(NamedTuple):
 SITE_ORDER = (
     "hook_embed hook_pos_embed hook_resid_pre hook_q hook_k hook_v hook_rot_q hook_rot_k hook_attn_scores "
     "hook_pattern hook_z hook_attn_out hook_resid_mid hook_cross_attn_out hook_resid_mid_cross hook_pre "
-    "hook_pre_linear hook_post hook_mlp_out hook_resid_post hook_normalized"
+    "hook_pre_linear hook_post hook_mlp_out hook_resid_post hook_out"
 ).split()
 
 
 def flax_path(name: str) -> tuple[str, ...]:
     """A site's full name -> its path in the unscanned model's collections:
     "blocks.1.attn.hook_z" -> ("block_1", "attn", "hook_z")."""
-    parts = name.replace("ln_final.hook_normalized", "final_normalized").split(".")
+    parts = name.replace("ln_final.hook_out", "final_norm_out").split(".")
     path = []
     while parts:
         part = parts.pop(0)
@@ -105,7 +107,7 @@ def forward_order(name: str) -> tuple:
     decoder = not name.startswith("encoder.")
     block = re.search(r"blocks\.(\d+)\.", name)
     leaf = name.rsplit(".", 1)[-1]
-    layer = int(block.group(1)) if block else (1e9 if leaf == "hook_normalized" else -1)
+    layer = int(block.group(1)) if block else (1e9 if leaf == "hook_out" else -1)
     place = SITE_ORDER.index(leaf)
     if ".cross_attn." in name:  # between the stream after self-attention and cross-attention's output
         place = SITE_ORDER.index("hook_resid_mid") + (1 + place) / 100

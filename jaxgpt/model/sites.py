@@ -11,7 +11,7 @@ are the field's vocabulary; jaxgpt.lab.activations holds the table and the full 
            `mask`, `value` and `add` (each broadcastable to the site's shape), the value
            becomes
 
-               x + mask * (value - x) + add
+               (1 - mask) * x + mask * value + add
 
            mask 1 replaces x by value (patching, zero- and mean-ablation), 0 keeps it (both
            exactly, -inf scores included), between them blends; add steers. An
@@ -47,8 +47,8 @@ def site(module, name: str, x: jnp.ndarray, view: tuple[int, ...] | None = None)
     if intervene:
         edit = module.get_variable(INTERVENTIONS, name)
         mask, value, add = (jnp.asarray(edit[key], x.dtype) for key in ("mask", "value", "add"))
-        # where, not the blend alone: a masked score is -inf, and -inf + 0 * inf is NaN
-        x = jnp.where(mask == 0, x, jnp.where(mask == 1, value, x + mask * (value - x))) + add
+        # where at the ends, so 0 and 1 are exact for a masked score's -inf too (0 * -inf is NaN)
+        x = jnp.where(mask == 0, x, jnp.where(mask == 1, value, (1 - mask) * x + mask * value)) + add
     if record:
         module.sow(CACHE, name, x)
     return x.reshape(shape)

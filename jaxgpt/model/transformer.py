@@ -185,7 +185,7 @@ class GPT(nn.Module):
             c, x, positions, cache_index, *beside, train=train, capturing=self.is_mutable_collection("intermediates")
         )
         features = self._head_input()
-        final = site(self, "final_normalized", features(x))  # TransformerLens's ln_final.hook_normalized
+        final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
         if not head:
             return final
 
@@ -278,7 +278,7 @@ class Encoder(nn.Module):
         x, _ = stacked_blocks(
             c, x, positions, None, segments, None, None, train=train, count=self.config.encoder_layers
         )
-        return site(self, "final_normalized", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
+        return site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
 
 
 class LMHead(nn.Module):
