@@ -14,7 +14,6 @@ import pytest
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.lab import activations as A
-from jaxgpt.model.probes import head_mask
 from jaxgpt.model.transformer import GPT, init_params, stack_blocks
 
 # float32 sums of a few hundred products of O(1) numbers, computed in another order: ~1e-6
@@ -82,15 +81,21 @@ def test_the_cached_sites_are_what_the_parameters_compute(kv_heads):
     np.testing.assert_allclose(logits, GPT(config).apply({"params": params}, ids), **CLOSE)  # nothing changed
 
 
-def test_zeroing_a_heads_output_is_removing_it_with_the_head_mask():
+def test_zeroing_a_heads_output_is_removing_its_rows_of_the_output_projection():
+    """A head reaches the stream only through its rows of W_O (query head h is key/value group
+    h // 2, member h % 2 here); removed_heads (evaluate's) is the same edit."""
     config, params = model(n_kv_head=2)
     ids = tokens()
     shape = A.site_shapes(config, ids)["blocks.1.attn.hook_z"]
     edits = {"blocks.1.attn.hook_z": A.zero(shape, "blocks.1.attn.hook_z", heads=[1, 2])}
+    without = jax.tree.map(jnp.copy, params)
+    kernel = without["block_1"]["attn"]["out"]["kernel"]  # (kv heads, group, head_dim, d_model)
+    without["block_1"]["attn"]["out"]["kernel"] = kernel.at[0, 1].set(0).at[1, 0].set(0)
+    removed = GPT(config).apply({"params": without}, ids)
+    zeroed = A.run_with_interventions(config, params, ids, edits)
     keep = np.ones((2, 4))
     keep[1, [1, 2]] = 0
-    removed = GPT(config).apply({"params": params, "head_mask": head_mask(config, keep)}, ids)
-    zeroed = A.run_with_interventions(config, params, ids, edits)
+    np.testing.assert_array_equal(zeroed, A.run_with_interventions(config, params, ids, A.removed_heads(config, keep)))
     np.testing.assert_allclose(zeroed, removed, **CLOSE)
     assert np.abs(zeroed - GPT(config).apply({"params": params}, ids)).max() > 1e-3  # it did something
 
@@ -192,3 +197,47 @@ def test_an_encoder_decoder_has_its_encoders_and_cross_attentions_sites():
         config, params, ids, {site: A.replace(shapes[site], site, cache[site])}, sources=sources
     )
     np.testing.assert_allclose(patched, want, **CLOSE)
+
+
+def test_the_command_lists_every_site_and_saves_the_named_ones(trained_small_run, tmp_path, capsys):
+    from jaxgpt.commands import activations
+    from jaxgpt.job.checkpoint import load_latest
+
+    run, params, tokenizer, _ = load_latest(trained_small_run)
+    activations.main(["--workdir", str(trained_small_run), "--prompt", "import os"])
+    listed = capsys.readouterr().out.splitlines()
+    assert listed[0] == "29 sites (step 20, 9 tokens); --names picks some to print and save"  # 2 + 13 a layer + 1
+    assert listed[3].split() == ["blocks.0.hook_resid_pre", "(1,", "9,", "32)"]
+    names = "blocks.1.attn.hook_pattern,blocks.0.hook_mlp_out"
+    out = tmp_path / "acts.npz"
+    activations.main(
+        ["--workdir", str(trained_small_run), "--prompt", "import os", "--names", names, "--out", str(out)]
+    )
+    printed = capsys.readouterr().out.splitlines()
+    assert printed[0] == "2 activations (step 20, 9 tokens)" and printed[-1].startswith(f"wrote {out}")
+    saved = np.load(out)
+    ids = np.asarray([tokenizer.encode("import os")])
+    _, cache = A.run_with_cache(run.model, params, ids, names.split(","))
+    np.testing.assert_array_equal(saved["tokens"], ids[0])
+    for name in names.split(","):
+        np.testing.assert_array_equal(saved[name], cache[name])
+
+
+@pytest.mark.parametrize(
+    "flags, message",
+    [
+        (
+            ["--names", "blocks.0.attn.hook_patern"],
+            "no site named blocks.0.attn.hook_patern in this model (did you mean ",
+        ),
+        (["--names", "hook_embed", "--out", "acts.txt"], "does not end in .npz"),
+    ],
+    ids=["misspelt", "not-npz"],
+)
+def test_the_command_refuses_a_name_or_file_it_cannot_use_in_one_line(trained_small_run, capsys, flags, message):
+    from jaxgpt.commands import activations
+
+    with pytest.raises(SystemExit) as exit_status:
+        activations.main(["--workdir", str(trained_small_run), "--prompt", "import os", *flags])
+    error = capsys.readouterr().err.strip()
+    assert exit_status.value.code == 2 and "\n" not in error and message in error, error

@@ -2,10 +2,12 @@
 naming the problem, exit status 2, and the workdir exactly as it was. The table grows with
 every probe; each row is a command a user ran."""
 
+import importlib
 import json
 import os
 import shutil
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -27,6 +29,24 @@ PLAIN_DICT = "def get_config():\n    return {'model': {'n_layer': 1}}\n"
 MODEL_ONLY = (
     "import ml_collections\n\ndef get_config():\n    return ml_collections.ConfigDict({'model': {'n_layer': 1}})\n"
 )
+
+
+def run_in_process(capsys, script: str, *args: str) -> SimpleNamespace:
+    """A refusal as `run_script` sees it (exit status, stderr), from the command's main in this
+    process: the same code from argv on, without a fresh Python and JAX to start (2 s a case).
+    For refusals that come before training; ones that need a process of their own (a lock held
+    by this one, a crash) use run_script."""
+    module = {"train.py": "jaxgpt.commands.train", "sample.py": "jaxgpt.commands.sample"}.get(script)
+    if module is None:  # another command: as a user runs it
+        return run_script(script, *args)
+    capsys.readouterr()
+    try:
+        importlib.import_module(module).main(list(args))
+        code = 0
+    except SystemExit as exit_status:
+        code = exit_status.code
+    printed = capsys.readouterr()
+    return SimpleNamespace(returncode=code, stderr=printed.err, stdout=printed.out)
 
 
 def snapshot(path: Path) -> dict:
@@ -128,7 +148,7 @@ CASES = [
 
 
 @pytest.mark.parametrize("name, script, args, files, message", CASES, ids=[c[0] for c in CASES])
-def test_bad_input_is_one_line_and_nothing_changes(tmp_path, name, script, args, files, message):
+def test_bad_input_is_one_line_and_nothing_changes(tmp_path, capsys, name, script, args, files, message):
     for file, content in files.items():
         (tmp_path / file).write_bytes(content if isinstance(content, bytes) else content.encode())
     workdir = tmp_path / "run"
@@ -140,7 +160,7 @@ def test_bad_input_is_one_line_and_nothing_changes(tmp_path, name, script, args,
             args.append(f"--workdir={workdir}")
         args += FAST if "--config=configs/tiny.py" in args and "batch_size" not in " ".join(args) else ["--quiet"]
     before = snapshot(tmp_path)
-    result = run_script(script, *args)
+    result = run_in_process(capsys, script, *args)
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-3000:]
     assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr[-3000:]
@@ -267,8 +287,8 @@ NANOGPT_HABITS = [  # nanoGPT's `train.py config/x.py --batch_size=32`, typed in
 
 
 @pytest.mark.parametrize("args, message", NANOGPT_HABITS, ids=[" ".join(a) for a, _ in NANOGPT_HABITS])
-def test_nanogpt_habits_get_the_jaxgpt_spelling_in_one_line(tmp_path, args, message):
-    result = run_script("train.py", *args, f"--workdir={tmp_path / 'run'}")
+def test_nanogpt_habits_get_the_jaxgpt_spelling_in_one_line(tmp_path, capsys, args, message):
+    result = run_in_process(capsys, "train.py", *args, f"--workdir={tmp_path / 'run'}")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and lines == [f"error: {lines[-1].removeprefix('error: ')}"], result.stderr[-2000:]
     assert message in lines[-1]
@@ -475,12 +495,12 @@ WORKDIR_FAULTS = [
 
 @pytest.mark.parametrize("name, damage, args, message", WORKDIR_FAULTS, ids=[c[0] for c in WORKDIR_FAULTS])
 def test_a_damaged_workdir_file_is_one_line_and_nothing_changes(
-    tmp_path, trained_small_run, name, damage, args, message
+    tmp_path, capsys, trained_small_run, name, damage, args, message
 ):
     workdir = _copy_of(trained_small_run, tmp_path)
     damage(workdir)
     before = _run_files(workdir)
-    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=30", *args, "--quiet")
+    result = run_in_process(capsys, "train.py", f"--workdir={workdir}", "--config.train.steps=30", *args, "--quiet")
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2, result.stderr[-3000:]
     assert lines[-1].startswith("error: ") and message in lines[-1], result.stderr[-3000:]

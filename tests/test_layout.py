@@ -34,7 +34,7 @@ def package_imports(path) -> set[str]:
             assert node.level == 0, f"{path}: relative import"
             for alias in (
                 node.names if node.module.startswith("jaxgpt") else ()
-            ):  # `from jaxgpt.model import probes` imports jaxgpt.model.probes, not jaxgpt's __init__
+            ):  # `from jaxgpt.model import kv_cache` imports jaxgpt.model.kv_cache, not jaxgpt's __init__
                 submodule = f"{node.module}.{alias.name}"
                 found.add(submodule if submodule in ALL_MODULES else node.module)
         elif isinstance(node, ast.Import):

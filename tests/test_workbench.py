@@ -314,10 +314,8 @@ def test_uniform_attention_gives_every_visible_key_weight_one_over_t():
     of the values, which the float64 reference computes with a zero score scale."""
     config = attention_config(2, uniform_attention=True)
     layer, params, x = init_layer(config)
-    out, state = jax.jit(partial(layer.apply, mutable=["intermediates"]))(
-        {"params": params}, x, jnp.arange(x.shape[1]), None
-    )
-    (weights,) = state["intermediates"]["attention_weights"]  # (b, k, g, t, s)
+    out, state = jax.jit(partial(layer.apply, mutable=["sites"]))({"params": params}, x, jnp.arange(x.shape[1]), None)
+    (weights,) = state["sites"]["hook_pattern"]  # (b, heads, t, s)
     t = x.shape[1]
     want = np.tril(np.ones((t, t))) / np.arange(1, t + 1)[:, None]
     np.testing.assert_array_equal(np.asarray(weights), np.broadcast_to(want, weights.shape).astype(np.float32))
@@ -335,7 +333,7 @@ def test_removing_a_head_is_zeroing_its_rows_of_the_output_projection(scan_layer
     projection, so masking query head h of layer l must give the logits of the model whose
     out kernel has those rows zeroed. Grouped-query (4 heads over 2 key/value heads) checks
     the numbering: head h is group h // 2, member h % 2."""
-    from jaxgpt.model.probes import head_mask
+    from jaxgpt.lab.activations import interventions_collection, removed_heads
     from jaxgpt.model.transformer import stack_blocks
 
     config = tiny(n_kv_head=2)
@@ -351,7 +349,8 @@ def test_removing_a_head_is_zeroing_its_rows_of_the_output_projection(scan_layer
     model = config.replace(scan_layers=scan_layers)
     if scan_layers:
         params = stack_blocks(params, config.n_layer)
-    masked = GPT(model).apply({"params": params, "head_mask": head_mask(model, keep)}, tokens)
+    removed = interventions_collection(model, removed_heads(model, keep))
+    masked = GPT(model).apply({"params": params, "interventions": removed}, tokens)
     np.testing.assert_allclose(masked, want, rtol=1e-6, atol=1e-6)
     unmasked = GPT(model).apply({"params": params}, tokens)
     assert np.abs(np.asarray(masked - unmasked)).max() > 1e-3  # the head mattered

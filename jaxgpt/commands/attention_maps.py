@@ -106,28 +106,16 @@ def encoder_decoder_maps(config: ModelConfig, params, source: np.ndarray, decode
     """An encoder–decoder's attention weights on one source (s,) read with one decoder input
     (t,), teacher-forced: {"encoder": (encoder_layers, n_head, s, s), "decoder": (n_layer,
     n_head, t, t), "cross": (n_layer, n_head, t, s)}, from one forward pass."""
-    import jax
-    import jax.numpy as jnp
+    from jaxgpt.lab.activations import run_with_cache
 
-    from jaxgpt.model.transformer import GPT, unstack_blocks
-
-    if config.scan_layers:  # sown values come out per block from unscanned layers
-        params = unstack_blocks(params) | {"encoder": unstack_blocks(params["encoder"])}
-    config = config.replace(scan_layers=False, dtype="float32", remat="none")
-    model = GPT(config)
-    tokens, sources = jnp.asarray(decoder_input)[None], jnp.asarray(source)[None]
-    _, state = jax.jit(lambda p: model.apply({"params": p}, tokens, sources=sources, mutable=["intermediates"]))(params)
-    sown = state["intermediates"]
-
-    def stacked(blocks: dict, count: int, layer: str) -> np.ndarray:
-        maps = [np.asarray(blocks[f"block_{i}"][layer]["attention_weights"][0]) for i in range(count)]
-        return np.stack([m.reshape(config.n_head, *m.shape[-2:]) for m in maps])
-
-    return {
-        "encoder": stacked(sown["encoder"], config.encoder_layers, "attn"),
-        "decoder": stacked(sown, config.n_layer, "attn"),
-        "cross": stacked(sown, config.n_layer, "cross"),
+    names = {
+        "encoder": [f"encoder.blocks.{i}.attn.hook_pattern" for i in range(config.encoder_layers)],
+        "decoder": [f"blocks.{i}.attn.hook_pattern" for i in range(config.n_layer)],
+        "cross": [f"blocks.{i}.cross_attn.hook_pattern" for i in range(config.n_layer)],
     }
+    wanted = [name for group in names.values() for name in group]
+    _, cache = run_with_cache(config, params, np.asarray(decoder_input)[None], wanted, sources=np.asarray(source)[None])
+    return {group: np.stack([np.asarray(cache[name][0]) for name in in_group]) for group, in_group in names.items()}
 
 
 def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, tokenizer) -> None:

@@ -20,6 +20,7 @@ COMMANDS = {
     "plot": ("plot", "draw runs' training curves"),
     "attention-maps": ("attention_maps", "draw what every attention head looks at"),
     "logit-lens": ("logit_lens", "what the model would predict after each layer"),
+    "activations": ("activations", "list a model's named activation sites, or print and save some (.npz)"),
     "patch": ("patch", "which layers, positions and heads carry a prediction (activation patching)"),
     "fill": ("fill", "fill in [MASK] blanks with an encoder (model.objective=masked)"),
     "seq2seq": ("seq2seq", "retired: says how an encoder-decoder trains now (train.py, configs/seq2seq_*.py)"),

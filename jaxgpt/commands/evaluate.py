@@ -84,12 +84,13 @@ def refusal(model: ModelConfig, length: int, split_tokens: int) -> str | None:
 def scorer(model: ModelConfig):
     """The loss at each position of a batch of windows, under a head mask (n_layer, n_head),
     jitted once per model."""
-    from jaxgpt.model.probes import head_mask
+    from jaxgpt.lab.activations import interventions_collection, removed_heads
     from jaxgpt.model.transformer import GPT
     from jaxgpt.training.train_step import token_losses
 
     def score(params, batch, keep):
-        return token_losses(GPT(model), params, batch, head_mask=head_mask(model, keep))
+        removed = interventions_collection(model, removed_heads(model, keep))
+        return token_losses(GPT(model), params, batch, interventions=removed)
 
     return jax.jit(score)
 

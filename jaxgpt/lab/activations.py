@@ -114,11 +114,6 @@ def forward_order(name: str) -> tuple:
     return decoder, layer, place
 
 
-def layer_of(name: str) -> int:
-    """The block number in a site's name ("blocks.3.attn.hook_z" -> 3)."""
-    return int(re.search(r"blocks\.(\d+)\.", name).group(1))
-
-
 def _layer(array, layer: int):
     """One layer of a scanned stack: an array's, or a shape's (jax.eval_shape's answers)."""
     if isinstance(array, jax.ShapeDtypeStruct):
@@ -126,7 +121,7 @@ def _layer(array, layer: int):
     return array[layer]
 
 
-def _sown(tree, config: ModelConfig, path=()) -> dict:
+def _sown(tree, path=()) -> dict:
     """The "sites" collection -> {full name: array}, in the forward pass's order; a scanned
     stack of blocks becomes one name per layer."""
     out = {}
@@ -134,11 +129,11 @@ def _sown(tree, config: ModelConfig, path=()) -> dict:
         if isinstance(value, tuple):  # sow's tuple of one
             out[site_name((*path, key))] = value[0]
         elif key == "blocks":  # scanned: every leaf has a leading layer axis
-            for name, array in _sown(value, config, (*path, "block_STACK")).items():
+            for name, array in _sown(value, (*path, "block_STACK")).items():
                 for layer in range(array.shape[0]):
                     out[name.replace("blocks.STACK", f"blocks.{layer}")] = _layer(array, layer)
         else:
-            out |= _sown(value, config, (*path, key))
+            out |= _sown(value, (*path, key))
     return dict(sorted(out.items(), key=lambda item: forward_order(item[0])))
 
 
@@ -208,7 +203,7 @@ def _forward(config: ModelConfig, params, tokens, inputs: dict, edits: dict, nam
     if names is None:
         return GPT(config).apply(variables, tokens, **inputs), {}
     logits, state = GPT(config).apply(variables, tokens, **inputs, mutable=[CACHE])
-    sown = _sown(state[CACHE], config)
+    sown = _sown(state[CACHE])
     missing = sorted(set(names) - set(sown))
     if missing:
         raise ValueError(f"no site named {missing[0]} in this model; its sites: {', '.join(sorted(sown))}")
@@ -225,7 +220,7 @@ def site_shapes(config: ModelConfig, tokens, **inputs) -> dict[str, tuple[int, .
         params = init_params(config, jax.random.key(0))
         return GPT(config).apply({"params": params}, tokens, **inputs, mutable=[CACHE])[1][CACHE]
 
-    return {name: s.shape for name, s in _sown(jax.eval_shape(all_sites), config).items()}
+    return {name: s.shape for name, s in _sown(jax.eval_shape(all_sites)).items()}
 
 
 def run_with_cache(config: ModelConfig, params, tokens, names, edits: dict[str, Edit] | None = None, **inputs):
@@ -259,6 +254,15 @@ def sweep(metric, config: ModelConfig, params, tokens, make_edits, count: int, b
         return jax.lax.map(one, jnp.arange(count), batch_size=min(batch_size, count))
 
     return run(params)
+
+
+def removed_heads(config: ModelConfig, keep) -> dict[str, Edit]:
+    """Edits that remove heads (Michel et al. 2019's head ablation): keep (n_layer, n_head), 1
+    keeps a head and 0 zeroes its output (hook_z) at every position; a traced array will do,
+    so one compiled program scores every choice of heads (evaluate's greedy pruning)."""
+    keep = jnp.asarray(keep, jnp.float32)
+    removed = (1 - keep)[:, None, None, :, None]  # (layer, batch, position, head, head_dim)
+    return {f"blocks.{i}.attn.hook_z": Edit(removed[i], jnp.zeros(()), jnp.zeros(())) for i in range(config.n_layer)}
 
 
 def site_mask(shape, name: str, heads=None, positions=None) -> np.ndarray:

@@ -1,11 +1,12 @@
 """Looking inside the model: one forward pass that keeps what every layer computed.
 
 `capture(config, params, tokens)` runs the model once with Flax's "intermediates" collection
-mutable. Each attention layer then sows its pre-softmax scores and its weights
-(jaxgpt/model/attention.py), and the decoder sows the residual stream before the first block and
-after each, and the logit lens: its own readout (final norm and LM head) applied to each of
-those residuals, which shows what the model would predict if it stopped at that layer
-(nostalgebraist 2020). Nothing is computed twice and nothing changes when not capturing.
+and the named sites' mutable. Each attention layer's pre-softmax scores and weights are its
+sites hook_attn_scores and hook_pattern (jaxgpt/lab/activations.py), and the decoder sows the
+residual stream before the first block and after each, and the logit lens: its own readout
+(final norm and LM head) applied to each of those residuals, which shows what the model would
+predict if it stopped at that layer (nostalgebraist 2020). Nothing is computed twice and
+nothing changes when not capturing.
 
 In a mixture of experts each MoE layer also sows the experts each token was routed to and
 their weights, and `expert_table` prints them token by token.
@@ -25,6 +26,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model.sites import CACHE
 from jaxgpt.model.transformer import GPT, unstack_blocks
 
 
@@ -58,12 +60,11 @@ def capture(config: ModelConfig, params, tokens) -> Captured:
 
 @partial(jax.jit, static_argnums=0)
 def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
-    logits, state = GPT(config).apply({"params": params}, tokens, mutable=["intermediates"])
+    logits, state = GPT(config).apply({"params": params}, tokens, mutable=["intermediates", CACHE])
     sown = state["intermediates"]
 
-    def per_layer(name):  # each layer's (batch, kv_heads, group, t, s) -> (n_layer, batch, n_head, t, s)
-        layers = [sown[f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)]
-        return jnp.stack([a.reshape(a.shape[0], config.n_head, *a.shape[-2:]) for a in layers])
+    def per_layer(name):  # the named site of every layer: (n_layer, batch, n_head, t, s)
+        return jnp.stack([state[CACHE][f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)])
 
     def per_moe_layer(name):
         batch, t = tokens.shape
@@ -72,8 +73,8 @@ def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
 
     return Captured(
         logits,
-        per_layer("attention_scores"),
-        per_layer("attention_weights"),
+        per_layer("hook_attn_scores"),
+        per_layer("hook_pattern"),
         sown["residual"][0],
         sown["logit_lens"][0],
         per_moe_layer("experts"),

@@ -1,7 +1,7 @@
 """Causal self-attention: the mask, the scores and their softmax, the readable kernel, and the
 layer around them. The faster kernels (cuDNN through jax.nn, Pallas on TPU) live in kernels.py,
-the KV cache decoding keeps in kv_cache.py, and what the inspecting tools reach for inside the
-layer in probes.py.
+and the KV cache decoding keeps in kv_cache.py; the lab's named sites (sites.py) are marked
+where they sit.
 
 Shapes use these letters: b batch, t query positions, s key positions, k key/value heads,
 g query heads per key/value head (the group), d head_dim. Query heads are numbered k * g + g',
@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model import kv_cache, probes
+from jaxgpt.model import kv_cache
 from jaxgpt.model.layers import dtypes, residual_output_init
 from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
 from jaxgpt.model.sites import reads_site, site
@@ -265,9 +265,7 @@ class CausalSelfAttention(nn.Module):
         if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
             scale = 0.0
         y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
-        y = probes.without_removed_heads(self, y)  # evaluate's head removal; else y itself
         y = site(self, "hook_z", y, heads_view(y))
-        probes.record_attention(self, lambda: attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale))
 
         return nn.DenseGeneral(
             features=c.d_model,
@@ -308,7 +306,6 @@ class CrossAttention(nn.Module):
         )
         y = attend(self, c.attention, q, k, v, mask, None)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
-        probes.record_attention(self, lambda: attention_scores(q, k, mask.bias(q.shape[1], k.shape[1])))
         return nn.DenseGeneral(
             c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c), name="out", **dtypes(c)
         )(y)

@@ -246,7 +246,7 @@ def stacked_blocks(
     if c.scan_layers:
         scan = nn.scan(
             _scan_step,
-            variable_axes={"params": 0, "cache": 0, "head_mask": 0, "router": 0, "sites": 0, "interventions": 0},
+            variable_axes={"params": 0, "cache": 0, "router": 0, "sites": 0, "interventions": 0},
             split_rngs={"params": True, "dropout": True},
             in_axes=(nn.broadcast,) * len(beside),
             length=count,

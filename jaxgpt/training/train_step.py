@@ -65,16 +65,19 @@ def model_inputs(batch: dict) -> dict:
     return {name: batch[name] for name in MODEL_INPUTS if name in batch}
 
 
-def token_losses(model: GPT, params, batch, rng: jax.Array | None = None, head_mask: dict | None = None) -> jax.Array:
+def token_losses(
+    model: GPT, params, batch, rng: jax.Array | None = None, interventions: dict | None = None
+) -> jax.Array:
     """Next-token cross-entropy (rows, seq) at each position of a batch (jaxgpt/training/batch.py; an
-    array of windows (rows, seq + 1) will do), unweighted; dropout when rng is given; head_mask
-    (`jaxgpt.model.transformer.head_mask`) silences attention heads. With model.loss_chunk dividing seq,
+    array of windows (rows, seq + 1) will do), unweighted; dropout when rng is given;
+    interventions (jaxgpt/model/sites.py; `jaxgpt.lab.activations.interventions_collection`)
+    change named activations, evaluate's head removal among them. With model.loss_chunk dividing seq,
     the logits are computed a chunk at a time, as training computes them: an evaluation never
     needs more memory for them than a training step."""
     batch = as_batch(batch)
     inputs, targets = batch["inputs"], batch["targets"]
     train = rng is not None
-    variables = {"params": params} | ({"head_mask": head_mask} if head_mask is not None else {})
+    variables = {"params": params} | ({"interventions": interventions} if interventions is not None else {})
     chunk = model.config.loss_chunk
     chunked = bool(chunk) and inputs.shape[1] % chunk == 0
     outputs = model.apply(
