@@ -132,6 +132,22 @@ def test_scores_are_replaced_and_blended_with_their_minus_infinities_intact():
     assert np.isfinite(blended).all() and np.abs(blended - a_logits).max() > 1e-4
 
 
+def test_mean_ablation_puts_the_reference_batchs_mean_at_the_chosen_head():
+    """The site as the rest of the pass reads it (sown after the edit): the mean of the
+    reference rows at head 2, untouched elsewhere."""
+    config, params = model()
+    site = "blocks.0.attn.hook_z"
+    _, reference = A.run_with_cache(config, params, tokens(batch=3, seed=7), [site])
+    ids = tokens(batch=1)
+    _, plain = A.run_with_cache(config, params, ids, [site])
+    edit = A.mean_ablate(reference[site], site, heads=[2])
+    _, ablated = A.run_with_cache(config, params, ids, [site], {site: edit})
+    np.testing.assert_allclose(
+        ablated[site][:, :, 2], np.asarray(reference[site][:, :, 2]).mean(0, keepdims=True), **CLOSE
+    )
+    np.testing.assert_array_equal(np.delete(ablated[site], 2, axis=2), np.delete(plain[site], 2, axis=2))
+
+
 def test_steering_the_last_stream_moves_the_logits_by_the_vector_read_out():
     """Without a final norm the readout is linear: adding v at one position of the last block's
     output adds v @ W_U to that position's logits and nothing elsewhere."""

@@ -216,7 +216,9 @@ def test_a_chunked_loss_is_the_whole_loss(changes):
     every gradient equal the whole-logits step's. The same products and the same sums over the
     vocabulary; only how XLA fuses them differs, so float32 rounding (a few ulps; 1e-6 relative
     on these O(1) values and gradients, with 1e-7 absolute for gradients near zero)."""
-    config = ModelConfig(vocab_size=64, block_size=16, n_layer=1, n_head=2, d_model=32, **changes)  # the head is what varies
+    config = ModelConfig(
+        vocab_size=64, block_size=16, n_layer=1, n_head=2, d_model=32, **changes
+    )  # the head is what varies
     params = init_params(config, jax.random.key(0))
     windows = jnp.asarray(np.random.default_rng(1).integers(0, 64, (4, 17)), jnp.int32)
 

@@ -34,8 +34,8 @@ one on a GPT-2-family run); its norms' hook_normalized and hook_scale are not si
 
 `run_with_cache(config, params, tokens, names)` returns the logits and the named activations;
 `run_with_interventions(config, params, tokens, edits)` the logits with activations changed,
-where `edits` maps site names to `Edit`s (`replace`, `zero`, `steer` build them, for chosen
-heads and positions). Edits are arrays, so a sweep of them runs as one compiled program:
+where `edits` maps site names to `Edit`s (`replace`, `zero`, `mean_ablate`, `steer` build them,
+for chosen heads and positions). Edits are arrays, so a sweep of them runs as one compiled program:
 `sweep`. Runs in float32 and keeps the run's layout,
 layers scanned or not, rematerialised or not.
 """
@@ -293,6 +293,14 @@ def replace(shape, name: str, value, heads=None, positions=None) -> Edit:
 def zero(shape, name: str, heads=None, positions=None) -> Edit:
     """An Edit that zeroes the chosen heads and positions (zero-ablation)."""
     return replace(shape, name, 0.0, heads, positions)
+
+
+def mean_ablate(reference, name: str, heads=None, positions=None) -> Edit:
+    """An Edit that puts the site's mean over a reference batch (its activations there,
+    (b, ...) from run_with_cache) at the chosen heads and positions: mean-ablation, which
+    removes what a component says about this input while keeping its typical output."""
+    reference = jnp.asarray(reference, jnp.float32)
+    return replace(reference.shape, name, reference.mean(0, keepdims=True), heads, positions)
 
 
 def steer(shape, name: str, vector, heads=None, positions=None) -> Edit:
