@@ -1,4 +1,5 @@
-"""Text <-> token ids: characters, bytes, or a tiktoken BPE.
+"""Text <-> token ids: characters, bytes, a tiktoken BPE, or a byte-level BPE trained on your own
+text (`train_bpe`; `jaxgpt tokenizer` writes one, data.tokenizer=DIR reads it).
 
 Every tokenizer serialises to a small dict (`to_dict`), saved as `tokenizer.json` in a run's
 workdir, so sampling rebuilds exactly the tokenizer training used.
@@ -155,7 +156,7 @@ class HuggingFaceTokenizer:
         try:
             from tokenizers import Tokenizer
         except ImportError:
-            raise UserError("reading tokenizer.json needs `tokenizers`: pip install -r requirements-hf.txt") from None
+            raise UserError("reading tokenizer.json needs `tokenizers`: pip install -r requirements.txt") from None
         path = Path(directory) / "tokenizer.json"
         if not path.exists():
             raise UserError(f"{directory} has no tokenizer.json; this checkpoint's text cannot be encoded")
@@ -175,15 +176,116 @@ class HuggingFaceTokenizer:
         return {"name": "huggingface", "directory": self.directory}
 
 
+END_OF_TEXT = "<|endoftext|>"
+
+
+def _byte_alphabet() -> dict[str, int]:
+    """GPT-2's byte-level alphabet: the printable character standing for each byte value (the
+    printable ASCII and Latin-1 bytes for themselves, the other 68 for code points from 256 on),
+    which `tokenizers`' ByteLevel pre-tokenizer also uses. Inverted: character -> byte."""
+    kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1), *range(ord("®"), ord("ÿ") + 1)]
+    shifted = [b for b in range(256) if b not in kept]
+    chars = {b: chr(b) for b in kept} | {b: chr(256 + i) for i, b in enumerate(shifted)}
+    return {ch: b for b, ch in chars.items()}
+
+
+class TrainedBPE:
+    """A byte-level BPE trained on the user's text (Sennrich et al. 2016, on bytes as GPT-2 does
+    it): the 256 byte values first, so any text encodes, then the merges training found; the
+    end-of-text separator is one id past them, never produced by encoding text. Held as the
+    `tokenizers` library's tokenizer.json, which a run's own tokenizer.json embeds whole (a run
+    does not depend on the folder it was read from)."""
+
+    name = "bpe"
+
+    def __init__(self, tokenizer_json: str):
+        try:
+            from tokenizers import Tokenizer
+        except ImportError:
+            raise UserError("a trained BPE needs `tokenizers`: pip install -r requirements.txt") from None
+        self._tokenizer = Tokenizer.from_str(tokenizer_json)
+        self.eot_id = self._tokenizer.get_vocab_size()
+        self.vocab_size = self.eot_id + 1
+
+    @classmethod
+    def from_folder(cls, folder: Path) -> TrainedBPE:
+        path = Path(folder) / "tokenizer.json"
+        try:
+            return cls(path.read_text(encoding="utf-8"))
+        except Exception as error:  # OSError, or `tokenizers`' own exception for a file it cannot parse
+            raise UserError(
+                f"{path} cannot be read as a trained tokenizer ({type(error).__name__}); "
+                "write one with python -m jaxgpt tokenizer --text FILE --vocab_size N --out FOLDER"
+            ) from None
+
+    def encode(self, text: str) -> list[int]:
+        return self._tokenizer.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids) -> str:
+        out, run = [], []
+        for i in (int(i) for i in ids):
+            if i == self.eot_id:
+                out += [self._tokenizer.decode(run), END_OF_TEXT]
+                run = []
+            else:
+                run.append(i)
+        return "".join(out) + self._tokenizer.decode(run)
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each id stands for (a merge of byte pieces: their count); the separator none."""
+        alphabet = _byte_alphabet()
+        out = np.zeros(self.vocab_size, np.int64)
+        for token, i in self._tokenizer.get_vocab().items():
+            out[i] = sum(ch in alphabet for ch in token)
+        return out
+
+    def tokenizer_json(self) -> str:
+        """The `tokenizers` library's tokenizer.json (its merges and byte-level alphabet)."""
+        return self._tokenizer.to_str()
+
+    def to_dict(self) -> dict:
+        return {"name": "bpe", "tokenizer": json.loads(self.tokenizer_json())}
+
+
+def train_bpe(texts, vocab_size: int) -> TrainedBPE:
+    """A byte-level BPE of `vocab_size` ids (the separator included) trained on `texts` (an
+    iterable of strings) by the `tokenizers` library: GPT-2's pre-tokenization (words, numbers,
+    spaces, punctuation kept apart, so no merge crosses them), the 256 bytes, then the most
+    frequent adjacent pair merged, again and again, until the vocabulary is full."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    if vocab_size < 258:
+        raise UserError(f"--vocab_size {vocab_size} leaves no room for a merge: 256 bytes and the separator come first")
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size - 1, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tokenizer.train_from_iterator(texts, trainer)
+    return TrainedBPE(tokenizer.to_str())
+
+
+def is_tokenizer_folder(name: str) -> bool:
+    """Whether data.tokenizer names a folder holding a trained tokenizer.json."""
+    return name not in TOKENIZERS and (Path(name) / "tokenizer.json").is_file()
+
+
 def make_tokenizer(name: str, corpus: str | None = None):
-    """The tokenizer called `name`; a char tokenizer needs the corpus to build its vocabulary."""
+    """The tokenizer called `name`, or the trained one in the folder `name`; a char tokenizer
+    needs the corpus to build its vocabulary."""
     if name == "char":
         return CharTokenizer.from_text(corpus or "")
     if name == "byte":
         return ByteTokenizer()
     if name in TIKTOKEN_ENCODINGS:
         return TiktokenTokenizer(name)
-    raise UserError(f"unknown tokenizer {name!r}; data.tokenizer must be one of {', '.join(TOKENIZERS)}")
+    if is_tokenizer_folder(name):
+        return TrainedBPE.from_folder(Path(name))
+    raise UserError(
+        f"unknown tokenizer {name!r}; data.tokenizer must be one of {', '.join(TOKENIZERS)}, or a folder "
+        "holding a tokenizer.json that python -m jaxgpt tokenizer wrote"
+    )
 
 
 def tokenizer_from_dict(d: dict):
@@ -191,6 +293,8 @@ def tokenizer_from_dict(d: dict):
         return CharTokenizer(d["chars"])
     if d.get("name") == "huggingface":
         return HuggingFaceTokenizer(Path(d["directory"]))
+    if d.get("name") == "bpe":
+        return TrainedBPE(json.dumps(d["tokenizer"]))
     return make_tokenizer(d.get("name", "?"))
 
 

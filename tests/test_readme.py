@@ -258,6 +258,9 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
     out = value.get("--out")
     if out and name == "compare":
         assert (home / out / "results.md").exists()
+    elif name == "tokenizer":
+        assert printed.startswith("trained a byte-level BPE of ") and "  this BPE (" in printed, printed
+        assert f"wrote {value['--out']}/tokenizer.json" in printed, printed
     elif name == "activations" and "--names" not in value:  # the list of sites
         assert re.match(r"\d+ sites \(", printed) and "  blocks.0.hook_resid_pre " in printed, printed
     elif name == "patch":  # its tables, and a directory of drawings

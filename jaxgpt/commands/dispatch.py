@@ -15,6 +15,7 @@ COMMANDS = {
     "sample": ("sample", "write text with a trained run's model (also python sample.py)"),
     "check": ("check", "pre-flight checks of a config; --target compiles it for a TPU slice"),
     "compare": ("compare", "train variants of a config side by side and tabulate them"),
+    "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer on your own text"),
     "prepare": ("prepare", "tokenize and cache a config's corpus before training"),
     "evaluate": ("evaluate", "loss against position and context length; heads removed"),
     "plot": ("plot", "draw runs' training curves"),

@@ -19,7 +19,8 @@ class DataConfig:
         jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates |
         builtin:reverse | builtin:sort (jaxgpt/data/pairs.py): examples of a source and its
         target, the loss on the target.
-    tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base.
+    tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base, or a folder holding the
+        tokenizer.json `jaxgpt tokenizer` trained.
     val_fraction: share of the token stream, taken from its end, held out for validation.
     text_column: the column holding text in .jsonl/.parquet files and Hub datasets.
     max_tokens: stop preparing after this many tokens (0: the whole corpus); for sampling a

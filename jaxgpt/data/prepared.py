@@ -49,7 +49,7 @@ from jaxgpt.data.sources import document_texts, local_files, read_documents
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware.machine import cache_root as machine_cache_root
 from jaxgpt.hardware.machine import usable_cores
-from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
+from jaxgpt.tokenizers import is_tokenizer_folder, load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
 
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
@@ -205,6 +205,8 @@ def _fingerprint(config: DataConfig) -> str:
         key["files"] = [(rest, Path(rest).stat().st_size, Path(rest).stat().st_mtime_ns)]
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]
+    if is_tokenizer_folder(config.tokenizer):  # a tokenizer trained again in the same folder
+        key["tokenizer_sha256"] = sha256_of(Path(config.tokenizer) / "tokenizer.json")
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -250,7 +252,8 @@ def cache_folder(config: DataConfig) -> Path:
     """Where `config`'s prepared data lives: named by the source, the tokenizer and a hash of
     everything that changes the tokens."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
-    return cache_root(config) / f"{slug}-{config.tokenizer}-{_fingerprint(config)}"
+    tokenizer = "bpe" if is_tokenizer_folder(config.tokenizer) else config.tokenizer  # a path is no name
+    return cache_root(config) / f"{slug}-{tokenizer}-{_fingerprint(config)}"
 
 
 def cache_problem(folder: Path, verify: bool = False) -> str | None:
