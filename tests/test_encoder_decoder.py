@@ -262,3 +262,17 @@ def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit(tmp_pa
     decoder_input = np.asarray(tokenizer.encode("\n62951413"))
     cross = encoder_decoder_maps(run.model, params, source, decoder_input)["cross"][-1].mean(0)  # (t, s)
     assert cross[np.arange(8), 7 - np.arange(8)].mean() > 0.5
+
+
+def test_the_activations_command_reads_a_source_as_the_encoder_does(one_device, capsys):
+    """The prompt is the source with the end its training gave it (5 digits + separator), the
+    decoder's input its start token: the encoder's sites span 6 positions, cross-attention's
+    pattern is 1 query by 6 keys."""
+    from jaxgpt.commands import activations
+
+    activations.main(["--workdir", str(one_device), "--prompt", "31415"])
+    listed = capsys.readouterr().out
+    assert "  encoder.blocks.1.hook_resid_post" in listed and "(1, 6, 32)" in listed
+    activations.main(["--workdir", str(one_device), "--prompt", "31415", "--names", "blocks.0.cross_attn.hook_pattern"])
+    (line,) = [line for line in capsys.readouterr().out.splitlines() if "cross_attn.hook_pattern" in line]
+    assert "(1, 2, 1, 6)" in line
