@@ -1,6 +1,7 @@
-"""Multiple-choice scoring (HellaSwag): each ending's log-likelihood against a hand computation
-and against the model's own unpadded forward pass, both accuracies, and the question file's
-bad input as one line."""
+"""Multiple-choice scoring (HellaSwag, ARC, PIQA, Winogrande): each format read into the questions
+it holds, each ending's log-likelihood against a hand computation and against the model's own
+unpadded forward pass, Winogrande's partial scoring, both accuracies and the centred average,
+and the question file's bad input as one line."""
 
 import json
 import math
@@ -23,6 +24,7 @@ from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.tokenizers import ByteTokenizer
 
 FIXTURE = ROOT / "tests" / "data" / "hellaswag_sample.jsonl"  # three questions in HellaSwag's format
+ARC, PIQA, WINOGRANDE = (ROOT / "tests" / "data" / f"{name}_sample.jsonl" for name in ("arc", "piqa", "winogrande"))
 
 
 def byte_model(block_size=32, position="learned"):
@@ -38,6 +40,45 @@ def test_the_fixture_reads_as_three_questions_with_their_labels():
     assert questions[2].context == "Plates are stacked beside the sink. a woman"  # ctx_a + " " + ctx_b
     assert all(len(q.endings) == 4 for q in questions)
     assert len(multiple_choice.read_questions(str(FIXTURE), limit=2)) == 2
+
+
+def test_each_format_reads_as_the_questions_it_holds():
+    arc = multiple_choice.read_questions(str(ARC))  # AI2's form twice (letter and digit labels), the Hub's once
+    assert [q.label for q in arc] == [1, 0, 1] and arc[0].endings == ("a stone", "the sun", "a shadow", "a cup")
+    assert arc[2].context == "Question: Water that freezes becomes\nAnswer:" and len(arc[1].endings) == 3
+    piqa = multiple_choice.read_questions(str(PIQA))
+    assert [q.label for q in piqa] == [0, 1] and piqa[1].context == "Question: To keep bread fresh,\nAnswer:"
+    wino = multiple_choice.read_questions(str(WINOGRANDE))
+    assert [q.label for q in wino] == [0, 1, 0]
+    assert wino[0].option_contexts == ("The cup would not fit in the box because the cup",) + (
+        "The cup would not fit in the box because the box",
+    )
+    assert wino[0].endings == ("was too big.", "was too big.")  # the same words scored after each option
+
+
+def test_winogrande_scores_what_follows_the_blank_after_each_option():
+    """Partial scoring: the rows differ in their contexts (the option written in) and end in the
+    same tokens, which alone are scored; with all weights zero both score -n log 256 exactly."""
+    model, params = byte_model()
+    (question, *_) = multiple_choice.read_questions(str(WINOGRANDE))
+    encoded = multiple_choice.encode(question, ByteTokenizer(), model.block_size)
+    tail = list(b" was too big.")
+    assert [list(row[-len(tail) :]) for row in encoded.rows] == [tail, tail]
+    assert encoded.ending_lengths == [len(tail)] * 2
+    contexts = [bytes(row[: -len(tail)].tolist()).decode() for row in encoded.rows]
+    assert contexts[0].endswith("because the cup") and contexts[1].endswith("because the box")
+    zero = jax.tree.map(jnp.zeros_like, params)
+    (totals,) = multiple_choice.ending_log_probs(model, zero, [encoded])
+    np.testing.assert_allclose(totals, -len(tail) * math.log(256), rtol=1e-6)
+
+
+def test_the_centred_average_subtracts_chance_and_divides_by_what_is_left():
+    """By hand: 0.5 of four-choice questions right is (0.5 - 0.25) / 0.75 = 1/3 of the way from
+    guessing to all right; 0.5 of two-choice ones is guessing, 0; their average 1/6."""
+    four = multiple_choice.Score(4, 0.5, 0.5, 0.25, 0)
+    two = multiple_choice.Score(2, 1.0, 0.5, 0.5, 0)
+    assert four.centred == pytest.approx(1 / 3) and two.centred == 0.0
+    assert multiple_choice.centred_average([four, two]) == pytest.approx(1 / 6)
 
 
 def test_the_two_accuracies_choose_by_total_and_by_byte():
@@ -112,6 +153,12 @@ def test_score_counts_right_answers_of_both_kinds():
         (json.dumps({"ctx": "a", "endings": ["b", "c"], "label": ""}), "no usable label (''); HellaSwag's test split"),
         (json.dumps({"ctx": "a", "endings": ["b", "c"], "label": 2}), "no usable label (2)"),
         (json.dumps({"endings": ["b", "c"], "label": 0}), "needs 'ctx' (or ctx_a/ctx_b)"),
+        (json.dumps({"prompt": "a", "answer": "b"}), "is in none of the formats read here (HellaSwag, ARC, PIQA"),
+        (json.dumps({"sentence": "no blank", "option1": "a", "option2": "b", "answer": "1"}), "exactly one blank"),
+        (
+            json.dumps({"question": "q", "choices": {"text": ["a", "b"], "label": ["A", "B"]}, "answerKey": "E"}),
+            "an answerKey among",
+        ),
     ],
 )
 def test_a_bad_question_file_is_one_line_naming_the_line(tmp_path, line, message):
@@ -151,6 +198,21 @@ def test_the_command_scores_a_trained_run(trained_small_run, capsys):
     for accuracy in map(float, re.search(r"accuracy ([\d.]+), normalised accuracy ([\d.]+)", line).groups()):
         assert abs(3 * accuracy - round(3 * accuracy)) < 1e-3  # a whole number of the 3 questions right
     assert line.endswith("(chance 0.2500)")
+
+
+def test_the_command_scores_several_tasks_and_their_centred_average(trained_small_run, capsys):
+    argv = ["--workdir", str(trained_small_run)]
+    for path in (FIXTURE, ARC, PIQA, WINOGRANDE):
+        argv += ["--questions", str(path)]
+    hellaswag.main(argv)
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert [line.split(" (step 20)")[0] for line in lines[:4]] == [str(p) for p in (FIXTURE, ARC, PIQA, WINOGRANDE)]
+    chances = [float(re.search(r"chance ([\d.]+)", line).group(1)) for line in lines[:4]]
+    assert chances == [0.25, pytest.approx((1 / 4 + 1 / 3 + 1 / 4) / 3, abs=1e-4), 0.5, 0.5]
+    normalised = [float(re.search(r"normalised accuracy ([\d.]+)", line).group(1)) for line in lines[:4]]
+    centred = [(n - c) / (1 - c) for n, c in zip(normalised, chances, strict=True)]
+    average = float(re.search(r"centred average over 4 tasks: (-?[\d.]+)", lines[4]).group(1))
+    assert average == pytest.approx(np.mean(centred), abs=2e-4)  # from the 4-decimal lines
 
 
 def test_the_command_refuses_bad_flags_in_one_line(trained_small_run, capsys):

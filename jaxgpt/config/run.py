@@ -100,10 +100,11 @@ class TrainConfig:
         in the depth the gradient vanishes or explodes.
     checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
         the newest keep_checkpoints and the best by validation loss.
-    multiple_choice: also score the model on multiple-choice questions (a HellaSwag JSONL
-        file, or hf:NAME[:SPLIT]; jaxgpt/lab/multiple_choice.py) at the end, and every
-        multiple_choice_every steps if that is not 0, on the first multiple_choice_limit of them
-        (0: all); logged as multiple_choice_accuracy and multiple_choice_accuracy_norm.
+    multiple_choice: also score the model on multiple-choice questions (a JSONL file of
+        HellaSwag, ARC, PIQA or Winogrande questions, or hf:NAME[:SPLIT];
+        jaxgpt/lab/multiple_choice.py) at the end, and every multiple_choice_every steps if that
+        is not 0, on the first multiple_choice_limit of them (0: all); logged as
+        multiple_choice_accuracy and multiple_choice_accuracy_norm.
     seed: seeds initialisation, dropout and every batch.
     microbatches: split each batch into this many sequential microbatches and accumulate
         their gradients inside the compiled step (same result up to float32 summation order,

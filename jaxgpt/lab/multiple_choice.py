@@ -9,9 +9,21 @@ reports them (lm-evaluation-harness's `acc` and `acc_norm`):
   - normalised accuracy: the highest log-probability per byte of the ending, which removes
     the total's bias towards short endings (every token costs probability).
 
-Questions come in HellaSwag's released JSONL format (`ctx`, `endings`, `label`; ctx_a/ctx_b
-where `ctx` is missing), one per line, or from a Hugging Face dataset with the same fields.
-An ending is scored as " " + ending after the context, as GPT-2 tokenizes running text.
+Questions come from JSONL files (or Hugging Face datasets with the same fields) in the common
+formats, told apart by their fields:
+
+  HellaSwag   ctx (or ctx_a + ctx_b), endings, label
+  ARC         question (its stem and choices, as AI2 releases it, or the text with a choices
+              column {text, label}, as the Hub does), answerKey; read "Question: ...\nAnswer:"
+  PIQA        goal, sol1, sol2, label; read "Question: ...\nAnswer:" as ARC
+  Winogrande  sentence with a blank "_", option1, option2, answer ("1" or "2"): partial
+              scoring, as the harness does it: each option is written into the blank and what
+              follows the blank is scored after it (the same tokens for both options)
+
+An ending is scored as " " + ending after its context, as GPT-2 tokenizes running text. Over
+several tasks, each task's normalised accuracy is centred (chance subtracted, over 1 - chance,
+as nanochat's CORE metric does: 0 is guessing, 1 is every question right) and the centred
+accuracies averaged, so tasks of two and of four choices weigh alike.
 """
 
 from __future__ import annotations
@@ -36,10 +48,42 @@ class Question:
     context: str
     endings: tuple[str, ...]
     label: int  # index of the right ending
+    # Winogrande's partial scoring: ending i is read after option_contexts[i], not after context
+    option_contexts: tuple[str, ...] = ()
+
+
+FORMATS = ("HellaSwag", "ARC", "PIQA", "Winogrande")
+
+
+def record_format(record: dict) -> str | None:
+    """Which of FORMATS a record is in, by its fields; None for none of them."""
+    if "endings" in record:
+        return "HellaSwag"
+    if "answerKey" in record and "question" in record:
+        return "ARC"
+    if {"goal", "sol1", "sol2"} <= record.keys():
+        return "PIQA"
+    if {"sentence", "option1", "option2"} <= record.keys():
+        return "Winogrande"
+    return None
 
 
 def question_from_record(record: dict, where: str) -> Question:
-    """A Question from one HellaSwag record; `where` names it in the error."""
+    """A Question from one record in any of FORMATS; `where` names it in the error."""
+    kind = record_format(record)
+    if kind == "ARC":
+        return _arc_question(record, where)
+    if kind == "PIQA":
+        return _labelled(
+            f"Question: {record['goal']}\nAnswer:", (record["sol1"], record["sol2"]), record.get("label"), where
+        )
+    if kind == "Winogrande":
+        return _winogrande_question(record, where)
+    if kind is None and "ctx" not in record and "ctx_a" not in record:
+        raise UserError(
+            f"{where} is in none of the formats read here ({', '.join(FORMATS)}): it has the fields "
+            f"{sorted(record)[:8]}"
+        )
     context = record.get("ctx") or " ".join(part for part in (record.get("ctx_a"), record.get("ctx_b")) if part)
     endings = record.get("endings")
     label = record.get("label")
@@ -50,6 +94,40 @@ def question_from_record(record: dict, where: str) -> Question:
             f"{where} has no usable label ({label!r}); HellaSwag's test split is unlabelled: use its validation split"
         )
     return Question(context, tuple(endings), int(label))
+
+
+def _labelled(context: str, endings, label, where: str, option_contexts: tuple[str, ...] = ()) -> Question:
+    if label in (None, "") or not str(label).isdigit() or int(label) >= len(endings):
+        raise UserError(f"{where} has no usable label ({label!r}); a test split is unlabelled: use a validation split")
+    return Question(context, tuple(endings), int(label), option_contexts)
+
+
+def _arc_question(record: dict, where: str) -> Question:
+    """ARC in AI2's form ({question: {stem, choices: [{text, label}]}}) or the Hub's ({question,
+    choices: {text: [...], label: [...]}}); answerKey is a choice's label (A-E, or 1-5)."""
+    question = record["question"]
+    if isinstance(question, dict):
+        stem, texts = question.get("stem", ""), [c["text"] for c in question.get("choices", [])]
+        labels = [c["label"] for c in question.get("choices", [])]
+    else:
+        choices = record.get("choices") or {}
+        stem, texts, labels = question, list(choices.get("text", [])), list(choices.get("label", []))
+    if len(texts) < 2 or record["answerKey"] not in labels:
+        raise UserError(
+            f"{where} is not an ARC question: it needs two or more choices and an answerKey among their labels"
+        )
+    return _labelled(f"Question: {stem}\nAnswer:", texts, labels.index(record["answerKey"]), where)
+
+
+def _winogrande_question(record: dict, where: str) -> Question:
+    sentence = record["sentence"]
+    if sentence.count("_") != 1:
+        raise UserError(f"{where} is not a Winogrande question: its sentence needs exactly one blank '_'")
+    before, after = sentence.split("_")
+    options = (record["option1"], record["option2"])
+    label = int(record["answer"]) - 1 if str(record.get("answer", "")).isdigit() else None
+    contexts = tuple(before + option for option in options)
+    return _labelled(contexts[0], (after.strip(),) * 2, label, where, option_contexts=contexts)
 
 
 def read_questions(source: str, limit: int | None = None) -> list[Question]:
@@ -106,12 +184,12 @@ class Encoded:
 def encode(question: Question, tokenizer, block_size: int) -> Encoded:
     """The question's rows. A context longer than the model's window loses its beginning; the
     ending is always scored whole unless it alone is longer than the window."""
-    context = tokenizer.encode(question.context)
+    contexts = question.option_contexts or (question.context,) * len(question.endings)
     rows, lengths, sizes = [], [], []
-    for ending in question.endings:
+    for context, ending in zip(contexts, question.endings, strict=True):
         text = " " + ending
         tokens = tokenizer.encode(text)
-        row = np.asarray(context + tokens, np.int32)[-(block_size + 1) :]
+        row = np.asarray(tokenizer.encode(context) + tokens, np.int32)[-(block_size + 1) :]
         rows.append(row)
         lengths.append(min(len(tokens), len(row) - 1))  # the first token has no prediction
         sizes.append(len(text.encode("utf-8")))
@@ -161,6 +239,11 @@ class Score:
     chance: float  # the accuracy of guessing: mean of 1 / number of endings
     skipped: int  # questions the tokenizer cannot encode (characters a char model never saw)
 
+    @property
+    def centred(self) -> float:
+        """The normalised accuracy with chance subtracted, over 1 - chance: 0 guessing, 1 all right."""
+        return (self.normalised_accuracy - self.chance) / (1 - self.chance)
+
     def line(self, name: str) -> str:
         skipped = f"; {self.skipped} skipped: characters outside the vocabulary" if self.skipped else ""
         return (
@@ -192,3 +275,8 @@ def score(config: ModelConfig, params, tokenizer, questions: list[Question], bat
     n = len(encoded)
     chance = float(np.mean([1 / len(e.rows) for e in encoded]))
     return Score(n, right / n, right_normalised / n, chance, skipped)
+
+
+def centred_average(scores: list[Score]) -> float:
+    """The mean of the tasks' centred accuracies (Score.centred)."""
+    return float(np.mean([score.centred for score in scores]))
