@@ -247,8 +247,9 @@ def test_the_command_lists_every_site_and_saves_the_named_ones(trained_small_run
             "no site named blocks.0.attn.hook_patern in this model (did you mean ",
         ),
         (["--names", "hook_embed", "--out", "acts.txt"], "does not end in .npz"),
+        (["--names", "hook_embed", "--out", "/sys/jaxgpt/acts.npz"], "cannot write /sys/jaxgpt/acts.npz ("),
     ],
-    ids=["misspelt", "not-npz"],
+    ids=["misspelt", "not-npz", "unwritable"],
 )
 def test_the_command_refuses_a_name_or_file_it_cannot_use_in_one_line(trained_small_run, capsys, flags, message):
     from jaxgpt.commands import activations

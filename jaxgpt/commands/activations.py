@@ -59,11 +59,8 @@ def main(argv: list[str] | None = None) -> None:
         out = Path(f.out)
         if out.suffix != ".npz":
             raise UserError(f"--out {out} does not end in .npz; numpy.savez writes one array per name to a .npz file")
-        try:
-            out.parent.mkdir(parents=True, exist_ok=True)
+        with cli.writing(out):
             np.savez(out, tokens=ids[0], **arrays)
-        except OSError as error:
-            raise UserError(f"cannot write {out} ({error.strerror}); pass --out a path you can write to") from None
         print(f"wrote {out} (numpy.load it: one array per name, and the prompt's ids as tokens)")
 
 

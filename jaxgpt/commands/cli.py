@@ -6,6 +6,7 @@ and the fix, and exits with status 2; anything else is a bug and keeps its trace
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
@@ -70,6 +71,18 @@ def parse_flags(
             fail(f"{word} is a word, not a flag; did you mean --config {word}?")
         fail(f"unexpected argument {word!r}; every argument is a flag (see --help)")
     return words
+
+
+@contextlib.contextmanager
+def writing(out: Path, what: str = "a path"):
+    """Around a command's writing of `out`: its folder made first, and a path that cannot be
+    written (a read-only workdir, a full disk) one line offering --out, not a traceback; what
+    the command printed before it stands."""
+    try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)
+        yield Path(out)
+    except OSError as error:
+        raise UserError(f"cannot write {out} ({error.strerror}); pass --out {what} you can write to") from None
 
 
 def require(flag_values: flags.FlagValues, *names: str, what: str = "") -> None:

@@ -160,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
     title = f"patching ({source}): {f.answer!r} vs {f.wrong!r}"
     note = f"logit difference clean {full.clean:.3f}, corrupted {full.corrupted:.3f}; a cell: the fraction restored"
     written = [draw(full.restored, column_labels, title, out / "patching.png")]
-    written.append(patching_view(full.restored, column_labels, title=title, note=note).save(out / "patching.html"))
+    with cli.writing(out / "patching.html", "a folder"):
+        written.append(patching_view(full.restored, column_labels, title=title, note=note).save(out / "patching.html"))
     record = {
         "source": source,
         "clean": f.clean,
@@ -172,7 +173,8 @@ def main(argv: list[str] | None = None) -> None:
         "restored": {kind: values.tolist() for kind, values in full.restored.items()},
         "attribution_patching": {kind: values.tolist() for kind, values in estimate.restored.items()},
     }
-    (out / "patching.json").write_text(json.dumps(record, indent=1))
+    with cli.writing(out / "patching.json", "a folder"):
+        (out / "patching.json").write_text(json.dumps(record, indent=1))
     written.append(out / "patching.json")
     print(f"wrote {', '.join(map(str, written))}")
 

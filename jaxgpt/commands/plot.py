@@ -140,10 +140,8 @@ def save_png(figure, out: Path) -> Path:
     if figure.get_layout_engine() is None:  # one chosen where it was drawn stands (constrained)
         figure.tight_layout()
     try:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        figure.savefig(out, dpi=figure.dpi)
-    except OSError as error:
-        raise UserError(f"cannot write {out} ({error.strerror}); pass --out a path you can write to") from None
+        with cli.writing(out):
+            figure.savefig(out, dpi=figure.dpi)
     finally:
         plt.close(figure)
     return out

@@ -100,11 +100,8 @@ def main(argv: list[str] | None = None) -> None:
     print(f"bytes per token on the held-out {f.held_out:.0%} ({size:,} bytes; more bytes a token, shorter sequences):")
     for name, value in comparison_rows(tokenizer, train_texts, held_out):
         print(f"  {name:<28} {value}")
-    try:
-        out.parent.mkdir(parents=True, exist_ok=True)
+    with cli.writing(out, "a folder"):
         out.write_text(tokenizer.tokenizer_json(), encoding="utf-8")
-    except OSError as error:
-        raise UserError(f"cannot write {out} ({error.strerror}); pass --out a folder you can write to") from None
     print(f"wrote {out}; train with it: --config.data.tokenizer={f.out}")
 
 
