@@ -1,5 +1,5 @@
-"""Score a model on multiple-choice questions by the log-likelihood of each ending (HellaSwag, ARC,
-PIQA, Winogrande): python -m jaxgpt hellaswag --workdir DIR --questions FILE [--questions FILE ...]
+"""Score a model on multiple-choice questions (HellaSwag, ARC, PIQA, Winogrande):
+python -m jaxgpt hellaswag --workdir DIR --questions FILE [--questions FILE ...]
 
 Examples:
   python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl
@@ -7,12 +7,12 @@ Examples:
   python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl \
       --questions tests/data/arc_sample.jsonl --questions tests/data/winogrande_sample.jsonl
 
-Prints, per file, the accuracy and the length-normalised accuracy (jaxgpt/lab/multiple_choice.py)
-beside chance: HellaSwag has four endings, so 0.25; GPT-2 124M scores about 0.29 normalised. Each
-file's format is told by its fields (HellaSwag, ARC, PIQA, Winogrande, the last scored partially).
-Given several, it ends with their centred average: each normalised accuracy with chance
-subtracted, over 1 - chance (nanochat's CORE centring), so two-choice and four-choice tasks weigh
-alike.
+Each ending is scored by the log-likelihood of its tokens after the context. Prints, per file, the
+accuracy and the length-normalised accuracy (jaxgpt/lab/multiple_choice.py) beside chance:
+HellaSwag has four endings, so 0.25; GPT-2 124M scores about 0.29 normalised. Each file's format is
+told by its fields (HellaSwag, ARC, PIQA, Winogrande, the last scored partially). Given several, it
+ends with their centred average: each normalised accuracy with chance subtracted, over 1 - chance
+(nanochat's CORE centring), so two-choice and four-choice tasks weigh alike.
 """
 
 from __future__ import annotations
