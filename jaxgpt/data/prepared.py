@@ -49,7 +49,7 @@ from jaxgpt.data.sources import document_texts, local_files, read_documents
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware.machine import cache_root as machine_cache_root
 from jaxgpt.hardware.machine import usable_cores
-from jaxgpt.tokenizers import is_tokenizer_folder, load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
+from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
 
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
@@ -205,8 +205,9 @@ def _fingerprint(config: DataConfig) -> str:
         key["files"] = [(rest, Path(rest).stat().st_size, Path(rest).stat().st_mtime_ns)]
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]
-    if is_tokenizer_folder(config.tokenizer):  # a tokenizer trained again in the same folder
-        key["tokenizer_sha256"] = sha256_of(Path(config.tokenizer) / "tokenizer.json")
+    trained = Path(config.tokenizer) / "tokenizer.json"
+    if trained.is_file():  # a tokenizer folder: trained again in the same folder, it tokenizes anew
+        key["tokenizer_sha256"] = sha256_of(trained)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -252,7 +253,7 @@ def cache_folder(config: DataConfig) -> Path:
     """Where `config`'s prepared data lives: named by the source, the tokenizer and a hash of
     everything that changes the tokens."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
-    tokenizer = "bpe" if is_tokenizer_folder(config.tokenizer) else config.tokenizer  # a path is no name
+    tokenizer = Path(config.tokenizer).name or "bpe"  # a tokenizer's name, or its folder's
     return cache_root(config) / f"{slug}-{tokenizer}-{_fingerprint(config)}"
 
 
