@@ -110,7 +110,7 @@ def test_patching_a_whole_site_from_another_run_gives_that_runs_logits(site):
     shape = b_cache[site].shape
     patched = A.run_with_interventions(config, params, a, {site: A.replace(shape, site, b_cache[site])})
     np.testing.assert_allclose(patched, b_logits, **CLOSE)
-    kept = A.Edit(jnp.zeros(()), b_cache[site], jnp.zeros(()))
+    kept = A.Edit(value=b_cache[site])
     np.testing.assert_array_equal(
         A.run_with_interventions(config, params, a, {site: kept}), A.run_with_interventions(config, params, a, {})
     )
@@ -127,7 +127,7 @@ def test_scores_are_replaced_and_blended_with_their_minus_infinities_intact():
     assert np.isinf(a_cache[site]).any()
     own = A.run_with_interventions(config, params, a, {site: A.replace(a_cache[site].shape, site, a_cache[site])})
     np.testing.assert_allclose(own, a_logits, **CLOSE)
-    half = A.Edit(jnp.full((), 0.5), b_cache[site], jnp.zeros(()))
+    half = A.Edit(0.5, b_cache[site])
     blended = A.run_with_interventions(config, params, a, {site: half})
     assert np.isfinite(blended).all() and np.abs(blended - a_logits).max() > 1e-4
 
@@ -186,7 +186,7 @@ def test_a_sweep_is_the_loop_of_single_interventions():
     shape = A.site_shapes(config, ids)[site]
 
     def nth(i):
-        return {site: A.Edit((jnp.arange(9) == i).astype(jnp.float32)[None, :, None], jnp.zeros(()), jnp.zeros(()))}
+        return {site: A.Edit(mask=(jnp.arange(9) == i).astype(jnp.float32)[None, :, None])}
 
     swept = A.sweep(lambda logits: logits[0, -1], config, params, ids, nth, 9, batch_size=4)
     for i in (0, 4, 8):

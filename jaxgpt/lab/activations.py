@@ -66,11 +66,11 @@ _SITE_NAMES = {"final_norm_out": "ln_final.hook_out"}
 
 class Edit(NamedTuple):
     """What an intervention does at one site: x -> (1 - mask) * x + mask * value + add, each array
-    broadcastable to the site's shape (jaxgpt/model/sites.py)."""
+    broadcastable to the site's shape (jaxgpt/model/sites.py); what is not given is 0."""
 
-    mask: jax.Array
-    value: jax.Array
-    add: jax.Array
+    mask: jax.Array | float = 0.0
+    value: jax.Array | float = 0.0
+    add: jax.Array | float = 0.0
 
 
 # The sites of one block, and the model's, in the forward pass's order.
@@ -262,7 +262,7 @@ def removed_heads(config: ModelConfig, keep) -> dict[str, Edit]:
     so one compiled program scores every choice of heads (evaluate's greedy pruning)."""
     keep = jnp.asarray(keep, jnp.float32)
     removed = (1 - keep)[:, None, None, :, None]  # (layer, batch, position, head, head_dim)
-    return {f"blocks.{i}.attn.hook_z": Edit(removed[i], jnp.zeros(()), jnp.zeros(())) for i in range(config.n_layer)}
+    return {f"blocks.{i}.attn.hook_z": Edit(mask=removed[i]) for i in range(config.n_layer)}
 
 
 def site_mask(shape, name: str, heads=None, positions=None) -> np.ndarray:
@@ -287,7 +287,7 @@ def site_mask(shape, name: str, heads=None, positions=None) -> np.ndarray:
 def replace(shape, name: str, value, heads=None, positions=None) -> Edit:
     """An Edit that puts `value` (broadcastable to the site) at the chosen heads and positions:
     patching, or mean-ablation with a mean over a dataset's activations."""
-    return Edit(jnp.asarray(site_mask(shape, name, heads, positions)), jnp.asarray(value, jnp.float32), jnp.zeros(()))
+    return Edit(jnp.asarray(site_mask(shape, name, heads, positions)), jnp.asarray(value, jnp.float32))
 
 
 def zero(shape, name: str, heads=None, positions=None) -> Edit:
@@ -306,4 +306,4 @@ def mean_ablate(reference, name: str, heads=None, positions=None) -> Edit:
 def steer(shape, name: str, vector, heads=None, positions=None) -> Edit:
     """An Edit that adds `vector` (broadcastable to the site) at the chosen heads and positions."""
     mask = jnp.asarray(site_mask(shape, name, heads, positions))
-    return Edit(jnp.zeros(()), jnp.zeros(()), mask * jnp.asarray(vector, jnp.float32))
+    return Edit(add=mask * jnp.asarray(vector, jnp.float32))

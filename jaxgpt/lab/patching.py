@@ -132,7 +132,7 @@ def activation_patching(config: ModelConfig, params, prompts: Prompts, kinds=Non
             for l in range(layers):  # noqa: E741
                 chosen = ((jnp.arange(per) == index) & (layer == l)).astype(jnp.float32)
                 mask = chosen[None, :, None] if SWEEPS[kind][1] == "position" else chosen[None, None, :, None]
-                edits[_site(kind, l)] = Edit(mask, clean[_site(kind, l)], jnp.zeros(()))
+                edits[_site(kind, l)] = Edit(mask, clean[_site(kind, l)])
             return edits
 
         table = sweep(restored_fraction, config, params, tokens, make_edits, layers * per, batch_size, **inputs)
@@ -152,7 +152,7 @@ def attribution_patching(config: ModelConfig, params, prompts: Prompts, kinds=No
     _, corrupted = run_with_cache(config, params, tokens, names, **inputs)
 
     def corrupted_difference(adds):
-        edits = {name: Edit(jnp.zeros(()), jnp.zeros(()), add) for name, add in adds.items()}
+        edits = {name: Edit(add=add) for name, add in adds.items()}
         logits = run_with_interventions(config, params, tokens, edits, **inputs)
         return logit_difference(logits, prompts.last[1:], prompts.answer, prompts.wrong)[0]
 
