@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import threading
 from functools import partial
 from pathlib import Path
@@ -266,9 +267,79 @@ def train_bpe(texts, vocab_size: int) -> TrainedBPE:
     return TrainedBPE(tokenizer.to_str())
 
 
+class WithSpecialTokens:
+    """A tokenizer with special tokens added after its vocabulary (a chat template's role markers,
+    jaxgpt/data/conversations.py): each special string in a text is its one id, vocab_size + k
+    for the k-th, and nothing else encodes to those ids; the text between them is the base
+    tokenizer's. A model of the base vocabulary grows a row per special token to read them
+    (jaxgpt/job/resume.py)."""
+
+    def __init__(self, base, specials: tuple[str, ...]):
+        self.base, self.specials = base, tuple(specials)
+        self.name = f"{base.name}+special"
+        self.eot_id = base.eot_id
+        self.first_special = base.vocab_size
+        self.vocab_size = base.vocab_size + len(self.specials)
+        self.special_ids = {text: self.first_special + k for k, text in enumerate(self.specials)}
+        self._pattern = re.compile("(" + "|".join(map(re.escape, self.specials)) + ")")
+
+    def pieces(self, text: str) -> list[str]:
+        """`text` cut at its special strings, each kept as a piece of its own."""
+        return [piece for piece in self._pattern.split(text) if piece]
+
+    def encode(self, text: str) -> list[int]:
+        ids = []
+        for piece in self.pieces(text):
+            ids += [self.special_ids[piece]] if piece in self.special_ids else self.base.encode(piece)
+        return ids
+
+    def decode(self, ids) -> str:
+        out, run = [], []
+        for i in (int(i) for i in ids):
+            if i >= self.first_special:
+                out += [self.base.decode(run), self.specials[i - self.first_special]]
+                run = []
+            else:
+                run.append(i)
+        return "".join(out) + self.base.decode(run)
+
+    def token_bytes(self) -> np.ndarray:
+        """The base's bytes per id; a special token stands for no text."""
+        return np.concatenate([self.base.token_bytes(), np.zeros(len(self.specials), np.int64)])
+
+    def to_dict(self) -> dict:
+        return {"name": "special", "base": self.base.to_dict(), "specials": list(self.specials)}
+
+
+def base_tokenizer(tokenizer):
+    """The tokenizer without added special tokens: what a model's first vocab rows mean."""
+    return tokenizer.base if isinstance(tokenizer, WithSpecialTokens) else tokenizer
+
+
+def separator_id(tokenizer) -> int:
+    """The token that ends every document of a prepared corpus: the end-of-text token, or
+    where the tokenizer has none, the newline's."""
+    return tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]
+
+
+RUN_TOKENIZER_KEY = "name"  # a jaxgpt run's tokenizer.json is {"name": ..., ...}; the `tokenizers` library's is not
+
+
 def is_tokenizer_folder(name: str) -> bool:
-    """Whether data.tokenizer names a folder holding a trained tokenizer.json."""
+    """Whether data.tokenizer names a folder holding a tokenizer.json: one `jaxgpt tokenizer`
+    trained, or a jaxgpt run's own (its workdir: the tokenizer it was trained with)."""
     return name not in TOKENIZERS and (Path(name) / "tokenizer.json").is_file()
+
+
+def _folder_tokenizer(folder: Path):
+    """The tokenizer in `folder`: a run's (jaxgpt's own format), or a trained BPE's."""
+    try:
+        saved = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    if isinstance(saved, dict) and isinstance(saved.get(RUN_TOKENIZER_KEY), str):
+        return base_tokenizer(tokenizer_from_dict(saved))
+    return TrainedBPE.from_folder(folder)
 
 
 def make_tokenizer(name: str, corpus: str | None = None):
@@ -281,10 +352,10 @@ def make_tokenizer(name: str, corpus: str | None = None):
     if name in TIKTOKEN_ENCODINGS:
         return TiktokenTokenizer(name)
     if is_tokenizer_folder(name):
-        return TrainedBPE.from_folder(Path(name))
+        return _folder_tokenizer(Path(name))
     raise UserError(
-        f"unknown tokenizer {name!r}; data.tokenizer must be one of {', '.join(TOKENIZERS)}, or a folder "
-        "holding a tokenizer.json that python -m jaxgpt tokenizer wrote"
+        f"unknown tokenizer {name!r}; data.tokenizer must be one of {', '.join(TOKENIZERS)}, a folder holding "
+        "a tokenizer.json that python -m jaxgpt tokenizer wrote, or a run's workdir (its tokenizer)"
     )
 
 
@@ -295,6 +366,8 @@ def tokenizer_from_dict(d: dict):
         return HuggingFaceTokenizer(Path(d["directory"]))
     if d.get("name") == "bpe":
         return TrainedBPE(json.dumps(d["tokenizer"]))
+    if d.get("name") == "special":
+        return WithSpecialTokens(tokenizer_from_dict(d["base"]), tuple(d["specials"]))
     return make_tokenizer(d.get("name", "?"))
 
 

@@ -103,6 +103,19 @@ def test_seeds_average_and_spread():
     assert line["val_loss"] == 1.25 and line["val_loss_spread"] == 0.5 and line["val_bpb"] == 2.5
 
 
+def test_runs_that_answer_show_their_exact_match_with_its_spread():
+    """Runs on pairs or conversations log val_exact_match: a column of its mean and half its
+    spread over seeds (0.40 and 0.50: 45.0% ± 5.0%); runs without it have no such column."""
+    from jaxgpt.commands.compare import markdown, summarise
+
+    row = {"variant": "data.loss_on=all", "params": 5, "val_loss": 1.0, "val_bpb": 2.0, "scored": "as trained"}
+    rows = [row | {"tokens_per_sec": 1.0, "elapsed_sec": 1.0, "val_exact_match": m} for m in (0.4, 0.5)]
+    table = markdown(summarise(rows))
+    assert "| exact match |" in table and "| 45.0% ± 5.0% |" in table and "greedy decoding" in table
+    streams = [{k: v for k, v in r.items() if k != "val_exact_match"} for r in rows]
+    assert "exact match" not in markdown(summarise(streams))
+
+
 def test_a_run_without_the_causal_mask_is_judged_by_its_past_only_score():
     from jaxgpt.commands.compare import markdown, scored_key, summarise
 

@@ -200,6 +200,9 @@ def sandbox(tmp_path_factory):
     return home
 
 
+CHAT_TURNS = "What is 37 + 45?\nAnd 12 + 9?\n"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", SHORTENED)
 def test_readme_command_runs(command, sandbox, request):
@@ -208,8 +211,13 @@ def test_readme_command_runs(command, sandbox, request):
     if "tokenizer=gpt2" in command:
         env["TIKTOKEN_CACHE_DIR"] = str(request.getfixturevalue("gpt2_bpe"))
     env.pop("XLA_FLAGS")  # the user's default device count, not the test session's eight
-    result = subprocess.run(argv_for(command, sandbox), cwd=sandbox, env=env, capture_output=True, text=True)
+    typed = CHAT_TURNS if command_name(shlex.split(command)) == "chat" else None  # what a user types into a chat
+    result = subprocess.run(
+        argv_for(command, sandbox), cwd=sandbox, env=env, capture_output=True, text=True, input=typed
+    )
     assert result.returncode == 0, f"{command}\n{result.stderr[-2000:]}"
+    if typed:  # an answer a line, a line a turn
+        assert len(result.stdout.splitlines()) == len(typed.splitlines()), result.stdout
     assert_prints_what_it_should(command, result.stdout + result.stderr, sandbox)
 
 
@@ -228,7 +236,8 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
         prompt = (home / value["--prompt_file"]).read_text() if "--prompt_file" in value else value.get("--prompt", "")
         samples = re.split(r"^--- sample \d+\n", printed, flags=re.M)[1:] or [printed]
         assert len(samples) == int(value.get("--num_samples", 1)), printed
-        assert all(sample.startswith(prompt) and len(sample) > len(prompt) for sample in samples), printed
+        shown = [prompt, f"<|user|>{prompt}<|end|><|assistant|>"]  # a chat run shows the template it read
+        assert all(any(s.startswith(p) and len(s) > len(p) for p in shown) for s in samples), printed
     elif name == "check" and "--target" in value:
         assert f"\nfits {value['--target']}\n" in printed and "\nper device: parameters " in printed, printed
     elif name == "prepare":
@@ -236,7 +245,8 @@ def assert_prints_what_it_should(command: str, printed: str, home) -> None:
     elif name == "hellaswag":
         assert re.search(r"\d+ questions, accuracy [\d.]+", printed), printed
     elif name == "evaluate" and "--lengths" not in value:  # a run trained on text pairs: its answers scored
-        assert re.search(r"[\d,]+ held-out pairs: answer loss [\d.]+, .* exactly right", printed), printed
+        answers = r"[\d,]+ held-out (pairs|conversations): answer loss [\d.]+, .* exactly right"
+        assert re.search(answers, printed), printed
     elif name == "evaluate":
         # a row per run and length, or the length named as skipped for that run (with the reason)
         runs = [Path(b).name for a, b in itertools.pairwise(args) if a == "--workdir"]

@@ -125,13 +125,14 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt.data.pairs import pair_separator, source_ids
+    from jaxgpt.data.pairs import source_ids
     from jaxgpt.model.sampling import SamplingConfig, encode, generate
+    from jaxgpt.tokenizers import separator_id
 
     source = np.asarray(source_ids(tokenizer, f.prompt))
     if len(source) > config.block_size:
         raise UserError(f"the source is {len(source)} tokens with its end; give at most {config.block_size}")
-    stop = pair_separator(tokenizer)
+    stop = separator_id(tokenizer)
     memory = encode(config, params, jnp.asarray(source)[None])
     greedy, start = SamplingConfig(temperature=0.0), jnp.asarray([[stop]], jnp.int32)
     made = generate(

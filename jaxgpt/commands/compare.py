@@ -134,8 +134,8 @@ def summarise(rows: list[dict]) -> list[dict]:
     for name in dict.fromkeys(r["variant"] for r in rows):
         runs = [r for r in rows if r["variant"] == name]
         line = {"variant": name, "seeds": len(runs), "params": runs[0]["params"], "scored": runs[0]["scored"]}
-        for key in ("val_loss", "val_bpb", "tokens_per_sec", "elapsed_sec"):
-            values = [r[key] for r in runs]
+        for key in ("val_loss", "val_bpb", "val_exact_match", "tokens_per_sec", "elapsed_sec"):
+            values = [r.get(key, math.nan) for r in runs]
             line[key] = sum(values) / len(values)
             line[f"{key}_spread"] = max(values) - min(values)
         out.append(line)
@@ -143,19 +143,31 @@ def summarise(rows: list[dict]) -> list[dict]:
 
 
 def markdown(summary: list[dict]) -> str:
-    columns = "| variant | seeds | val loss | val bits/byte | params | tokens/s* | training s* |"
-    head = columns + "\n" + "|---" * 7 + "|\n"
+    answers = any(not math.isnan(s["val_exact_match"]) for s in summary)  # runs on pairs or conversations
+    columns = "| variant | seeds | val loss | val bits/byte |" + (" exact match |" if answers else "")
+    columns += " params | tokens/s* | training s* |"
+    head = columns + "\n" + "|---" * (7 + answers) + "|\n"
     marks = {"past-only": " (past-only)", "masked": " (masked)"}
+
+    def spread(s: dict, key: str, form: str) -> str:
+        return "-" if math.isnan(s[key]) else f"{s[key]:{form}} ± {s[f'{key}_spread'] / 2:{form}}"
+
     body = "".join(
-        f"| {s['variant'] + marks.get(s['scored'], '')} | {s['seeds']} | "
-        f"{s['val_loss']:.4f} ± {s['val_loss_spread'] / 2:.4f} | "
-        + ("-" if math.isnan(s["val_bpb"]) else f"{s['val_bpb']:.4f} ± {s['val_bpb_spread'] / 2:.4f}")
-        + f" | {s['params']:,} | {s['tokens_per_sec']:,.0f} | {s['elapsed_sec']:,.0f} |\n"
+        f"| {s['variant'] + marks.get(s['scored'], '')} | {s['seeds']} | {spread(s, 'val_loss', '.4f')} | "
+        f"{spread(s, 'val_bpb', '.4f')} |"
+        + (f" {spread(s, 'val_exact_match', '.1%')} |" if answers else "")
+        + f" {s['params']:,} | {s['tokens_per_sec']:,.0f} | {s['elapsed_sec']:,.0f} |\n"
         for s in summary
     )
     notes = (
         "\n(± half the spread, largest minus smallest, over seeds)\n"
-        "(* wall-clock, each run timed alone in its turn: they move with whatever else the machine was doing "
+        + (
+            "(exact match: the held-out examples whose every answer token is the most likely one, what greedy "
+            "decoding writes)\n"
+            if answers
+            else ""
+        )
+        + "(* wall-clock, each run timed alone in its turn: they move with whatever else the machine was doing "
         "then, so they compare variants only on an otherwise idle machine; the losses do not depend on it)\n"
     )
     if any(s["scored"] == "past-only" for s in summary):
@@ -257,6 +269,7 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
                 **{k: final[k] for k in ("step", "tokens_per_sec", "elapsed_sec")},
                 "val_loss": final[loss_key],
                 "val_bpb": final.get(bpb_key, math.nan),  # none for a masked-token loss
+                "val_exact_match": final.get("val_exact_match", math.nan),  # pairs and conversations only
                 "scored": "past-only"
                 if loss_key != "val_loss"
                 else "masked"

@@ -253,11 +253,13 @@ def load_run(workdir: Path, step: int | None, say=print, budget: int | None = No
 
 
 def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
-    """A run trained on text pairs (jaxgpt/data/pairs.py), scored on every held-out pair: the
-    loss on the answers, the share of their tokens right, and the share written exactly right
-    by greedy decoding (every answer token the most likely: train_step.exact_matches)."""
+    """A run trained on text pairs or conversations (jaxgpt/data/pairs.py, conversations.py),
+    scored on every held-out one: the loss on the answers (a conversation's: the assistant's
+    turns), the share of their tokens right, and the share written exactly right by greedy
+    decoding (every answer token the most likely: train_step.exact_matches)."""
     from jaxgpt import data
-    from jaxgpt.data.pairs import pair_validation, split_examples
+    from jaxgpt.data.batches import example_splits
+    from jaxgpt.data.pairs import pair_validation
     from jaxgpt.job.checkpoint import load_latest
     from jaxgpt.job.trainer import mean_losses
     from jaxgpt.model.transformer import GPT
@@ -265,7 +267,7 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
     dataset = data.prepare(run.data, progress=False)
-    _, held_out = split_examples(dataset, run.model.block_size)
+    _, held_out = example_splits(dataset, run)
     seq_len, rows = run.model.block_size, 16
     encoder = bool(run.model.encoder_layers)
     validation = pair_validation(held_out, dataset.tokenizer.token_bytes(), seq_len, rows, len(held_out), encoder)
@@ -274,7 +276,7 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
     first = range(0, validation.batches * rows, rows)
     got = mean_losses([score(params, {k: x[i : i + rows] for k, x in validation.rows.items()}) for i in first])
     return (
-        f"{name}: step {step}, {int(got['examples']):,} held-out pairs: answer loss {got['loss']:.4f}, "
+        f"{name}: step {step}, {int(got['examples']):,} held-out {validation.kind}: answer loss {got['loss']:.4f}, "
         f"{got['accuracy']:.1%} of answer tokens and {got['exact_matches'] / got['examples']:.1%} of answers "
         "exactly right (greedy decoding)"
     )
@@ -357,15 +359,16 @@ def _lengths(text: list[str]) -> list[int]:
     return lengths
 
 
-def trained_on_pairs(workdir: Path) -> bool:
-    """Whether the run's config.json names a pairs source (without one, the checkpoint's own
-    record is read later, and the run is evaluated as a stream)."""
+def trained_on_examples(workdir: Path) -> bool:
+    """Whether the run's config.json names a pairs or chat source (without one, the checkpoint's
+    own record is read later, and the run is evaluated as a stream)."""
     import json
 
-    from jaxgpt.config import is_pairs_source
+    from jaxgpt.config import is_chat_source, is_pairs_source
 
     try:
-        return is_pairs_source(json.loads((workdir / "config.json").read_text())["data"]["source"])
+        source = json.loads((workdir / "config.json").read_text())["data"]["source"]
+        return is_pairs_source(source) or is_chat_source(source)
     except (OSError, ValueError, KeyError, TypeError):
         return False
 
@@ -397,8 +400,8 @@ def main(argv: list[str] | None = None) -> None:
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
     names = run_names(workdirs)
-    if any(trained_on_pairs(w) for w in workdirs):  # examples, not a stream: their answers are scored
-        if not all(trained_on_pairs(w) for w in workdirs) or f.mask_heads or f.induction or f.prune is not None:
+    if any(trained_on_examples(w) for w in workdirs):  # examples, not a stream: their answers are scored
+        if not all(trained_on_examples(w) for w in workdirs) or f.mask_heads or f.induction or f.prune is not None:
             raise UserError(
                 "runs trained on text pairs are scored on their held-out answers alone; evaluate them apart from "
                 "other runs and without --mask_heads, --remove_heads, --prune or --induction"

@@ -57,9 +57,9 @@ def main(argv: list[str] | None = None) -> None:
     config, params, tokenizer, source = inspected.load(workdir, step=f.step)
     special_tokens = None
     if config.encoder_layers:  # a pairs run: answers start and end at the pair separator
-        from jaxgpt.data.pairs import pair_separator
+        from jaxgpt.tokenizers import separator_id
 
-        separator = pair_separator(tokenizer)
+        separator = separator_id(tokenizer)
         special_tokens = {"decoder_start_token_id": separator, "eos_token_id": separator}
     # Written beside the destination, then renamed into place: a failure leaves no half folder.
     staging = out.parent / f".{out.name}.partial"

@@ -8,7 +8,9 @@ Examples:
 
 Loads the newest checkpoint of the workdir with its config and tokenizer; a thin shell over
 jaxgpt.model.sampling.generate. A run trained on text pairs (data.source pairs:PATH or builtin:dates)
-reads the prompt as a source and prints it, a tab and its answer, which ends at the separator.
+reads the prompt as a source and prints it, a tab and its answer, which ends at the separator. A
+run trained on conversations (a chat source) reads it as a user's message: it prints the
+template it read and the answer, which ends at the end-of-turn token (`jaxgpt chat` goes on).
 """
 
 from pathlib import Path
@@ -56,16 +58,23 @@ def main(argv: list[str] | None = None) -> None:
     from jaxgpt.hardware import runtime
     from jaxgpt.model.kernels import kernel_fallback
     from jaxgpt.model.sampling import SamplingConfig, check_length
+    from jaxgpt.tokenizers import separator_id
 
     runtime.enable_compilation_cache()
-    model_config, params, tokenizer, pairs = _load(f)
+    model_config, params, tokenizer, data = _load(f)
+    pairs, chat = data is not None and data.pairs, data is not None and data.chat
     memory = None  # an encoder–decoder's encoded source
-    if pairs:  # a run trained on text pairs answers the prompt as a source, and stops at its end
-        from jaxgpt.data.pairs import pair_separator, prompt_ids
+    if chat:  # a run fine-tuned on conversations reads the prompt as a user's message, and answers it
+        from jaxgpt.data.conversations import check_content, end_of_turn, prompt_ids
+
+        check_content(prompt, "the prompt")
+        ids, stop = prompt_ids(tokenizer, [{"role": "user", "content": prompt}]), end_of_turn(tokenizer)
+    elif pairs:  # a run trained on text pairs answers the prompt as a source, and stops at its end
+        from jaxgpt.data.pairs import prompt_ids
 
         if not prompt:
             cli.fail(f"{f.workdir} was trained on text pairs; give the source to answer with --prompt")
-        ids, stop = prompt_ids(tokenizer, prompt), pair_separator(tokenizer)
+        ids, stop = prompt_ids(tokenizer, prompt), separator_id(tokenizer)
         if model_config.encoder_layers:  # the encoder reads the source; the decoder starts from the separator
             from jaxgpt.data.pairs import source_ids
             from jaxgpt.model.sampling import encode
@@ -74,11 +83,7 @@ def main(argv: list[str] | None = None) -> None:
             memory = encode(model_config, params, sources)
             ids = [stop]
     else:
-        ids = (
-            tokenizer.encode(prompt)
-            if prompt
-            else [tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]]
-        )
+        ids = tokenizer.encode(prompt) if prompt else [separator_id(tokenizer)]
         stop = tokenizer.eot_id
     max_new_tokens = f.max_new_tokens or model_config.block_size - len(ids)
     check_length(model_config, len(ids), max_new_tokens)
@@ -88,7 +93,7 @@ def main(argv: list[str] | None = None) -> None:
     sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop, memory=memory)
-    shown = f"{prompt.strip()}\t" if pairs else prompt
+    shown = f"{prompt.strip()}\t" if pairs else tokenizer.decode(ids[1:]) if chat else prompt
     _print_samples(f, shown, tokenizer, model, params, tokens, jax.random.key(f.seed), **args)
 
 
@@ -107,10 +112,10 @@ def _prompt(f: flags.FlagValues) -> str:
 
 
 def _load(f: flags.FlagValues):
-    """(model config, parameters, tokenizer) of the workdir's newest checkpoint or the Hugging
-    Face weights, the parameters split over every device's share of the heads and MLP width:
-    decoding is one token at a time, so the model is split rather than a batch of a few
-    prompts (on one device, that device)."""
+    """(model config, parameters, tokenizer, the run's data config or None) of the workdir's
+    newest checkpoint or the Hugging Face weights, the parameters split over every device's
+    share of the heads and MLP width: decoding is one token at a time, so the model is split
+    rather than a batch of a few prompts (on one device, that device)."""
     import jax
 
     from jaxgpt.config import MeshConfig
@@ -122,13 +127,13 @@ def _load(f: flags.FlagValues):
     if not f.init_from:
         run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
         cli.refuse_an_encoder(run.model, f.workdir, "it has no continuation to sample")
-        return run.model, params, tokenizer, run.data.pairs
+        return run.model, params, tokenizer, run.data
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
     model_config, params, family = load_pretrained(f.init_from)
     cli.refuse_a_pretrained_encoder_decoder(model_config, f.init_from)
     params = jax.device_put(params, shardings_like(params, mesh))
-    return model_config, params, pretrained_tokenizer(f.init_from, family), False
+    return model_config, params, pretrained_tokenizer(f.init_from, family), None
 
 
 def _print_samples(f: flags.FlagValues, prompt: str, tokenizer, model, params, tokens, rng, **args) -> None:

@@ -25,11 +25,13 @@ from jaxgpt.config.model import (
 )
 from jaxgpt.config.problems import ConfigError
 from jaxgpt.config.run import (
+    BUILTIN_CHATS,
     BUILTIN_PAIRS,
     DataConfig,
     MeshConfig,
     RunConfig,
     TrainConfig,
+    is_chat_source,
     is_pairs_source,
     run_config_from_dict,
     with_train,
@@ -38,6 +40,7 @@ from jaxgpt.config.run import (
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_KERNELS",
+    "BUILTIN_CHATS",
     "BUILTIN_PAIRS",
     "DTYPES",
     "NORMS",
@@ -56,6 +59,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "default_mlp_hidden",
+    "is_chat_source",
     "is_pairs_source",
     "run_config_from_dict",
     "with_train",

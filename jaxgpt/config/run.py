@@ -18,7 +18,9 @@ class DataConfig:
     source: builtin:python-docs | builtin:repeated-random | text:PATH | hf:NAME[:CONFIG] (see
         jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates |
         builtin:reverse | builtin:sort (jaxgpt/data/pairs.py): examples of a source and its
-        target, the loss on the target.
+        target, the loss on the target; or chat:PATH.jsonl | builtin:arithmetic-chat
+        (jaxgpt/data/conversations.py): conversations rendered by the chat template, the loss
+        on the assistant's turns. builtin:arithmetic is sums written out, a stream to pretrain on.
     tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base, or a folder holding the
         tokenizer.json `jaxgpt tokenizer` trained.
     val_fraction: share of the token stream, taken from its end, held out for validation.
@@ -33,6 +35,10 @@ class DataConfig:
         it, so its first token is predicted from a clean start) or a whole window further into
         a long one, instead of at any offset (modded-nanogpt's "align batch starts with EoS",
         nanochat's BOS-aligned rows); shorter documents are packed after it as without.
+    loss_on: what a chat source's training scores: "assistant" (the assistant's turns and their
+        end-of-turn tokens: the model is taught to answer, not to write the user's questions) or
+        "all" (every token of the conversation, the ablation). Evaluation scores the assistant's
+        turns either way, so the two are compared on the same tokens.
     attend_within_documents: each token attends only to the tokens of its own document, and
         positions restart at each document's start (its separator), as Llama 3 trains on
         packed documents; without it a window's tokens attend to every earlier token in it,
@@ -49,6 +55,7 @@ class DataConfig:
     shard_tokens: int = 1 << 27  # 256 MiB of uint16 tokens per file
     align_to_documents: bool = False
     attend_within_documents: bool = False
+    loss_on: str = "assistant"
 
     def __post_init__(self):
         problems = Problems("data", self)
@@ -58,8 +65,11 @@ class DataConfig:
         if not self.shard_tokens >= 1:
             problems.add("shard_tokens", "must be >= 1")
         for name in ("align_to_documents", "attend_within_documents"):
-            if self.pairs and getattr(self, name):
-                problems.add(name, "cuts windows from a stream; a pairs source packs whole examples already: drop it")
+            if self.examples and getattr(self, name):
+                problems.add(name, "cuts windows from a stream; this source packs whole examples already: drop it")
+        problems.one_of("loss_on", LOSS_ON)
+        if self.loss_on != "assistant" and not self.chat:
+            problems.add("loss_on", "chooses which turns of a conversation are scored; only a chat source has turns")
         problems.raise_if_any()
 
     @property
@@ -67,8 +77,21 @@ class DataConfig:
         """Whether the source is a set of (source, target) examples rather than a token stream."""
         return is_pairs_source(self.source)
 
+    @property
+    def chat(self) -> bool:
+        """Whether the source is conversations (jaxgpt/data/conversations.py)."""
+        return is_chat_source(self.source)
+
+    @property
+    def examples(self) -> bool:
+        """Whether batches pack whole examples (pairs, conversations), the loss on their answers,
+        rather than cut windows from a stream."""
+        return self.pairs or self.chat
+
 
 BUILTIN_PAIRS = ("dates", "reverse", "sort")  # builtin:NAME sources of text pairs (jaxgpt/data/pairs.py)
+BUILTIN_CHATS = ("arithmetic-chat",)  # builtin:NAME sources of conversations (jaxgpt/data/conversations.py)
+LOSS_ON = ("assistant", "all")
 
 
 def is_pairs_source(source: str) -> bool:
@@ -76,6 +99,12 @@ def is_pairs_source(source: str) -> bool:
     others a token stream."""
     kind, _, rest = source.partition(":")
     return kind == "pairs" or (kind == "builtin" and rest in BUILTIN_PAIRS)
+
+
+def is_chat_source(source: str) -> bool:
+    """chat:PATH.jsonl and builtin:arithmetic-chat give conversations."""
+    kind, _, rest = source.partition(":")
+    return kind == "chat" or (kind == "builtin" and rest in BUILTIN_CHATS)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -246,6 +275,11 @@ class RunConfig:
             raise ConfigError(
                 f"mesh.expert={self.mesh.expert} does not divide model.moe.experts={experts}; choose a divisor so "
                 "each device holds whole experts"
+            )
+        if self.model.encoder_layers and self.data.chat:
+            raise ConfigError(
+                f"model.encoder_layers={self.model.encoder_layers} gives the model an encoder, and a chat source's "
+                "conversations are read by a decoder alone; set model.encoder_layers=0"
             )
         if self.model.encoder_layers and not self.data.pairs:
             raise ConfigError(

@@ -11,6 +11,8 @@ Three steps, a module each (and the cache's files):
                validation set
   pairs.py     text pairs (a source, the target to answer it with) as examples packed into
                rows, the loss on the targets
+  conversations.py  the chat template, conversations packed as pairs are, the loss on the
+               assistant's turns
 
 The names below are what the rest of jaxgpt uses; `from jaxgpt import data; data.prepare(...)`.
 """

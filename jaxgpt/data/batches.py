@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from jaxgpt.data import pairs
+from jaxgpt.data import conversations, pairs
 from jaxgpt.data.prepared import Dataset
 from jaxgpt.errors import UserError
 from jaxgpt.training.batch import segment_positions, windows_batch
@@ -202,11 +202,12 @@ def sharded_batch(split: TrainWindows, run, mesh, index: int, stream: int = TRAI
 
 def batch_sources(dataset: Dataset, run):
     """(what training batches are drawn from, the fixed validation batches) of `run` (a
-    RunConfig) over `dataset`: windows of its token stream, or its pairs packed into rows
-    (jaxgpt/data/pairs.py). Each has batch(...) giving the batch contract's dict, sharded."""
+    RunConfig) over `dataset`: windows of its token stream, or its pairs or conversations packed
+    into rows (jaxgpt/data/pairs.py, conversations.py). Each has batch(...) giving the batch
+    contract's dict, sharded."""
     t, seq_len = run.train, run.model.block_size
-    if run.data.pairs:
-        train, held_out = pair_examples(dataset, seq_len)
+    if run.data.examples:
+        train, held_out = example_splits(dataset, run)
         token_bytes, encoder = dataset.tokenizer.token_bytes(), bool(run.model.encoder_layers)
         validation = pairs.pair_validation(held_out, token_bytes, seq_len, t.batch_size, t.eval_batches, encoder)
         left_out = train.left_out + held_out.left_out
@@ -222,24 +223,30 @@ def batch_sources(dataset: Dataset, run):
     return train_windows(dataset, run), validation
 
 
-def pair_examples(dataset: Dataset, seq_len: int):
-    """(training, validation) pairs of a pairs corpus (jaxgpt/data/pairs.py); one line where
-    either split has none that fits a row."""
-    train, held_out = pairs.split_examples(dataset, seq_len)
+def example_splits(dataset: Dataset, run):
+    """(training, validation) examples of a pairs or chat corpus (jaxgpt/data/pairs.py,
+    conversations.py); one line where either split has none that fits a row."""
+    seq_len = run.model.block_size
+    if run.data.chat:
+        train, held_out = conversations.split_conversations(dataset, seq_len, run.data.loss_on)
+        what = "conversation"
+    else:
+        train, held_out = pairs.split_examples(dataset, seq_len)
+        what = "pair"
     for split, examples in (("training", train), ("validation", held_out)):
         if not len(examples):
             raise UserError(
-                f"no {split} pair fits in model.block_size + 1 = {seq_len + 1} tokens with its separators "
-                f"({examples.left_out} are longer); raise model.block_size or shorten the pairs"
+                f"no {split} {what} fits in model.block_size + 1 = {seq_len + 1} tokens with its separators "
+                f"({examples.left_out} are longer); raise model.block_size or shorten the {what}s"
             )
     return train, held_out
 
 
 def check_batches_fit(dataset: Dataset, run) -> None:
     """One line, before any state exists, where `run`'s batches cannot be cut from `dataset`:
-    a split shorter than a window, or (text pairs) no pair that fits a row."""
-    if run.data.pairs:
-        pair_examples(dataset, run.model.block_size)
+    a split shorter than a window, or (text pairs, conversations) no example that fits a row."""
+    if run.data.examples:
+        example_splits(dataset, run)
     else:
         check_long_enough(dataset, run.model.block_size)
 

@@ -30,6 +30,7 @@ import datetime
 import numpy as np
 
 from jaxgpt.errors import UserError
+from jaxgpt.tokenizers import separator_id
 from jaxgpt.training.batch import segment_positions
 
 TAB = "\t"
@@ -132,31 +133,40 @@ class Examples:
         body = np.asarray(self.tokens[self.starts[i] : self.ends[i]], np.int64)
         return np.concatenate([[self.separator], body, [self.separator]])
 
-    def unit_length(self, i: int) -> int:
-        return int(self.ends[i] - self.starts[i]) + 2
+    def scored(self, i: int) -> np.ndarray:
+        """The weight of predicting each token of unit(i): the target and its end."""
+        length = int(self.ends[i] - self.starts[i]) + 2
+        return (np.arange(length) >= 2 + int(self.source_lengths[i])).astype(np.float32)  # past separator, source, tab
 
 
-def split_examples(dataset, seq_len: int) -> tuple[Examples, Examples]:
-    """(training, validation) pairs of a prepared pairs corpus: each document lies between the
-    separator before it (the stream's start, for the first) and the one after it; a document
-    the split cuts in two belongs to neither."""
+def document_spans(dataset) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
+    """((starts, ends) of the training split, the same of the validation split): where each
+    document of a prepared corpus lies in its split's stream, between the separator before it
+    (the stream's start, for the first) and the one after it; a document the split cuts in
+    two belongs to neither."""
     documents = np.asarray(dataset.documents)
     n_train, total = len(dataset.train), len(dataset.train) + len(dataset.val)
     starts = np.where(np.arange(len(documents)) == 0, 0, documents + 1)
     ends = np.append(documents[1:], total - 1)  # the separator after each: the stream ends with one
     train = ends <= n_train
     val = starts >= n_train
+    return (starts[train], ends[train]), (starts[val] - n_train, ends[val] - n_train)
+
+
+def split_examples(dataset, seq_len: int) -> tuple[Examples, Examples]:
+    """(training, validation) pairs of a prepared pairs corpus."""
+    (train_starts, train_ends), (val_starts, val_ends) = document_spans(dataset)
     tokenizer = dataset.tokenizer
     return (
-        examples_of(dataset.train, starts[train], ends[train], tokenizer, seq_len),
-        examples_of(dataset.val, starts[val] - n_train, ends[val] - n_train, tokenizer, seq_len),
+        examples_of(dataset.train, train_starts, train_ends, tokenizer, seq_len),
+        examples_of(dataset.val, val_starts, val_ends, tokenizer, seq_len),
     )
 
 
 def examples_of(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, tokenizer, seq_len: int) -> Examples:
     """The pairs at tokens[starts[i]:ends[i]] of a split; one longer than seq_len + 1 tokens
     with its separators is left out (counted in `left_out`)."""
-    separator, tab = pair_separator(tokenizer), tab_token(tokenizer)
+    separator, tab = separator_id(tokenizer), tab_token(tokenizer)
     tabs = np.flatnonzero(np.asarray(tokens) == tab)
     first_tab = tabs[np.minimum(np.searchsorted(tabs, starts), len(tabs) - 1)] if len(tabs) else starts - 1
     found = (first_tab >= starts) & (first_tab < ends)
@@ -169,11 +179,6 @@ def examples_of(tokens: np.ndarray, starts: np.ndarray, ends: np.ndarray, tokeni
     return Examples(tokens, starts[fits], ends[fits], (first_tab - starts)[fits], separator, int((~fits).sum()))
 
 
-def pair_separator(tokenizer) -> int:
-    ids = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
-    return ids[0]
-
-
 def tab_token(tokenizer) -> int:
     ids = tokenizer.encode(TAB)
     if len(ids) != 1:
@@ -183,14 +188,14 @@ def tab_token(tokenizer) -> int:
 
 def prompt_ids(tokenizer, source: str) -> list[int]:
     """What a model trained on pairs reads before answering `source`: the separator, the
-    source, the tab (as in training); its answer ends at the separator (`pair_separator`)."""
-    return [pair_separator(tokenizer), *tokenizer.encode(source.strip()), tab_token(tokenizer)]
+    source, the tab (as in training); its answer ends at the separator (`separator_id`)."""
+    return [separator_id(tokenizer), *tokenizer.encode(source.strip()), tab_token(tokenizer)]
 
 
 def source_ids(tokenizer, source: str) -> list[int]:
     """What an encoder–decoder trained on pairs encodes: the source and the separator (its
     decoder starts from the separator alone)."""
-    return [*tokenizer.encode(source.strip()), pair_separator(tokenizer)]
+    return [*tokenizer.encode(source.strip()), separator_id(tokenizer)]
 
 
 class PackedRow:
@@ -206,12 +211,12 @@ class PackedRow:
     def fits(self, unit: np.ndarray) -> bool:
         return self.used + len(unit) <= len(self.tokens)
 
-    def add(self, unit: np.ndarray, segment: int, scored_from: int | None = None) -> None:
-        """`unit` next, its tokens from `scored_from` on scored (None: none)."""
+    def add(self, unit: np.ndarray, segment: int, scored: np.ndarray | None = None) -> None:
+        """`unit` next, the weight of predicting each of its tokens `scored` (None: 0)."""
         span = slice(self.used, self.used + len(unit))
         self.tokens[span], self.segments[span] = unit, segment
-        if scored_from is not None:
-            self.weights[self.used + scored_from : span.stop] = 1.0
+        if scored is not None:
+            self.weights[span] = scored
         self.used = span.stop
 
     def decoder_fields(self) -> dict[str, np.ndarray]:
@@ -234,16 +239,17 @@ class PackedRow:
         }
 
 
-def packed_row(examples: Examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
+def packed_row(examples, chosen, seq_len: int) -> dict[str, np.ndarray]:
     """One row of the batch contract (jaxgpt/training/batch.py): the examples `chosen` yields, packed in
     order while they fit in seq_len + 1 tokens (the first always does), then padding; scored:
-    each answer and its end."""
+    what each example's `scored` says (a pair's answer and its end; a conversation's
+    assistant turns, jaxgpt/data/conversations.py)."""
     row = PackedRow(seq_len + 1, examples.separator)
     for segment, i in enumerate(chosen, 1):
         unit = examples.unit(i)
         if not row.fits(unit):
             break
-        row.add(unit, segment, scored_from=2 + int(examples.source_lengths[i]))  # past separator, source, tab
+        row.add(unit, segment, examples.scored(i))
     return row.decoder_fields()
 
 
@@ -260,7 +266,7 @@ def encoder_decoder_row(examples: Examples, chosen, seq_len: int) -> dict[str, n
         target = np.concatenate([[examples.separator], unit[n + 2 :]])
         if not (targets.fits(target) and sources.fits(source)):
             break
-        targets.add(target, segment, scored_from=1)
+        targets.add(target, segment, scored=(np.arange(len(target)) >= 1).astype(np.float32))
         sources.add(source, segment)
     return targets.decoder_fields() | sources.encoder_fields()
 
@@ -329,6 +335,7 @@ class PairValidation:
     target_tokens: int  # positions scored: each answer's tokens and its end
     target_bytes: int  # UTF-8 bytes they stand for
     left_out: int = 0  # pairs too long for a row, in both splits
+    kind: str = "pairs"  # what the examples are: "pairs", or "conversations" (jaxgpt/data/conversations.py)
 
     @property
     def batches(self) -> int:
@@ -344,9 +351,9 @@ class PairValidation:
 
     def describe(self) -> str:
         return (
-            f"validation: {self.examples:,} held-out pairs in {self.batches * self.batch_size} packed rows, "
+            f"validation: {self.examples:,} held-out {self.kind} in {self.batches * self.batch_size} packed rows, "
             f"{self.target_tokens:,} answer tokens scored, {self.target_bytes:,} bytes of text"
-            + (f"; {self.left_out:,} pairs longer than a row left out" if self.left_out else "")
+            + (f"; {self.left_out:,} {self.kind} longer than a row left out" if self.left_out else "")
         )
 
 
@@ -362,4 +369,5 @@ def pair_validation(
     stacked_rows = stacked(kept)
     weights = stacked_rows["weights"]
     target_bytes = int((token_bytes[stacked_rows["targets"]] * weights).sum())
-    return PairValidation(stacked_rows, batch_size, scored_examples, int(weights.sum()), target_bytes)
+    kind = "pairs" if isinstance(examples, Examples) else "conversations"
+    return PairValidation(stacked_rows, batch_size, scored_examples, int(weights.sum()), target_bytes, kind=kind)

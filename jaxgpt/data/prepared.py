@@ -36,6 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxgpt.config import DataConfig
+from jaxgpt.data.conversations import chat_tokenizer, without_markers
 from jaxgpt.data.shards import (
     PREPARATION_VERSION,
     ShardWriter,
@@ -49,7 +50,7 @@ from jaxgpt.data.sources import document_texts, local_files, read_documents
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware.machine import cache_root as machine_cache_root
 from jaxgpt.hardware.machine import usable_cores
-from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, tokenizer_from_dict
+from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, separator_id, tokenizer_from_dict
 
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
@@ -201,7 +202,7 @@ def _fingerprint(config: DataConfig) -> str:
     kind, _, rest = config.source.partition(":")
     if kind == "text":  # local files can change under the same name
         key["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in local_files(rest)]
-    if kind == "pairs" and Path(rest).is_file():
+    if kind in ("pairs", "chat") and Path(rest).is_file():
         key["files"] = [(rest, Path(rest).stat().st_size, Path(rest).stat().st_mtime_ns)]
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]
@@ -326,7 +327,7 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
         try:
             tokenizer = _staged_tokenizer(config, staging, docs)
             dtype = _token_dtype(tokenizer)
-            separator = [tokenizer.eot_id] if tokenizer.eot_id is not None else tokenizer.encode("\n")
+            separator = [separator_id(tokenizer)]
             shards = whole_shards(staging, np.dtype(dtype).itemsize)
             if not config.max_tokens or sum(shard["tokens"] for shard in shards) < config.max_tokens:
                 _write_shards(config, staging, shards, (docs, count), tokenizer, separator, dtype, progress)
@@ -369,10 +370,12 @@ def _staged_tokenizer(config: DataConfig, staging: Path, docs):
     if config.tokenizer == "char":  # the vocabulary is the corpus's character set
         characters = set("\n")
         for text in document_texts(docs):
-            characters.update(text)
+            characters.update(without_markers(text) if config.chat else text)
         tokenizer = make_tokenizer("char", "".join(characters))
     else:
         tokenizer = make_tokenizer(config.tokenizer)
+    if config.chat:  # the template's markers, one token each after the vocabulary
+        tokenizer = chat_tokenizer(tokenizer)
     write_whole(path, partial(save_tokenizer, tokenizer))
     return tokenizer
 

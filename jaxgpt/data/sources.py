@@ -11,6 +11,9 @@ text:PATH            a file, a directory, or a glob: .jsonl and .parquet files a
 hf:NAME[:CONFIG]     a Hugging Face Hub dataset, streamed, using its text column.
 pairs:PATH, builtin:dates, builtin:reverse, builtin:sort
                      text pairs, a document "source<TAB>target" each (jaxgpt/data/pairs.py).
+chat:PATH.jsonl, builtin:arithmetic-chat
+                     conversations, a document each as the chat template renders it;
+builtin:arithmetic   and sums written out to pretrain on (jaxgpt/data/conversations.py).
 """
 
 from __future__ import annotations
@@ -26,7 +29,8 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.config import BUILTIN_PAIRS, DataConfig
+from jaxgpt.config import BUILTIN_CHATS, BUILTIN_PAIRS, DataConfig
+from jaxgpt.data.conversations import builtin_documents, read_conversations
 from jaxgpt.data.pairs import builtin_pairs, read_pairs
 from jaxgpt.errors import UserError
 
@@ -52,13 +56,20 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "pairs" and rest:
         docs = read_pairs(rest)
         return docs, len(docs)
+    if kind == "builtin" and rest in (*BUILTIN_CHATS, "arithmetic"):
+        docs = builtin_documents(rest)
+        return docs, len(docs)
+    if kind == "chat" and rest:
+        docs = read_conversations(rest)
+        return docs, len(docs)
     if kind == "text" and rest:
         return _read_local(rest, config.text_column, progress)
     if kind == "hf" and rest:
         return _read_hub(rest, config.text_column), None
     raise UserError(
-        f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, text:PATH (file, "
-        "directory or glob), hf:NAME[:CONFIG], or for text pairs pairs:PATH or builtin:dates, reverse or sort"
+        f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, "
+        "builtin:arithmetic, text:PATH (file, directory or glob), hf:NAME[:CONFIG], for text pairs pairs:PATH or "
+        "builtin:dates, reverse or sort, or for conversations chat:PATH.jsonl or builtin:arithmetic-chat"
     )
 
 

@@ -20,6 +20,7 @@ from jaxgpt.errors import UserError
 from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.checkpoint import Checkpoints, load_latest
 from jaxgpt.job.metrics import metrics_lines
+from jaxgpt.tokenizers import base_tokenizer, load_tokenizer
 from jaxgpt.training.optimizer import learning_rate_schedule
 
 # The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
@@ -205,14 +206,17 @@ def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | No
 EXTENSIBLE_FIELDS = ("rope_theta", "rope_scaling")
 
 
-def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig) -> list[str]:
+def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig, grows: bool = False) -> list[str]:
     """The fields in which `theirs`' weights do not describe `ours`' model. block_size may
     differ wherever no parameter has its length (every position kind but learned), and RoPE's
-    base and scaling may change: together, that is how a trained context is extended."""
+    base and scaling may change: together, that is how a trained context is extended. With
+    `grows`, ours may have more tokens: special tokens a fine-tuning adds (`grow_vocabulary`)."""
     fields = [
         f
         for f in ARCHITECTURE_FIELDS
-        if f not in EXTENSIBLE_FIELDS and not (f == "block_size" and ours.position != "learned")
+        if f not in EXTENSIBLE_FIELDS
+        and not (f == "block_size" and ours.position != "learned")
+        and not (f == "vocab_size" and grows and ours.vocab_size > theirs.vocab_size)
     ]
     return [
         f"model.{f}={_architecture(ours, f)!r} but the weights have {_architecture(theirs, f)!r}"
@@ -231,49 +235,62 @@ def _architecture(config: ModelConfig, field: str):
     return {k: getattr(m, k) for k in ("experts", "top_k", "shared_experts", "expert_hidden", "every")}
 
 
-def refuse_unless_fits(source: str, ours: ModelConfig, theirs: ModelConfig) -> None:
-    if differ := architecture_mismatches(ours, theirs):
+def refuse_unless_fits(source: str, ours: ModelConfig, theirs: ModelConfig, grows: bool = False) -> None:
+    if differ := architecture_mismatches(ours, theirs, grows):
         raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
 
 
-def check_init_from_run(run: RunConfig) -> None:
+def check_init_from_run(run: RunConfig, tokenizer=None) -> None:
     """Before any slow work (a compile, a workdir): refuse a jaxgpt run's weights that cannot fit
-    this model, read from the configuration saved beside them, and a Hugging Face folder whose
-    config.json or weight files cannot be read (jaxgpt.hf.check_folder). The weights' values
-    are checked when they are loaded."""
+    this model, or whose tokenizer gives text other ids than `tokenizer` (this run's), read from
+    what is saved beside them, and a Hugging Face folder whose config.json or weight files cannot
+    be read (jaxgpt.hf.check_folder). The weights' values are checked when they are loaded."""
     source = run.train.init_from
     if not source:
         return
     saved = Path(source) / "config.json"
     if saved.is_file() and (saved.parent / "checkpoints").is_dir():
-        refuse_unless_fits(source, run.model, run_config_from_dict(json.loads(saved.read_text())).model)
+        if tokenizer is not None and (saved.parent / "tokenizer.json").is_file():
+            refuse_another_tokenizer(source, load_tokenizer(saved.parent / "tokenizer.json"), tokenizer)
+        theirs = run_config_from_dict(json.loads(saved.read_text())).model
+        refuse_unless_fits(source, run.model, theirs, grows=run.data.chat)
     elif not (Path(source) / "checkpoints").is_dir():
         from jaxgpt.hf import check_folder
 
         check_folder(source)
 
 
+def refuse_another_tokenizer(source: str, theirs, ours) -> None:
+    """One line where two tokenizers give text other ids (special tokens added after either aside)."""
+    if base_tokenizer(theirs).to_dict() != base_tokenizer(ours).to_dict():
+        raise UserError(
+            f"train.init_from={source!r}: that run's tokenizer is not this one's, so its embeddings mean other "
+            f"tokens; use its tokenizer, data.tokenizer={source}"
+        )
+
+
 def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
     """`state` with its random parameters replaced by the weights `source` names: a workdir
     of a jaxgpt run (its newest checkpoint), or Hugging Face weights. The optimizer's zero
     moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
-    from jaxgpt.model.transformer import stack_blocks, unstack_blocks
+    from jaxgpt.model.transformer import grow_vocabulary, stack_blocks, unstack_blocks
 
     if (Path(source) / "checkpoints").is_dir():
         run, params, their_tokenizer, step = load_latest(Path(source))
         pretrained, origin = run.model, f"{source} (step {step})"
-        if tokenizer is not None and their_tokenizer.to_dict() != tokenizer.to_dict():
-            raise UserError(
-                f"train.init_from={source!r}: that run's tokenizer is not this one's, so its embeddings mean other "
-                "tokens; use the same data.source and data.tokenizer"
-            )
+        if tokenizer is not None:
+            refuse_another_tokenizer(source, their_tokenizer, tokenizer)
     else:
         from jaxgpt.hf import load_pretrained
 
         pretrained, params, _ = load_pretrained(source)
         origin = source
     ours = config.model
-    refuse_unless_fits(source, ours, pretrained)
+    grows = config.data.chat  # the chat template's tokens, added after the weights' vocabulary
+    refuse_unless_fits(source, ours, pretrained, grows)
+    if ours.vocab_size > pretrained.vocab_size:
+        params = grow_vocabulary(pretrained, params, ours.vocab_size)
+        origin += f", {ours.vocab_size - pretrained.vocab_size} token rows added"
     if pretrained.scan_layers and not ours.scan_layers:
         params = unstack_blocks(params)
     elif ours.scan_layers and not pretrained.scan_layers:

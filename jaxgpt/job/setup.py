@@ -88,7 +88,7 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
     dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
     run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)  # the data's (a character corpus)
     data.check_batches_fit(dataset, run)
-    check_init_from_run(run)
+    check_init_from_run(run, dataset.tokenizer)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     layout, create = state_layout(program, mesh)  # computed once, passed on to every stage that needs it

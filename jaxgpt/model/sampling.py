@@ -92,12 +92,16 @@ def check_length(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> N
         )
 
 
-def prefill(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig, memory=None):
-    """Run the prompt through the model in one call, filling a new KV cache: (first sampled
-    token (batch,), cache). An encoder–decoder is given its encoder's output, `memory`
-    (`encode`), at every step: cross-attention reads it whole each time."""
+def prefill(
+    config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig, memory=None, cache=None
+):
+    """Run the prompt through the model in one call, filling a new KV cache (or continuing
+    `cache`, which holds what came before it: a chat's earlier turns): (first sampled token
+    (batch,), cache). An encoder–decoder is given its encoder's output, `memory` (`encode`),
+    at every step: cross-attention reads it whole each time."""
     apply = partial(GPT(config).apply, decode=True, mutable=["cache"], **encoded(memory))
-    logits, state = apply({"params": params, "cache": init_cache(config, prompt.shape[0])}, prompt)
+    cache = init_cache(config, prompt.shape[0]) if cache is None else cache
+    logits, state = apply({"params": params, "cache": cache}, prompt)
     return sample_token(logits[:, -1], jax.random.fold_in(rng, 0), sampling), state["cache"]
 
 

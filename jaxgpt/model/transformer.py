@@ -303,6 +303,29 @@ def head_weights(config: ModelConfig, params: dict) -> dict:
     return weights | ({"bias": params["head_bias"]} if config.has_logits_bias else {})
 
 
+def grow_vocabulary(config: ModelConfig, params: dict, vocab_size: int) -> dict:
+    """`params` of a model of config.vocab_size tokens with rows for the tokens up to
+    `vocab_size` added (special tokens a fine-tuning adds, jaxgpt/data/conversations.py): each
+    new embedding row, head column and bias the mean of the trained ones, so a new token starts
+    where an average token is, and the trained tokens' logits are unchanged (Hewitt 2021, "Initializing
+    new word embeddings for pretrained language models")."""
+    added = vocab_size - config.vocab_size
+    if added <= 0:
+        return params
+
+    def grown(array, axis: int):
+        mean = jnp.mean(array, axis=axis, keepdims=True)
+        return jnp.concatenate([array, jnp.repeat(mean, added, axis=axis)], axis=axis)
+
+    out = dict(params)
+    out["wte"] = {**params["wte"], "embedding": grown(params["wte"]["embedding"], 0)}
+    if not config.tie_embeddings:
+        out["lm_head"] = {**params["lm_head"], "kernel": grown(params["lm_head"]["kernel"], 1)}
+    if config.has_logits_bias:
+        out["head_bias"] = grown(params["head_bias"], 0)
+    return out
+
+
 def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jnp.ndarray:
     """(..., d_model) head input -> (..., vocab) float32 logits: the LM head (the embedding's
     transpose, or its own matrix; in the compute dtype, as nn.Embed.attend and nn.Dense

@@ -58,9 +58,9 @@ def windows_batch(windows: np.ndarray) -> dict[str, np.ndarray]:
 def batch_fields(run) -> dict[str, type]:
     """The fields of `run`'s batches (a RunConfig's) and their dtypes: what its step is compiled for."""
     fields = {"inputs": jnp.int32, "targets": jnp.int32}
-    if run.data.pairs:  # packed examples, the loss on their targets (jaxgpt/data/pairs.py)
+    if run.data.examples:  # packed examples, the loss on their answers (jaxgpt/data/pairs.py)
         fields["weights"] = jnp.float32
-    if run.data.pairs or run.data.attend_within_documents:
+    if run.data.examples or run.data.attend_within_documents:
         fields |= {"segments": jnp.int32, "positions": jnp.int32}
     if run.model.encoder_layers:  # what the encoder reads
         fields |= {"sources": jnp.int32, "source_segments": jnp.int32, "source_positions": jnp.int32}

@@ -1,0 +1,28 @@
+"""Supervised fine-tuning to chat (docs/lab.md "From a base model to one that answers"): the base
+model configs/arithmetic.py trained (train.init_from=runs/arithmetic) learns the chat template
+from builtin:arithmetic-chat's conversations, sums asked and answered, the loss on the
+assistant's turns alone (data.loss_on). Its four special tokens are added to the byte
+vocabulary, the embedding grown by a row each. val_exact_match is the held-out conversations
+whose every answer greedy decoding writes exactly.
+
+    python train.py --config configs/arithmetic.py --workdir runs/arithmetic
+    python train.py --config configs/sft_arithmetic.py --workdir runs/sft_arithmetic
+    python -m jaxgpt chat --workdir runs/sft_arithmetic
+
+--config.train.init_from= trains the same model from scratch on the conversations alone;
+--config.data.loss_on=all scores every token of them, the user's too."""
+
+from configs import arithmetic
+
+
+def get_config():
+    config = arithmetic.get_config()
+    config.data.source = "builtin:arithmetic-chat"
+    config.train.init_from = "runs/arithmetic"
+    config.train.steps = 300
+    config.train.lr = 1e-3
+    config.train.min_lr = 1e-4
+    config.train.warmup_steps = 20
+    config.train.eval_every = 100
+    config.train.checkpoint_every = 300
+    return config

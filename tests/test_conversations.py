@@ -1,0 +1,275 @@
+"""Conversations (jaxgpt/data/conversations.py): the chat template and its special tokens, the
+loss on the assistant's turns, a base run fine-tuned through the engine with its vocabulary
+grown, and the chat that keeps its KV cache from turn to turn."""
+
+import json
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import ROOT, small_run_config
+
+from jaxgpt import data
+from jaxgpt.config_files import resolve
+from jaxgpt.data.conversations import (
+    END,
+    TEMPLATE_TOKENS,
+    USER,
+    Conversations,
+    assistant_tokens,
+    chat_tokenizer,
+    prompt_ids,
+    read_conversations,
+    render,
+)
+from jaxgpt.data.pairs import packed_row
+from jaxgpt.errors import UserError
+from jaxgpt.job.trainer import train_and_evaluate
+from jaxgpt.tokenizers import ByteTokenizer, CharTokenizer, tokenizer_from_dict
+
+CONVERSATION = [
+    {"role": "system", "content": "Be brief."},
+    {"role": "user", "content": "2+2?"},
+    {"role": "assistant", "content": "4"},
+    {"role": "user", "content": "And 3+5?"},
+    {"role": "assistant", "content": "8, I think"},
+]
+
+
+def test_the_template_writes_each_message_between_its_role_marker_and_the_end_of_turn():
+    assert render(CONVERSATION) == (
+        "<|system|>Be brief.<|end|><|user|>2+2?<|end|><|assistant|>4<|end|>"
+        "<|user|>And 3+5?<|end|><|assistant|>8, I think<|end|>"
+    )
+
+
+def test_a_special_token_is_one_id_past_the_vocabulary_and_any_other_text_round_trips():
+    """The markers are ids 256..259 after the 256 bytes, each one id; text between them is the
+    byte tokenizer's own; random Unicode (with stray '<|' and '|>' pieces that spell no
+    marker) and the markers decode back exactly; the tokenizer is saved and read back whole."""
+    tokenizer = chat_tokenizer(ByteTokenizer())
+    assert tokenizer.vocab_size == 260 and tokenizer.special_ids == {m: 256 + k for k, m in enumerate(TEMPLATE_TOKENS)}
+    assert tokenizer.encode("<|user|>hé<|end|>") == [257, *"hé".encode(), 259]
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        pieces = [
+            "".join(chr(c) for c in rng.integers(1, 0x10FFFF, rng.integers(0, 6)) if not 0xD800 <= c < 0xE000)
+            for _ in range(4)
+        ]
+        text = pieces[0] + "<|" + pieces[1] + str(rng.choice(TEMPLATE_TOKENS)) + pieces[2] + "|>" + pieces[3]
+        ids = tokenizer.encode(text)
+        assert tokenizer.decode(ids) == text
+        assert sum(i >= 256 for i in ids) == 1  # the one marker, and nothing else past the bytes
+    restored = tokenizer_from_dict(json.loads(json.dumps(tokenizer.to_dict())))
+    assert restored.to_dict() == tokenizer.to_dict() and restored.encode(text) == ids
+    assert list(tokenizer.token_bytes()[-4:]) == [0, 0, 0, 0] and len(tokenizer.token_bytes()) == 260
+
+
+def conversations_of(texts: list[str], loss_on: str = "assistant") -> tuple[Conversations, object]:
+    """Conversations over a stream of the rendered `texts`, each followed by a newline, as a
+    prepared corpus holds them."""
+    tokenizer = chat_tokenizer(ByteTokenizer())
+    ids, starts, ends = [], [], []
+    for text in texts:
+        starts.append(len(ids))
+        ids += tokenizer.encode(text)
+        ends.append(len(ids))
+        ids.append(10)
+    markers = {m: tokenizer.special_ids[m] for m in TEMPLATE_TOKENS}
+    tokens = np.asarray(ids)
+    return Conversations(tokens, np.asarray(starts), np.asarray(ends), 10, markers, loss_on, 0), tokenizer
+
+
+def test_only_the_assistants_turns_and_their_end_of_turn_tokens_are_scored():
+    """Scored, as worked by hand: "4<|end|>" and "8, I think<|end|>"; nothing of the system's
+    or the user's turns, nor the assistant's marker. loss_on="all": every token after the
+    separator."""
+    examples, tokenizer = conversations_of([render(CONVERSATION)])
+    unit, scored = examples.unit(0), examples.scored(0)
+    assert unit[0] == 10 and tokenizer.decode(unit[1:]) == render(CONVERSATION)
+    assert tokenizer.decode(unit[scored > 0]) == "4<|end|>8, I think<|end|>"
+    everything = examples.with_loss_on("all").scored(0)
+    assert everything[0] == 0 and everything[1:].all()
+    # the same rule on ids alone: a turn runs from its marker to the next
+    m = examples.markers
+    ids = np.array([m[USER], 1, m[END], m["<|assistant|>"], 2, 3, m[END], m[USER], 4, m[END]])
+    assert assistant_tokens(ids, m).tolist() == [0, 0, 0, 0, 1, 1, 1, 0, 0, 0]
+
+
+def test_packed_conversations_are_segments_of_their_own():
+    """Three conversations in a row of 128: each its own segment, positions from 0 at each,
+    the row's weights the three's scored tokens in place and 0 on the padding."""
+    texts = [render(CONVERSATION), render(CONVERSATION[1:3]), render(CONVERSATION[3:])]
+    examples, _ = conversations_of(texts)
+    row = packed_row(examples, iter(range(3)), 127)
+    lengths = [len(examples.unit(i)) for i in range(3)]
+    segments = np.repeat([1, 2, 3, 0], [*lengths, 128 - sum(lengths)])
+    np.testing.assert_array_equal(row["segments"], segments[:-1])
+    starts = np.cumsum([0, *lengths[:-1]])
+    assert all(row["positions"][s] == 0 for s in starts) and row["positions"][lengths[0] - 1] == lengths[0] - 1
+    weights = np.concatenate([examples.scored(i) for i in range(3)] + [np.zeros(128 - sum(lengths))])
+    np.testing.assert_array_equal(row["weights"], weights[1:])
+
+
+@pytest.mark.parametrize(
+    "line, problem",
+    [
+        ('{"messages": [{"role": "user", "content": "hi"}', "is not JSON"),
+        ('{"text": "hi"}', 'no "messages" list'),
+        ('{"messages": [{"role": "bot", "content": "hi"}]}', "message 0 has role 'bot'"),
+        ('{"messages": [{"role": "user", "content": 3}]}', 'message 0 has no text "content"'),
+        ('{"messages": [{"role": "user", "content": "hi"}]}', "no assistant message"),
+        ('{"messages": [{"role": "assistant", "content": "a <|end|> b"}]}', "contains <\\|end\\|>"),
+    ],
+)
+def test_a_conversations_file_names_its_first_bad_line(tmp_path, line, problem):
+    good = json.dumps({"messages": CONVERSATION[1:3]})
+    path = tmp_path / "chat.jsonl"
+    path.write_text(f"{good}\n{line}\n")
+    with pytest.raises(UserError, match=rf"line 2 of .*{problem}"):
+        read_conversations(str(path))
+
+
+def test_a_chat_source_refuses_what_it_cannot_mean():
+    config = small_run_config()
+    config.data.update(source="builtin:python-docs", loss_on="all")
+    with pytest.raises(UserError, match="data.loss_on.*only a chat source has turns"):
+        resolve(config)
+    config.data.update(source="builtin:arithmetic-chat", loss_on="assistant")
+    config.model.encoder_layers = 1
+    with pytest.raises(UserError, match="read by a decoder alone"):
+        resolve(config)
+
+
+@pytest.mark.parametrize("tied", [True, pytest.param(False, marks=pytest.mark.slow)], ids=["tied", "untied"])
+def test_a_grown_vocabulary_leaves_every_trained_tokens_logit_as_it_was(tied):
+    """Four rows added to a model of 256 tokens (the head tied to the embedding, or its own,
+    slow: 3 s): on text of the old tokens, the first 256 logits are the old model's (the same
+    products, up to float32 blocking: 1e-5), and each new row is the mean of the old ones."""
+    from jaxgpt.config import ModelConfig
+    from jaxgpt.model.transformer import GPT, grow_vocabulary, init_params
+
+    config = ModelConfig(vocab_size=256, n_layer=1, n_head=2, d_model=32, block_size=16, tie_embeddings=tied)
+    params = init_params(config, jax.random.key(0))
+    grown = grow_vocabulary(config, params, 260)
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 256, (2, 16)), jnp.int32)
+    before = GPT(config).apply({"params": params}, tokens)
+    after = GPT(config.replace(vocab_size=260)).apply({"params": grown}, tokens)
+    assert after.shape[-1] == 260
+    np.testing.assert_allclose(after[..., :256], before, rtol=1e-5, atol=1e-5)
+    table = grown["wte"]["embedding"]
+    np.testing.assert_allclose(table[256:], np.broadcast_to(params["wte"]["embedding"].mean(0), (4, 32)), 1e-6)
+
+
+def chat_config(steps: int = 4, **data_fields):
+    config = small_run_config(steps=steps, eval_every=steps, checkpoint_every=steps, eval_batches=1)
+    config.model.block_size = 128
+    config.data.update(dict(source="builtin:arithmetic", tokenizer="byte") | data_fields)
+    return config
+
+
+@pytest.fixture(scope="module")
+def chat_run(tmp_path_factory):
+    """A base run on builtin:arithmetic, then a run fine-tuned from it on conversations."""
+    folder = tmp_path_factory.mktemp("chat")
+    train_and_evaluate(chat_config(), folder / "base", progress=False)
+    sft = chat_config(source="builtin:arithmetic-chat")
+    sft.train.init_from = str(folder / "base")
+    train_and_evaluate(sft, folder / "sft", progress=False)
+    return folder
+
+
+def test_fine_tuning_a_base_run_on_conversations_grows_its_vocabulary(chat_run):
+    """The fine-tuned run reads 260 tokens, its tokenizer the byte tokenizer with the markers;
+    its evaluation scores held-out conversations' answers and says how many are exactly right."""
+    from jaxgpt.job.checkpoint import load_latest
+
+    run, params, tokenizer, _ = load_latest(chat_run / "sft")
+    assert run.model.vocab_size == 260 and params["wte"]["embedding"].shape[0] == 260
+    assert tokenizer.to_dict() == chat_tokenizer(ByteTokenizer()).to_dict()
+    last = json.loads((chat_run / "sft" / "metrics.jsonl").read_text().splitlines()[-1])
+    assert 0 <= last["val_exact_match"] <= 1 and last["val_token_accuracy"] > 0
+
+
+def test_fine_tuning_refuses_a_base_of_another_tokenizer(chat_run, tmp_path):
+    sft = chat_config(source="builtin:arithmetic-chat", tokenizer="char")
+    sft.train.init_from = str(chat_run / "base")
+    with pytest.raises(UserError, match="that run's tokenizer is not this one's.*data.tokenizer="):
+        train_and_evaluate(sft, tmp_path / "sft", progress=False)
+
+
+def test_a_run_folder_names_the_tokenizer_it_was_trained_with(chat_run):
+    """data.tokenizer=RUN reads the run's tokenizer (without the chat markers, which a chat
+    source adds again): a char vocabulary stays the one the base was trained on."""
+    from jaxgpt.tokenizers import make_tokenizer
+
+    assert make_tokenizer(str(chat_run / "base")).to_dict() == ByteTokenizer().to_dict()
+    assert make_tokenizer(str(chat_run / "sft")).to_dict() == ByteTokenizer().to_dict()
+    chars = CharTokenizer("abc")
+    assert tokenizer_from_dict(chat_tokenizer(chars).to_dict()).base.chars == "abc"
+
+
+def test_the_chat_keeps_its_cache_across_turns_and_answers_as_one_fresh_pass_would(chat_run):
+    """Greedy answers to three turns made with the KV cache kept between them equal the answer
+    greedy decoding writes from one prefill of the whole conversation so far (the earlier
+    answers as made, each closed by its end-of-turn token): the cache holds exactly what the
+    conversation says. Answers are cut at 6 tokens, so the closing rule is exercised too."""
+    from jaxgpt.commands.chat import ChatSession, chat_model
+    from jaxgpt.model.sampling import SamplingConfig, generate
+
+    model, params, tokenizer, _ = chat_model(chat_run / "sft")
+    greedy = SamplingConfig(temperature=0.0)
+    session = ChatSession(model, params, tokenizer, greedy, max_new_tokens=6)
+    history, end = [], tokenizer.special_ids[END]
+    for turn, message in enumerate(["What is 1 + 2?", "And 30 + 4?", "Add 5 and 6."]):
+        fed = prompt_ids(tokenizer, [{"role": "user", "content": message}], first=turn == 0)
+        "".join(session.reply(message, note=lambda _: None))
+        made = generate(
+            model, params, jnp.asarray([history + fed], jnp.int32), jax.random.key(0),
+            max_new_tokens=6, sampling=greedy, eot_id=end,
+        )[0].tolist()  # fmt: skip
+        answer = made[: made.index(end)] if end in made else made
+        assert session.answer_ids == answer, turn
+        history += fed + answer + [end]
+        assert session.used + len(session.unfed) == len(history)
+
+
+def test_chat_reads_a_pipe_a_line_a_turn_and_sample_writes_with_the_template(chat_run):
+    """Piped: three lines (one blank, skipped; one /reset) give two answers, a line each, and
+    the command exits 0. sample.py on a chat run prints the template it read, then the answer."""
+    chat = subprocess.run(
+        [sys.executable, "-m", "jaxgpt", "chat", "--workdir", str(chat_run / "sft"), "--temperature", "0",
+         "--max_new_tokens", "8"],
+        input="What is 1 + 2?\n\n/reset\nAdd 5 and 6.\n", cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert chat.returncode == 0, chat.stderr[-2000:]
+    assert len(chat.stdout.splitlines()) == 2, chat.stdout
+    sample = subprocess.run(
+        [sys.executable, "sample.py", "--workdir", str(chat_run / "sft"), "--prompt", "2 + 2?", "--temperature", "0"],
+        cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert sample.returncode == 0 and sample.stdout.startswith("<|user|>2 + 2?<|end|><|assistant|>"), sample
+
+
+def test_chat_refuses_a_run_that_knows_no_template(chat_run):
+    chat = subprocess.run(
+        [sys.executable, "-m", "jaxgpt", "chat", "--workdir", str(chat_run / "base")],
+        input="hi\n", cwd=ROOT, capture_output=True, text=True,
+    )  # fmt: skip
+    assert chat.returncode == 2 and "not on conversations" in chat.stderr and chat.stderr.count("\n") == 1, chat
+
+
+def test_the_builtin_conversations_answer_their_sums():
+    """Every answer of builtin:arithmetic-chat's 20,000 conversations is its question's sum,
+    read back by Python (an independent reading of the rendered text)."""
+    import re
+
+    for text in data.conversations.arithmetic_conversations():
+        questions = re.findall(r"<\|user\|>\D*(\d+)\D+(\d+)\D*<\|end\|>", text)
+        answers = re.findall(r"<\|assistant\|>(\d+) \+ (\d+) = (\d+)<\|end\|>", text)
+        assert 1 <= len(questions) == len(answers) <= 3
+        for (a, b), (x, y, total) in zip(questions, answers, strict=True):
+            assert (a, b) == (x, y) and int(total) == int(a) + int(b)
