@@ -41,8 +41,22 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
     ("q", "kernel"): ("fsdp", "tensor", None, None),  # cross-attention's (d_model, kv_heads, group, head_dim)
     ("kv", "kernel"): ("fsdp", "tensor", None, None),  # and its (d_model, kv_heads, 2, head_dim)
+    # Low-rank adapters (jaxgpt/model/lora.py), A (inputs..., rank) and B (rank, outputs...): each
+    # split as its projection's inputs and outputs are, so x A B is split as x W is.
+    ("qkv", "lora_a"): ("fsdp", None),
+    ("qkv", "lora_b"): (None, "tensor", None, None),
+    ("out", "lora_a"): ("tensor", None, None, None),
+    ("out", "lora_b"): (None, "fsdp"),
+    ("up", "lora_a"): ("fsdp", None),
+    ("up", "lora_b"): (None, "tensor"),
+    ("down", "lora_a"): ("tensor", None),
+    ("down", "lora_b"): (None, "fsdp"),
+    ("q", "lora_a"): ("fsdp", None),
+    ("q", "lora_b"): (None, "tensor", None, None),
+    ("kv", "lora_a"): ("fsdp", None),
+    ("kv", "lora_b"): (None, "tensor", None, None),
 }
-SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor")}
+SWIGLU_UP = {"kernel": ("fsdp", None, "tensor"), "bias": (None, "tensor"), "lora_b": (None, None, "tensor")}
 # A mixture of experts (jaxgpt/model/moe.py): the experts split over the expert axis, each expert's
 # MLP split as the MLP is.
 EXPERT_RULES = {
@@ -104,7 +118,7 @@ def partition_spec(path, shape: tuple[int, ...], mesh: Mesh) -> PartitionSpec:
         return PartitionSpec()
     module, param = names[-2], names[-1]
     axes = RULES.get((module, param))
-    if module == "up" and len(shape) >= 2 and shape[-2] == 2:  # SwiGLU's fused (..., 2, hidden)
+    if module == "up" and len(shape) >= 2 and shape[-2] == 2 and param in SWIGLU_UP:  # SwiGLU's fused (..., 2, hidden)
         axes = SWIGLU_UP[param]
     if module == "moe":
         swiglu = param in EXPERT_SWIGLU_UP and len(shape) >= 3 and shape[-2] == 2

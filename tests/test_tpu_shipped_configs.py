@@ -33,6 +33,7 @@ SHIPPED = sorted(p.stem for p in (ROOT / "configs").glob("*.py") if p.stem != "_
 V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"
 # Where each shipped config is compiled here. A new config must be added (the test below says so).
 GENERATIONS = {
+    "arithmetic": (V6E,),
     "encoder_tiny": (V5E,),  # the masked objective's program
     "dates": (V5E,),  # packed text pairs: a batch with loss weights, segments and positions
     "finetune_gpt2": (V5E,),
@@ -42,6 +43,7 @@ GENERATIONS = {
     "moe_tiny": (V5E,),  # experts replicated on every chip, tokens split over the data axis
     "seq2seq_reverse": (V6E,),  # an encoder–decoder: cross-attention over packed pairs
     "seq2seq_sort": (V5E,),
+    "sft_arithmetic": (V5E,),  # conversations: the assistant's turns weighted, packed in segments
     "shakespeare_char": (V5E,),
     "tiny": (V6E,),
     "tiny_speedrun": (V6E,),

@@ -2,7 +2,7 @@
 
 Examples:
   python -m jaxgpt chat --workdir runs/sft_arithmetic                    # type a message, Enter; Ctrl-D ends
-  printf 'What is 37 + 45?\\nAnd 12 + 9?\\n' | python -m jaxgpt chat --workdir runs/sft_arithmetic --temperature 0
+  python -m jaxgpt chat --workdir runs/sft_arithmetic --temperature 0 < questions.txt   # a line a turn
 
 Each message you type is a user turn of one conversation, written with the chat template the run
 was trained on (jaxgpt/data/conversations.py); the model's answer is printed as it is made and

@@ -11,7 +11,8 @@ window; query, key and value biases), Mixtral (a mixture of experts), BERT (a ma
 encoder) or BART (an encoder–decoder, whose answers start and end at the pair separator). A model
 with a switch none of them has is refused in one line naming it, before anything is read or
 written. The weights are written as float32, scanned layers one block a layer, as transformers
-keeps them.
+keeps them; a run with low-rank adapters (model.lora_rank) has them merged into the weights they
+sit beside, so the folder is an ordinary model of the base's shape.
 
 The run's own tokenizer goes beside them as jaxgpt_tokenizer.json (jaxgpt's format; a
 tokenizer.json there would be read as Hugging Face's). A run on the GPT-2 BPE needs none:
@@ -38,6 +39,7 @@ def main(argv: list[str] | None = None) -> None:
     from jaxgpt.config import run_config_from_dict
     from jaxgpt.hf import family_of, save_pretrained
     from jaxgpt.hf.convert import FAMILIES
+    from jaxgpt.model.lora import merge
     from jaxgpt.tokenizers import save_tokenizer
 
     argv, f = cli.command_flags(argv)
@@ -53,8 +55,10 @@ def main(argv: list[str] | None = None) -> None:
     saved = workdir / "config.json"
     if not saved.is_file():
         raise UserError(f"no config.json in {workdir}; --workdir names a run train.py has started")
-    family = family_of(run_config_from_dict(json.loads(saved.read_text())).model)  # refused before reading weights
+    model = run_config_from_dict(json.loads(saved.read_text())).model
+    family = family_of(model.replace(lora_rank=0))  # refused before reading weights (adapters merge into any)
     config, params, tokenizer, source = inspected.load(workdir, step=f.step)
+    config, params = merge(config, params)  # low-rank adapters folded into the weights they sit beside
     special_tokens = None
     if config.encoder_layers:  # a pairs run: answers start and end at the pair separator
         from jaxgpt.tokenizers import separator_id

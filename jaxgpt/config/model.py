@@ -17,6 +17,7 @@ ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3", "longrope")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 OBJECTIVES = ("next_token", "masked")
+LORA_TARGETS = ("qkv", "out", "up", "down", "q", "kv")  # projections an adapter may sit beside (jaxgpt/model/lora.py)
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -212,6 +213,15 @@ class ModelConfig:
         to the encoder's output (cross-attention) between its self-attention and its MLP. The
         encoder reads a batch's sources (text pairs: jaxgpt/data/pairs.py), shares the token
         embedding, and is built by the same switches as the decoder; 0: decoder-only.
+
+    lora_rank: low-rank adapters of this rank beside the projections lora_targets names (Hu et
+        al. 2021; jaxgpt/model/lora.py): y = x W + (lora_alpha / rank) x A B, B starting at 0,
+        and training changes A and B alone (the rest frozen, without optimizer state). 0: none.
+        Fine-tune with train.init_from, which fills the base weights; `jaxgpt export` merges
+        the adapters into the weights.
+    lora_alpha: the adapters' scale is lora_alpha / lora_rank (the paper's alpha).
+    lora_targets: the adapted projections by name, comma-separated: qkv and out (attention;
+        q and kv for cross-attention's), up and down (the MLP).
     """
 
     vocab_size: int = 256
@@ -259,6 +269,9 @@ class ModelConfig:
     objective: str = "next_token"
     mask_rate: float = 0.15
     encoder_layers: int = 0
+    lora_rank: int = 0
+    lora_alpha: float = 16.0
+    lora_targets: str = "qkv,out,up,down"
 
     def __post_init__(self):
         # Resolve the derived defaults first so validation sees the numbers the model uses.
@@ -271,6 +284,11 @@ class ModelConfig:
         _check_model(self)
         if self.mlp_hidden is None:
             object.__setattr__(self, "mlp_hidden", default_mlp_hidden(self.d_model, self.activation))
+
+    @property
+    def adapted(self) -> tuple[str, ...]:
+        """The projections low-rank adapters sit beside (none without lora_rank)."""
+        return tuple(t.strip() for t in self.lora_targets.split(",") if t.strip()) if self.lora_rank else ()
 
     @property
     def has_logits_bias(self) -> bool:
@@ -325,6 +343,15 @@ def _check_model(c: ModelConfig) -> None:
     problems.one_of("attention", ATTENTION_KERNELS)
     problems.one_of("remat", REMAT_POLICIES)
     problems.one_of("rope_pairing", ROPE_PAIRINGS)
+    problems.not_negative("lora_rank")
+    if c.lora_rank:
+        problems.positive("lora_alpha")
+        unknown = [t for t in c.adapted if t not in LORA_TARGETS]
+        if unknown or not c.adapted:
+            named = ", ".join(unknown) or "nothing"
+            problems.add("lora_targets", f"names {named}; choose from {', '.join(LORA_TARGETS)}")
+        if c.moe is not None and {"up", "down"} & set(c.adapted):
+            problems.add("lora_targets", "adapts the MLP, and a mixture of experts has no adapters; use qkv,out")
     problems.one_of("objective", OBJECTIVES)
     problems.one_of("dtype", DTYPES)
     problems.one_of("param_dtype", DTYPES)

@@ -21,8 +21,10 @@ class DataConfig:
         target, the loss on the target; or chat:PATH.jsonl | builtin:arithmetic-chat
         (jaxgpt/data/conversations.py): conversations rendered by the chat template, the loss
         on the assistant's turns. builtin:arithmetic is sums written out, a stream to pretrain on.
-    tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base, or a folder holding the
-        tokenizer.json `jaxgpt tokenizer` trained.
+    tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base, a folder holding the
+        tokenizer.json `jaxgpt tokenizer` trained, or a run's workdir (the tokenizer it was
+        trained with: a char vocabulary kept when fine-tuning on other text). A chat source adds
+        the template's special tokens after it.
     val_fraction: share of the token stream, taken from its end, held out for validation.
     text_column: the column holding text in .jsonl/.parquet files and Hub datasets.
     max_tokens: stop preparing after this many tokens (0: the whole corpus); for sampling a

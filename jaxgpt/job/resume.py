@@ -295,6 +295,11 @@ def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None)
         params = unstack_blocks(params)
     elif ours.scan_layers and not pretrained.scan_layers:
         params = stack_blocks(params, ours.n_layer)
+    if ours.lora_rank and not pretrained.lora_rank:  # the base's weights, and the adapters as initialised
+        from jaxgpt.model.lora import with_fresh_adapters
+
+        params = with_fresh_adapters(params, state.params)
+        origin += f", low-rank adapters of rank {ours.lora_rank} beside {', '.join(ours.adapted)}"
     shardings = jax.tree.map(lambda a: a.sharding, state.params)
     return state.replace(params=jax.device_put(params, shardings)), origin
 

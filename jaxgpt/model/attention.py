@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model import kv_cache
+from jaxgpt.model import kv_cache, lora
 from jaxgpt.model.layers import dtypes, residual_output_init
 from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
 from jaxgpt.model.sites import reads_site, site
@@ -233,11 +233,12 @@ class CausalSelfAttention(nn.Module):
         # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
         # group's queries next to their keys when the head axis is split over devices.
         if c.qkv_projections:
-            qkv = nn.DenseGeneral(
+            qkv = lora.dense_general(
+                c,
+                "qkv",
                 features=(c.n_kv_head, c.group_size + 2, c.head_dim),
                 use_bias=c.bias or c.qkv_bias,
                 kernel_init=nn.initializers.normal(c.init_std),
-                name="qkv",
                 **dtypes(c),
             )(x)
             q, k, v = split_qkv(qkv, c.group_size)
@@ -267,12 +268,13 @@ class CausalSelfAttention(nn.Module):
         y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
 
-        return nn.DenseGeneral(
+        return lora.dense_general(
+            c,
+            "out",
             features=c.d_model,
             axis=(-3, -2, -1),
             use_bias=c.bias,
             kernel_init=residual_output_init(c),
-            name="out",
             **dtypes(c),
         )(y)
 
@@ -292,12 +294,12 @@ class CrossAttention(nn.Module):
     ) -> jnp.ndarray:
         c = self.config
         init = nn.initializers.normal(c.init_std)
-        q = nn.DenseGeneral(
-            (c.n_kv_head, c.group_size, c.head_dim), use_bias=c.bias, kernel_init=init, name="q", **dtypes(c)
+        q = lora.dense_general(
+            c, "q", features=(c.n_kv_head, c.group_size, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
         )(x)
-        kv = nn.DenseGeneral((c.n_kv_head, 2, c.head_dim), use_bias=c.bias, kernel_init=init, name="kv", **dtypes(c))(
-            memory
-        )
+        kv = lora.dense_general(
+            c, "kv", features=(c.n_kv_head, 2, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
+        )(memory)
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]  # (b, s, k, d)
         q, k, v = head_sites(self, q, k, v)
         paired = segments is not None and memory_segments is not None
@@ -306,6 +308,7 @@ class CrossAttention(nn.Module):
         )
         y = attend(self, c.attention, q, k, v, mask, None)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
-        return nn.DenseGeneral(
-            c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c), name="out", **dtypes(c)
-        )(y)
+        return lora.dense_general(
+            c, "out", features=c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c),
+            **dtypes(c),
+        )(y)  # fmt: skip

@@ -60,9 +60,21 @@ def muon_dimensions(params):
     return jax.tree_util.tree_map_with_path(dims, params)
 
 
-def make_optimizer(train: TrainConfig, schedule: optax.Schedule | None = None) -> optax.GradientTransformation:
-    """train's optimizer, stepping its learning rate by `schedule` (default: the run's)."""
-    schedule = schedule or learning_rate_schedule(train)
+def make_optimizer(
+    train: TrainConfig, schedule: optax.Schedule | None = None, adapters: bool = False
+) -> optax.GradientTransformation:
+    """train's optimizer, stepping its learning rate by `schedule` (default: the run's). With
+    `adapters` (model.lora_rank, jaxgpt/model/lora.py) it updates the adapter matrices alone,
+    clipping by their gradients' norm; every other parameter gets no update and no state."""
+    update = _optimizer(train, schedule or learning_rate_schedule(train))
+    if adapters:
+        from jaxgpt.model.lora import adapter_labels
+
+        return optax.multi_transform({"adapter": update, "frozen": optax.set_to_zero()}, adapter_labels)
+    return update
+
+
+def _optimizer(train: TrainConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
     if train.optimizer == "muon":
         update = optax.contrib.muon(
             lambda step: schedule(step) * (train.muon_lr / train.lr),

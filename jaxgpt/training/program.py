@@ -65,4 +65,5 @@ class TrainingProgram:
 def training_program(run: RunConfig) -> TrainingProgram:
     """The program `run` (every field resolved) trains with."""
     schedule = learning_rate_schedule(run.train)
-    return TrainingProgram(run, GPT(run.model), make_optimizer(run.train, schedule), schedule)
+    optimizer = make_optimizer(run.train, schedule, adapters=bool(run.model.lora_rank))
+    return TrainingProgram(run, GPT(run.model), optimizer, schedule)

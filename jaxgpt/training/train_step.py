@@ -19,6 +19,7 @@ import numpy as np
 import optax
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model import lora
 from jaxgpt.model.transformer import GPT, head_logits, head_weights, init_params, zeros_shaped
 from jaxgpt.training.batch import MODEL_INPUTS, as_batch, length_of, rows_of, scored_weight
 from jaxgpt.training.masked import example_keys, hidden_count, mask_examples
@@ -295,6 +296,7 @@ def gradients(
 
     def measured_and_grads(piece, ids, piece_dropout):
         def objective(p):
+            p = lora.frozen(p) if model.config.lora_rank else p  # adapters train, the base does not
             return scored(
                 model, p, piece, rng, example_ids=ids, batch_rows=batch_rows, weight=weight, dropout_rng=piece_dropout
             )

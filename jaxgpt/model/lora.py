@@ -1,0 +1,143 @@
+"""Low-rank adapters (LoRA; Hu et al. 2021): fine-tune a few small matrices beside a frozen model.
+
+A projection x W (W: d_in x d_out) gets two matrices beside it, A (d_in x r) and B (r x d_out),
+with r (model.lora_rank) much smaller than either:
+
+    y = x W + (alpha / r) (x A) B
+
+B starts at zero, so the adapted model starts as the base model, exactly; A starts random
+(normal, 1/sqrt(d_in)), so B's first gradients are not zero. Training changes A and B alone
+(jaxgpt/training/optimizer.py gives the base weights no update and no optimizer state, and
+jaxgpt/training/train_step.py no gradient), which is what makes an imported model of a few
+hundred million parameters fine-tune in a laptop's memory: Adam keeps two moments of each
+trained number, and the adapters are a few percent of them. Merged (`merge`), W + (alpha / r) A B
+is an ordinary model of the base's shape, computing what the adapted one does.
+
+The adapted projections are model.lora_targets, by module name: qkv and out (attention), up and
+down (the MLP; SwiGLU's fused gate-and-up is one `up`). A and B live in the projection's own
+module, named lora_a and lora_b beside its kernel: the base's parameters keep their names, so a
+base checkpoint or Hugging Face weights fill them as before (jaxgpt/job/resume.py), and the
+adapters keep their fresh initialisation.
+"""
+
+from __future__ import annotations
+
+import math
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from jaxgpt.config import ModelConfig
+
+ADAPTER_PARAMS = ("lora_a", "lora_b")
+
+
+def lora_delta(module: nn.Module, x: jnp.ndarray, in_axes: tuple[int, ...], features: tuple[int, ...], config):
+    """(alpha / r) (x A) B for the projection `module` of x's `in_axes` onto `features`, its
+    A and B made in the module as lora_a (*in, r) and lora_b (r, *features)."""
+    rank, dtype = config.lora_rank, jnp.dtype(config.dtype)
+    in_shape = tuple(x.shape[a] for a in in_axes)
+    fan_in = math.prod(in_shape)
+    a = module.param("lora_a", nn.initializers.normal(1 / math.sqrt(fan_in)), (*in_shape, rank), config.param_dtype)
+    b = module.param("lora_b", nn.initializers.zeros, (rank, *features), config.param_dtype)
+    n_in = len(in_axes)
+    xa = jax.lax.dot_general(x.astype(dtype), a.astype(dtype), ((in_axes, tuple(range(n_in))), ((), ())))
+    return (config.lora_alpha / rank) * jnp.tensordot(xa, b.astype(dtype), axes=1)
+
+
+def _axes(axis, ndim: int) -> tuple[int, ...]:
+    axis = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(a % ndim for a in axis)
+
+
+class AdaptedDenseGeneral(nn.DenseGeneral):
+    """nn.DenseGeneral, its kernel and bias as they were, plus the adapter (`lora_delta`)."""
+
+    config: ModelConfig | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        y = super().__call__(x)
+        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
+        return y + lora_delta(self, x, _axes(self.axis, x.ndim), features, self.config).astype(y.dtype)
+
+
+class AdaptedDense(nn.Dense):
+    """nn.Dense, its kernel and bias as they were, plus the adapter (`lora_delta`)."""
+
+    config: ModelConfig | None = None
+
+    @nn.compact
+    def __call__(self, x):
+        y = super().__call__(x)
+        return y + lora_delta(self, x, (x.ndim - 1,), (self.features,), self.config).astype(y.dtype)
+
+
+def dense_general(config: ModelConfig, name: str, **kwargs) -> nn.Module:
+    """The projection `name`: nn.DenseGeneral, adapted where config.lora_targets names it."""
+    if name in config.adapted:
+        return AdaptedDenseGeneral(name=name, config=config, **kwargs)
+    return nn.DenseGeneral(name=name, **kwargs)
+
+
+def dense(config: ModelConfig, name: str, **kwargs) -> nn.Module:
+    """The projection `name`: nn.Dense, adapted where config.lora_targets names it."""
+    if name in config.adapted:
+        return AdaptedDense(name=name, config=config, **kwargs)
+    return nn.Dense(name=name, **kwargs)
+
+
+def is_adapter(path) -> bool:
+    """Whether a parameter's path (jax.tree_util key path) ends in an adapter matrix."""
+    return getattr(path[-1], "key", None) in ADAPTER_PARAMS
+
+
+def adapter_labels(params):
+    """ "adapter" for each adapter matrix, "frozen" for every other parameter."""
+    return jax.tree_util.tree_map_with_path(lambda path, _: "adapter" if is_adapter(path) else "frozen", params)
+
+
+def frozen(params):
+    """The parameters with every base weight behind stop_gradient: its gradient is zero and not
+    computed, so the gradient norm (and its clipping) is the adapters' alone."""
+    return jax.tree_util.tree_map_with_path(lambda path, p: p if is_adapter(path) else jax.lax.stop_gradient(p), params)
+
+
+def merge(config: ModelConfig, params: dict) -> tuple[ModelConfig, dict]:
+    """(the base model's config, its parameters with each adapter folded into its kernel:
+    W + (alpha / r) A B): an ordinary model computing what the adapted one computes."""
+    if not config.lora_rank:
+        return config, params
+    scale = config.lora_alpha / config.lora_rank
+
+    def fold(tree):
+        if not isinstance(tree, dict):
+            return tree
+        if "lora_a" in tree:
+            kernel, a, b = tree["kernel"], tree["lora_a"], tree["lora_b"]
+            lead = a.ndim + b.ndim - 2 - kernel.ndim  # a scanned layer axis, when there is one
+            layers = math.prod(kernel.shape[:lead])
+            a2 = a.reshape(layers, -1, a.shape[-1])
+            b2 = b.reshape(layers, b.shape[lead], -1)
+            delta = jnp.einsum("lir,lro->lio", a2.astype(jnp.float32), b2.astype(jnp.float32)).reshape(kernel.shape)
+            merged = {k: v for k, v in tree.items() if k not in ADAPTER_PARAMS}
+            merged["kernel"] = (kernel.astype(jnp.float32) + scale * delta).astype(kernel.dtype)
+            return merged
+        return {k: fold(v) for k, v in tree.items()}
+
+    return config.replace(lora_rank=0), fold(params)
+
+
+def with_fresh_adapters(loaded: dict, fresh: dict) -> dict:
+    """`loaded` (a base model's parameters) with the adapter matrices of `fresh` (an adapted
+    model's initialisation) added where the adapted model has them."""
+    if not isinstance(fresh, dict):
+        return loaded
+    out = dict(loaded)
+    for key, value in fresh.items():
+        if key in ADAPTER_PARAMS:
+            out[key] = value
+        elif key in loaded:
+            out[key] = with_fresh_adapters(loaded[key], value)
+    return out
