@@ -14,7 +14,13 @@ def get_config():
     config.model.n_head = 4
     config.model.d_model = 128
     config.model.block_size = 128
-    config.model.position = "rope"  # relative positions: a sum reads the same wherever it starts
+    # Llama's recipe (RoPE, RMSNorm, SwiGLU, no biases): a sum reads the same wherever it starts, and
+    # `jaxgpt export` writes a folder transformers reads (on the 2-core EPYC: val loss 0.734
+    # at step 2000; RoPE with LayerNorm and GELU 0.740, learned positions 0.787)
+    config.model.position = "rope"
+    config.model.norm = "rmsnorm"
+    config.model.activation = "swiglu"
+    config.model.bias = False
     config.model.dropout = 0.0
     config.model.remat = "dots"
     config.train.steps = 2000
