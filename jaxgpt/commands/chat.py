@@ -21,6 +21,7 @@ from pathlib import Path
 from absl import flags
 
 from jaxgpt.commands import cli
+from jaxgpt.commands.sample import define_sampling_flags, sampling_of
 from jaxgpt.errors import UserError, warn
 
 
@@ -30,9 +31,7 @@ def define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "max_new_tokens", None, "Most tokens in one answer (default: what the context has room for).", flag_values=f
     )
-    flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.", flag_values=f)
-    flags.DEFINE_integer("top_k", None, "Keep only the k most likely tokens.", flag_values=f)
-    flags.DEFINE_float("top_p", 1.0, "Keep the smallest set of tokens with probability >= p.", flag_values=f)
+    define_sampling_flags(f)
     flags.DEFINE_integer("seed", 0, "Random seed: the same seed and messages give the same answers.", flag_values=f)
 
 
@@ -151,13 +150,12 @@ def main(argv: list[str] | None = None) -> None:
     cli.require(f, "workdir", what="the run to chat with: a train.py run trained on a chat source")
 
     from jaxgpt.hardware import runtime
-    from jaxgpt.model.sampling import SamplingConfig
 
     if f.max_new_tokens is not None and f.max_new_tokens < 1:
         cli.fail(f"max_new_tokens={f.max_new_tokens} must be at least 1")
     runtime.enable_compilation_cache()
     model, params, tokenizer, step = chat_model(Path(f.workdir))
-    sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
+    sampling = sampling_of(f)
     session = ChatSession(model, params, tokenizer, sampling, f.seed, f.system, f.max_new_tokens)
     interactive = sys.stdin.isatty()
     if interactive:

@@ -36,12 +36,24 @@ def define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_integer(
         "max_new_tokens", None, "Tokens to generate (default: all the context has room for).", flag_values=f
     )
-    flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.", flag_values=f)
-    flags.DEFINE_integer("top_k", None, "Keep only the k most likely tokens.", flag_values=f)
-    flags.DEFINE_float("top_p", 1.0, "Keep the smallest set of tokens with probability >= p.", flag_values=f)
+    define_sampling_flags(f)
     flags.DEFINE_integer("num_samples", 1, "Samples, decoded together as one batch.", flag_values=f)
     flags.DEFINE_integer("seed", 0, "Random seed: the same seed gives the same text.", flag_values=f)
     flags.DEFINE_bool("stream", False, "Print tokens as they are generated (first sample).", flag_values=f)
+
+
+def define_sampling_flags(f: flags.FlagValues) -> None:
+    """--temperature, --top_k, --top_p: how each token is drawn (sample and chat)."""
+    flags.DEFINE_float("temperature", 0.8, "Softmax temperature; 0 is greedy.", flag_values=f)
+    flags.DEFINE_integer("top_k", None, "Keep only the k most likely tokens.", flag_values=f)
+    flags.DEFINE_float("top_p", 1.0, "Keep the smallest set of tokens with probability >= p.", flag_values=f)
+
+
+def sampling_of(f: flags.FlagValues):
+    """The SamplingConfig those flags give."""
+    from jaxgpt.model.sampling import SamplingConfig
+
+    return SamplingConfig(f.temperature, f.top_k, f.top_p)
 
 
 @cli.command()
@@ -57,7 +69,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from jaxgpt.hardware import runtime
     from jaxgpt.model.kernels import kernel_fallback
-    from jaxgpt.model.sampling import SamplingConfig, check_length
+    from jaxgpt.model.sampling import check_length
     from jaxgpt.tokenizers import separator_id
 
     runtime.enable_compilation_cache()
@@ -90,7 +102,7 @@ def main(argv: list[str] | None = None) -> None:
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
     model = model_config.replace(dtype="float32")
     model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
-    sampling = SamplingConfig(f.temperature, f.top_k, f.top_p)
+    sampling = sampling_of(f)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop, memory=memory)
     shown = f"{prompt.strip()}\t" if pairs else tokenizer.decode(ids[1:]) if chat else prompt

@@ -36,7 +36,7 @@ import json
 
 import numpy as np
 
-from jaxgpt.data.pairs import document_spans
+from jaxgpt.data.pairs import document_spans, numbered_lines
 from jaxgpt.errors import UserError
 from jaxgpt.tokenizers import WithSpecialTokens, separator_id
 
@@ -96,14 +96,8 @@ def check_content(content: str, what: str) -> None:
 
 def read_conversations(path: str) -> list[str]:
     """The file's conversations, rendered: one document each."""
-    try:
-        lines = open(path, encoding="utf-8").read().splitlines()
-    except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read data.source chat:{path} ({type(error).__name__}: {error})") from None
     documents = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in numbered_lines(path, f"chat:{path}"):
         where = f"line {number} of {path}"
         try:
             record = json.loads(line)

@@ -36,17 +36,21 @@ from jaxgpt.training.batch import segment_positions
 TAB = "\t"
 
 
-def read_pairs(path: str) -> list[str]:
-    """The file's pairs as documents "source<TAB>target", each side stripped of surrounding
-    whitespace; one line naming the first line that is not a pair."""
+def numbered_lines(path: str, source: str) -> list[tuple[int, str]]:
+    """(number from 1, text) of each line of a UTF-8 file holding something; one line where it
+    cannot be read, naming data.source `source`."""
     try:
         lines = open(path, encoding="utf-8").read().splitlines()
     except (OSError, UnicodeDecodeError) as error:
-        raise UserError(f"cannot read data.source pairs:{path} ({type(error).__name__}: {error})") from None
+        raise UserError(f"cannot read data.source {source} ({type(error).__name__}: {error})") from None
+    return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
+
+
+def read_pairs(path: str) -> list[str]:
+    """The file's pairs as documents "source<TAB>target", each side stripped of surrounding
+    whitespace; one line naming the first line that is not a pair."""
     documents = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip():
-            continue
+    for number, line in numbered_lines(path, f"pairs:{path}"):
         parts = line.split(TAB)
         if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
             raise UserError(
