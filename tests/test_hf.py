@@ -341,6 +341,43 @@ def test_fine_tuning_starts_from_the_pretrained_weights(gpt2_directory, tmp_path
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), trained, pretrained)
 
 
+@pytest.mark.slow
+def test_chat_fine_tuning_of_hugging_face_weights_with_adapters_grows_the_vocabulary(gpt2_directory, tmp_path):
+    """GPT-2's weights fine-tuned on conversations with low-rank adapters: the chat template's
+    four tokens are rows 50257 to 50260 of the embedding, each the mean of GPT-2's rows, and
+    the base being frozen, after training every base weight is GPT-2's (the old rows) or that
+    mean (the new ones), exactly; only the adapters moved. Slow: 15 s, a 50k-token head."""
+
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    def conversation(a: int) -> str:
+        turns = [{"role": "user", "content": f"{a} plus 1?"}, {"role": "assistant", "content": f"{a + 1}"}]
+        return json.dumps({"messages": turns}) + "\n"
+
+    (tmp_path / "chat.jsonl").write_text("".join(conversation(a) for a in range(60)))
+    config = finetune_config(gpt2_directory, lora_rank=2)
+    config.update_from_flattened_dict({"data.source": f"chat:{tmp_path / 'chat.jsonl'}", "train.lr": 1e-2})
+    train_and_evaluate(config, tmp_path / "run", progress=False)
+    run, trained, tokenizer, _ = load_latest(tmp_path / "run")
+    _, pretrained, _ = load_pretrained(str(gpt2_directory))
+    table, gpt2_table = trained["wte"]["embedding"], pretrained["wte"]["embedding"]
+    assert run.model.vocab_size == 50261 and tokenizer.special_ids["<|end|>"] == 50260
+    np.testing.assert_array_equal(table[:50257], gpt2_table)
+    np.testing.assert_array_equal(table[50257:], np.broadcast_to(jnp.mean(gpt2_table, axis=0), (4, 32)))
+    base = {k: v for k, v in trained.items() if k != "wte"}
+    moved = [p for path, p in jax.tree_util.tree_leaves_with_path(base) if path[-1].key == "lora_b"]
+    assert moved and all(float(jnp.abs(b).max()) > 0 for b in moved)
+
+    def without_adapters(tree):
+        if not isinstance(tree, dict):
+            return tree
+        return {k: without_adapters(v) for k, v in tree.items() if k not in ("lora_a", "lora_b")}
+
+    gpt2_base = {k: v for k, v in pretrained.items() if k != "wte"}
+    jax.tree.map(np.testing.assert_array_equal, without_adapters(base), gpt2_base)
+
+
 def test_fine_tuning_refuses_weights_of_another_shape(gpt2_directory, tmp_path):
     from jaxgpt.job.trainer import train_and_evaluate
 
