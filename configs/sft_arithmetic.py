@@ -10,7 +10,9 @@ whose every answer greedy decoding writes exactly.
     python -m jaxgpt chat --workdir runs/sft_arithmetic
 
 --config.train.init_from= trains the same model from scratch on the conversations alone;
---config.data.loss_on=all scores every token of them, the user's too."""
+--config.data.loss_on=all scores every token of them, the user's too; --config.model.lora_rank=8
+trains low-rank adapters and the token embedding (model.lora_embeddings, set here: the template's
+new tokens must be learned) with the rest frozen."""
 
 from configs import arithmetic
 
@@ -19,6 +21,7 @@ def get_config():
     config = arithmetic.get_config()
     config.data.source = "builtin:arithmetic-chat"
     config.train.init_from = "runs/arithmetic"
+    config.model.lora_embeddings = True  # with --config.model.lora_rank=R: the template's tokens learned
     config.train.steps = 1000
     config.train.lr = 2e-3
     config.train.min_lr = 2e-4

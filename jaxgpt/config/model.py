@@ -220,6 +220,9 @@ class ModelConfig:
         Fine-tune with train.init_from, which fills the base weights; `jaxgpt export` merges
         the adapters into the weights.
     lora_alpha: the adapters' scale is lora_alpha / lora_rank (the paper's alpha).
+    lora_embeddings: with adapters, also train the token embedding (and an untied head) in
+        full: what tokens the fine-tuning adds need (a chat template's start alike, and frozen
+        could not be told apart), at the cost of the table's optimizer state.
     lora_targets: the adapted projections by name, comma-separated: qkv and out (attention;
         q and kv for cross-attention's), up and down (the MLP).
     """
@@ -271,6 +274,7 @@ class ModelConfig:
     encoder_layers: int = 0
     lora_rank: int = 0
     lora_alpha: float = 16.0
+    lora_embeddings: bool = False
     lora_targets: str = "qkv,out,up,down"
 
     def __post_init__(self):

@@ -90,8 +90,9 @@ def local_directory(path_or_name: str) -> Path:
         return Path(snapshot_download(path_or_name, allow_patterns=patterns))
     except Exception as error:  # offline, unknown name, gated repo
         raise UserError(
-            f"{path_or_name!r} is not a local directory and could not be fetched from the Hub "
-            f"({type(error).__name__}); download it where you have a network and pass its directory"
+            f"{path_or_name!r} is not a local directory (a jaxgpt run's workdir, or a Hugging Face folder) and could "
+            f"not be fetched from the Hub ({type(error).__name__}); train that run first, or download the weights "
+            "where you have a network and pass their directory"
         ) from None
 
 

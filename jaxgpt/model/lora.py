@@ -13,6 +13,11 @@ hundred million parameters fine-tune in a laptop's memory: Adam keeps two moment
 trained number, and the adapters are a few percent of them. Merged (`merge`), W + (alpha / r) A B
 is an ordinary model of the base's shape, computing what the adapted one does.
 
+Tokens the fine-tuning adds (a chat template's, jaxgpt/data/conversations.py) start as rows alike
+(the mean of the trained ones): frozen, the model could not tell them apart, nor predict one
+rather than another. model.lora_embeddings trains the token embedding (and an untied head) in
+full beside the adapters, as PEFT's "modules_to_save" does; measured in docs/lab.md section 14.
+
 The adapted projections are model.lora_targets, by module name: qkv and out (attention), up and
 down (the MLP; SwiGLU's fused gate-and-up is one `up`). A and B live in the projection's own
 module, named lora_a and lora_b beside its kernel: the base's parameters keep their names, so a

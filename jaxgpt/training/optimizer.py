@@ -61,16 +61,18 @@ def muon_dimensions(params):
 
 
 def make_optimizer(
-    train: TrainConfig, schedule: optax.Schedule | None = None, adapters: bool = False
+    train: TrainConfig, schedule: optax.Schedule | None = None, adapters=None
 ) -> optax.GradientTransformation:
-    """train's optimizer, stepping its learning rate by `schedule` (default: the run's). With
-    `adapters` (model.lora_rank, jaxgpt/model/lora.py) it updates the adapter matrices alone,
-    clipping by their gradients' norm; every other parameter gets no update and no state."""
+    """train's optimizer, stepping its learning rate by `schedule` (default: the run's). Given
+    `adapters`, the ModelConfig of a model with low-rank adapters (jaxgpt/model/lora.py), it
+    updates what that model trains alone (`lora.trains`), clipping by those gradients' norm;
+    every other parameter gets no update and no state."""
     update = _optimizer(train, schedule or learning_rate_schedule(train))
-    if adapters:
+    if adapters is not None:
         from jaxgpt.model.lora import adapter_labels
 
-        return optax.multi_transform({"adapter": update, "frozen": optax.set_to_zero()}, adapter_labels)
+        frozen = optax.set_to_zero()
+        return optax.multi_transform({"adapter": update, "frozen": frozen}, adapter_labels(adapters))
     return update
 
 

@@ -65,5 +65,5 @@ class TrainingProgram:
 def training_program(run: RunConfig) -> TrainingProgram:
     """The program `run` (every field resolved) trains with."""
     schedule = learning_rate_schedule(run.train)
-    optimizer = make_optimizer(run.train, schedule, adapters=bool(run.model.lora_rank))
+    optimizer = make_optimizer(run.train, schedule, adapters=run.model if run.model.lora_rank else None)
     return TrainingProgram(run, GPT(run.model), optimizer, schedule)

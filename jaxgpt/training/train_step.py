@@ -296,7 +296,7 @@ def gradients(
 
     def measured_and_grads(piece, ids, piece_dropout):
         def objective(p):
-            p = lora.frozen(p) if model.config.lora_rank else p  # adapters train, the base does not
+            p = lora.frozen(model.config, p) if model.config.lora_rank else p  # adapters train, the base does not
             return scored(
                 model, p, piece, rng, example_ids=ids, batch_rows=batch_rows, weight=weight, dropout_rng=piece_dropout
             )
