@@ -120,3 +120,24 @@ def test_adapters_resolve_in_a_run_config():
     config = small_run_config()
     config.model.update(lora_rank=8, lora_targets="qkv,out")
     assert resolve(config).model.adapted == ("qkv", "out")
+
+
+def test_with_lora_embeddings_the_token_tables_train_beside_the_adapters():
+    """model.lora_embeddings: the embedding (and an untied head) are trained, so Adam keeps
+    their moments too; every other base weight stays frozen. Read from the shapes alone."""
+    from jaxgpt.model.lora import adapter_labels
+    from jaxgpt.training.optimizer import make_optimizer
+
+    config = small_run_config()
+    for tied in (True, False):
+        config.model.update(lora_rank=2, lora_embeddings=True, tie_embeddings=tied)
+        run = resolve(config, vocab_size=64)
+        params = jax.eval_shape(lambda r=run: init_params(r.model, jax.random.key(0)))
+        labels = adapter_labels(run.model)(params)
+        leaves = jax.tree_util.tree_leaves_with_path(labels)
+        trained = {"/".join(k.key for k in path) for path, label in leaves if label == "adapter"}
+        tables = {"wte/embedding"} | (set() if tied else {"lm_head/kernel"})
+        assert tables <= trained and all(n.endswith(("lora_a", "lora_b")) for n in trained - tables)
+        opt_state = jax.eval_shape(make_optimizer(run.train, adapters=run.model).init, params)
+        sizes = {"/".join(k.key for k in path): p.size for path, p in jax.tree_util.tree_leaves_with_path(params)}
+        assert sum(x.size for x in jax.tree.leaves(opt_state) if x.ndim) == 2 * sum(sizes[n] for n in trained)

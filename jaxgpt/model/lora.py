@@ -18,6 +18,11 @@ Tokens the fine-tuning adds (a chat template's, jaxgpt/data/conversations.py) st
 rather than another. model.lora_embeddings trains the token embedding (and an untied head) in
 full beside the adapters, as PEFT's "modules_to_save" does; measured in docs/lab.md section 14.
 
+Tokens the fine-tuning adds (a chat template's, jaxgpt/data/conversations.py) start as rows alike
+(the mean of the trained ones): frozen, the model could not tell them apart, nor predict one
+rather than another. model.lora_embeddings trains the token embedding (and an untied head) in
+full beside the adapters, as PEFT's "modules_to_save" does; measured in docs/lab.md section 14.
+
 The adapted projections are model.lora_targets, by module name: qkv and out (attention), up and
 down (the MLP; SwiGLU's fused gate-and-up is one `up`). A and B live in the projection's own
 module, named lora_a and lora_b beside its kernel: the base's parameters keep their names, so a
@@ -93,20 +98,35 @@ def dense(config: ModelConfig, name: str, **kwargs) -> nn.Module:
     return nn.Dense(name=name, **kwargs)
 
 
+# The token embedding and the LM head's own weights (an untied head, a bias per token), by path.
+TOKEN_TABLES = (("wte", "embedding"), ("lm_head", "kernel"), ("head_bias",))
+
+
 def is_adapter(path) -> bool:
     """Whether a parameter's path (jax.tree_util key path) ends in an adapter matrix."""
     return getattr(path[-1], "key", None) in ADAPTER_PARAMS
 
 
-def adapter_labels(params):
-    """ "adapter" for each adapter matrix, "frozen" for every other parameter."""
-    return jax.tree_util.tree_map_with_path(lambda path, _: "adapter" if is_adapter(path) else "frozen", params)
+def trains(config: ModelConfig, path) -> bool:
+    """Whether an adapted model trains this parameter: the adapters, and with
+    model.lora_embeddings the token tables (TOKEN_TABLES)."""
+    names = tuple(getattr(k, "key", None) for k in path)
+    return is_adapter(path) or (config.lora_embeddings and any(names[-len(t) :] == t for t in TOKEN_TABLES))
 
 
-def frozen(params):
-    """The parameters with every base weight behind stop_gradient: its gradient is zero and not
-    computed, so the gradient norm (and its clipping) is the adapters' alone."""
-    return jax.tree_util.tree_map_with_path(lambda path, p: p if is_adapter(path) else jax.lax.stop_gradient(p), params)
+def adapter_labels(config: ModelConfig):
+    """params -> "adapter" for each parameter `trains` names, "frozen" for every other."""
+    return lambda params: jax.tree_util.tree_map_with_path(
+        lambda path, _: "adapter" if trains(config, path) else "frozen", params
+    )
+
+
+def frozen(config: ModelConfig, params):
+    """The parameters with every frozen weight behind stop_gradient: its gradient is zero and
+    not computed, so the gradient norm (and its clipping) is the trained parameters' alone."""
+    return jax.tree_util.tree_map_with_path(
+        lambda path, p: p if trains(config, path) else jax.lax.stop_gradient(p), params
+    )
 
 
 def merge(config: ModelConfig, params: dict) -> tuple[ModelConfig, dict]:
