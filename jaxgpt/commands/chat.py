@@ -8,8 +8,9 @@ Each message you type is a user turn of one conversation, written with the chat 
 was trained on (jaxgpt/data/conversations.py); the model's answer is printed as it is made and
 ends at its end-of-turn token. The KV cache is kept from turn to turn, so each turn feeds only
 its own tokens. Where stdin is not a terminal, each line read is a turn and its answer one line
-of output, then the command exits. "/reset" starts a new conversation; one that fills the
-model's context is started afresh, with a note on stderr.
+of output (a line break the model writes shown as \\n, a backslash as \\\\), then the command
+exits. "/reset" starts a new conversation; one that fills the model's context is started afresh,
+with a note on stderr.
 """
 
 from __future__ import annotations
@@ -173,7 +174,9 @@ def main(argv: list[str] | None = None) -> None:
             session.reset()
             continue
         for piece in session.reply(message):
-            print(piece, end="", flush=True)
+            # Piped, an answer is one line whatever it holds: its line breaks written as \n, \r.
+            shown = piece if interactive else piece.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+            print(shown, end="", flush=True)
         print(flush=True)
 
 
