@@ -80,7 +80,7 @@ class ChatSession:
         context = self.config.block_size
         ids = self.turn_ids(message)
         if self.cache is not None and self.used + len(ids) >= context:
-            note(f"(the conversation filled the model's {context}-token context; starting a new one)")
+            note(f"the conversation filled the model's {context}-token context; starting a new one")
             self.reset()
             ids = self.turn_ids(message)
         if len(ids) >= context:
@@ -112,7 +112,7 @@ class ChatSession:
                 yield text[len(shown) :]
                 shown = text
         else:
-            note(f"(the answer was cut at {most} tokens{'' if self.max_new_tokens else ', the end of the context'})")
+            note(f"the answer was cut at {most} tokens{'' if self.max_new_tokens else ', the end of the context'}")
         self.answer_ids = made
         # The last token made is not in the cache yet; an answer that was cut is closed as if it had ended.
         self.unfed = [int(token[0])] + ([] if int(token[0]) == stop else [self.tokenizer.special_ids[END]])
