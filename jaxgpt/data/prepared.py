@@ -444,7 +444,8 @@ def vocab_size_for(config) -> int | None:
     if config.model.get("vocab_size"):
         return None
     try:
-        return prepare(config.data, progress=False).tokenizer.vocab_size
+        data_config = config.data if isinstance(config.data, DataConfig) else DataConfig(**config.data.to_dict())
+        return prepare(data_config, progress=False).tokenizer.vocab_size
     except Exception as error:  # noqa: BLE001 (any failure to reach the data means the same fix)
         first_line = (str(error) or type(error).__name__).splitlines()[0]
         raise UserError(
