@@ -60,6 +60,7 @@ def prepare(config, vocab_size: int) -> PreparedStep:
     from jaxgpt.config_files import resolve
     from jaxgpt.hardware.mesh_step import state_layout
     from jaxgpt.hardware.step_choice import choose_step
+    from jaxgpt.training.batch import windows_batch
     from jaxgpt.training.program import training_program
 
     run = resolve(config, vocab_size=vocab_size)
@@ -73,7 +74,8 @@ def prepare(config, vocab_size: int) -> PreparedStep:
     batch, seq = run.train.batch_size, run.model.block_size
     rng = np.random.default_rng(0)
     where = sharding.batch_sharding(step.batch_mesh)
-    batches = [jax.device_put(rng.integers(0, vocab_size, (batch, seq + 1), dtype=np.int32), where) for _ in range(4)]
+    windows = [rng.integers(0, vocab_size, (batch, seq + 1), dtype=np.int32) for _ in range(4)]
+    batches = [jax.device_put(windows_batch(w), where) for w in windows]  # the batch contract's dict
     step.trace(state, batches[0])
     trace_sec = time.perf_counter() - start
     start = time.perf_counter()

@@ -156,16 +156,16 @@ def data_parallel_size(mesh: Mesh) -> int:
 
 
 def experts_split(x: jax.Array) -> jax.Array:
-    """`x` (batch, experts, ...) laid out for the experts' matmuls: experts split over the
+    """`x` (experts, batch, ...) laid out for the experts' matmuls: experts split over the
     expert axis, rows over data x fsdp. From the batch's own layout (rows over data x fsdp x
     expert) that is one all-to-all over the expert axis, which GSPMD inserts; `rows_split` is
     the way back. Unchanged outside a mesh with an expert axis (one device, a core's program)."""
-    return _constrained(x, PartitionSpec(ROWS_BESIDE_EXPERTS, "expert"))
+    return _constrained(x, PartitionSpec("expert", ROWS_BESIDE_EXPERTS))
 
 
 def rows_split(x: jax.Array) -> jax.Array:
-    """`x` (batch, experts, ...) back in the batch's layout: rows over data x fsdp x expert."""
-    return _constrained(x, PartitionSpec(BATCH))
+    """`x` (experts, batch, ...) back in the batch's layout: rows over data x fsdp x expert."""
+    return _constrained(x, PartitionSpec(None, BATCH))
 
 
 def _constrained(x: jax.Array, spec: PartitionSpec) -> jax.Array:

@@ -5,25 +5,31 @@ Each sequence of the batch is one routing group (GShard's groups), so what a tok
 not depend on how the batch is split into microbatches or over devices. Per sequence:
 
     router      logits = x W_r (float32); p = softmax(logits); the top_k experts by p, their
-                weights p renormalised over the chosen ones (Mixtral) or p itself (Switch)
+                weights p renormalised over the chosen (Mixtral) or p itself (Switch)
     queues      the t * top_k assignments in priority order (every token's first choice, then
-                every second choice; earlier tokens first) take the next free row of their
-                expert's buffer of `capacity` rows; those past the end are dropped
+                every second choice; earlier tokens first), sorted by expert with that order
+                kept: each expert's queue is a run of the sorted list, and the first `capacity`
+                of it fill the expert's buffer rows; the rest are dropped
     experts     each expert's MLP on its buffer, all experts (and sequences) as one batched
-                matmul: (batch, experts, capacity, d_model) -> the same shape
+                matmul over (experts, batch, capacity, d_model), the expert axis outermost
     combine     each token's output is the sum over its kept assignments of weight x the
                 expert's output row; a shared expert, if any, is added for every token
 
 The buffers have a fixed shape, so the layer compiles to dense batched matmuls: a capacity of
 ceil(capacity_factor * t * top_k / experts) rows per expert, or t when dropless (no expert can
-receive a token twice). The router's two losses, and what a learner wants to see of it (the
-load per expert, the dropped fraction), are sown into the "router" collection: train_step adds
-the losses to the objective; nothing is kept when the collection is not mutable.
+receive a token twice). Filling them is a gather (each row reads its token) and combining a
+gather (each assignment reads its row): the activations are never scattered and no one-hot
+table of queues is built, whose temporaries made a CPU step choose twice the microbatches
+(docs/benchmarks.md, "A mixture of experts per step"). The router's two losses, and what a
+learner wants to see of it (the load per expert, the dropped fraction), are sown into the
+"router" collection: train_step adds the losses to the objective; nothing is kept when the
+collection is not mutable.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import flax.linen as nn
 import jax
@@ -51,24 +57,33 @@ def route(logits: jnp.ndarray, top_k: int, renormalize: bool = True) -> tuple[jn
     return chosen, chosen_p / chosen_p.sum(-1, keepdims=True) if renormalize else chosen_p
 
 
-def queue_positions(chosen: jnp.ndarray, experts: int) -> jnp.ndarray:
-    """For one group's assignments chosen (t, top_k), each one's row in its expert's queue
-    (t, top_k): the number of assignments to the same expert ahead of it in priority order (all
-    first choices, then all second choices, ...; earlier tokens first within each)."""
+class Dispatch(NamedTuple):
+    """One routing group's assignments placed in its experts' buffers (experts, rows)."""
+
+    source: jnp.ndarray  # (experts, rows): the token each buffer row holds
+    filled: jnp.ndarray  # (experts, rows): whether the row holds one (an expert's queue may be shorter)
+    slot: jnp.ndarray  # (t, top_k): each assignment's row in the buffers flattened, experts * rows if dropped
+    kept: jnp.ndarray  # (t, top_k): whether the assignment found a row
+
+
+def dispatch(chosen: jnp.ndarray, experts: int, rows: int) -> Dispatch:
+    """Place one group's assignments chosen (t, top_k) in `experts` buffers of `rows` rows: the
+    assignments in priority order (all first choices, then all second choices, ...; earlier
+    tokens first within each), stably sorted by expert, so each expert's queue is a run of the
+    sorted list in priority order, starting where the experts before it end; an assignment's row
+    is its place in its run, and those past `rows` are dropped."""
+    t, top_k = chosen.shape
     by_priority = chosen.T.reshape(-1)  # (top_k * t,): slot-major
-    one_hot = jax.nn.one_hot(by_priority, experts, dtype=jnp.int32)
-    ahead = jnp.cumsum(one_hot, axis=0) - one_hot  # assignments to each expert before this one
-    rows = jnp.take_along_axis(ahead, by_priority[:, None], axis=1)[:, 0]
-    return rows.reshape(chosen.shape[1], chosen.shape[0]).T
-
-
-def buffer_slots(chosen: jnp.ndarray, experts: int, rows: int) -> tuple[jnp.ndarray, jnp.ndarray]:
-    """For one group's assignments (t, top_k): each one's row in the experts' buffers laid end
-    to end (experts * rows), and whether it was kept. The dropped ones all point at one spare
-    row past the end, which is cut off before the experts run and reads back as zeros."""
-    position = queue_positions(chosen, experts)
+    order = jnp.argsort(by_priority, stable=True)  # the assignments, expert by expert
+    counts = jnp.bincount(by_priority, length=experts)
+    starts = jnp.cumsum(counts) - counts  # where each expert's run begins in `order`
+    row = jnp.arange(rows)
+    source = order[jnp.minimum(starts[:, None] + row, t * top_k - 1)] % t  # assignment j * t + i is token i's
+    place = jnp.zeros_like(order).at[order].set(jnp.arange(t * top_k))  # each assignment's place in `order`
+    position = place - starts[by_priority]
     kept = position < rows
-    return jnp.where(kept, chosen * rows + position, experts * rows), kept
+    slot = jnp.where(kept, by_priority * rows + position, experts * rows)
+    return Dispatch(source, row < counts[:, None], slot.reshape(top_k, t).T, kept.reshape(top_k, t).T)
 
 
 def router_losses(logits: jnp.ndarray, chosen: jnp.ndarray, experts: int) -> dict[str, jnp.ndarray]:
@@ -106,17 +121,21 @@ class MixtureOfExpertsLayer(nn.Module):
         self.sow("intermediates", "experts", chosen)  # for jaxgpt.lab.capture; nothing unless capturing
         self.sow("intermediates", "expert_weights", weights)
         rows = capacity(c, t)
-        slot, kept = jax.vmap(buffer_slots, in_axes=(0, None, None))(chosen, m.experts, rows)
-        token_of = jnp.repeat(jnp.arange(t), m.top_k)  # the token of each (t, top_k) assignment, flattened
+        placed = jax.vmap(dispatch, in_axes=(0, None, None))(chosen, m.experts, rows)  # one group per sequence
 
-        def fill(tokens, slots):  # one group's buffers, the spare row last
-            return jnp.zeros((m.experts * rows + 1, d), tokens.dtype).at[slots.reshape(-1)].set(tokens[token_of])
+        def fill(tokens, source, filled):  # one group's buffers (experts, rows, d)
+            return jnp.where(filled[..., None], tokens[source], 0)
 
-        buffers = jax.vmap(fill)(x, slot)[:, :-1].reshape(batch, m.experts, rows, d)
-        # on a mesh with an expert axis, each device's rows go to the devices of their experts and back
-        outputs = rows_split(self._experts(experts_split(buffers))).reshape(batch, m.experts * rows, d)
-        outputs = jnp.concatenate([outputs, jnp.zeros((batch, 1, d), outputs.dtype)], axis=1)  # the spare row
-        picked = jnp.take_along_axis(outputs, slot.reshape(batch, -1, 1), axis=1).reshape(batch, t, m.top_k, d)
+        def read(outputs, slot):  # each of one group's assignments' output row, zeros where dropped
+            rows_and_spare = jnp.concatenate([outputs.reshape(-1, d), jnp.zeros((1, d), outputs.dtype)])
+            return rows_and_spare[slot]
+
+        # expert-major (experts, batch, rows, d): the experts' matmuls batch over their leading axis
+        # with no transposes; on a mesh with an expert axis, rows travel to their experts' devices and back
+        buffers = jax.vmap(fill, out_axes=1)(x, placed.source, placed.filled)
+        outputs = rows_split(self._experts(experts_split(buffers)))
+        picked = jax.vmap(read, in_axes=(1, 0))(outputs, placed.slot)  # (batch, t, top_k, d)
+        kept = placed.kept
         mixed = jnp.einsum("btk,btkd->btd", (weights * kept).astype(picked.dtype), picked)
         if m.shared_experts:
             shared = c.replace(mlp_hidden=m.shared_experts * c.expert_hidden, moe=None)
@@ -127,7 +146,7 @@ class MixtureOfExpertsLayer(nn.Module):
         return mixed
 
     def _experts(self, buffers: jnp.ndarray) -> jnp.ndarray:
-        """Every expert's MLP on its own buffer: (batch, experts, rows, d) -> the same shape; the
+        """Every expert's MLP on its own buffer: (experts, batch, rows, d) -> the same shape; the
         MLP of jaxgpt/layers.py with a leading expert axis on each weight."""
         c, m = self.config, self.config.moe
         d, hidden = c.d_model, c.expert_hidden
@@ -137,11 +156,12 @@ class MixtureOfExpertsLayer(nn.Module):
         # the normal initialisers ignore fan-in, so each expert's matrix is drawn as the MLP's is
         up = self.param("experts_up", nn.initializers.normal(c.init_std), up_shape, param_dtype)
         down = self.param("experts_down", residual_output_init(c), (m.experts, hidden, d), param_dtype)
-        h = jnp.einsum("berd,ed...->ber...", buffers.astype(dtype), up.astype(dtype))
-        if c.bias:
-            h = h + self.param("experts_up_bias", nn.initializers.zeros, (m.experts, 1, *up_shape[2:]), param_dtype)
+        h = jnp.einsum("ebrd,ed...->ebr...", buffers.astype(dtype), up.astype(dtype))
+        if c.bias:  # each expert's bias, (experts, 1, ...) as saved, over its batch and rows
+            up_bias = self.param("experts_up_bias", nn.initializers.zeros, (m.experts, 1, *up_shape[2:]), param_dtype)
+            h = h + up_bias[:, None]
         h = nn.silu(h[..., 0, :]) * h[..., 1, :] if gated else ACTIVATION_FUNCTIONS[c.activation](h)
-        y = jnp.einsum("berh,ehd->berd", h, down.astype(dtype))
+        y = jnp.einsum("ebrh,ehd->ebrd", h, down.astype(dtype))
         if c.bias:
-            y = y + self.param("experts_down_bias", nn.initializers.zeros, (m.experts, 1, d), param_dtype)
+            y = y + self.param("experts_down_bias", nn.initializers.zeros, (m.experts, 1, d), param_dtype)[:, None]
         return y
