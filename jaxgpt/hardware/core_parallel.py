@@ -98,7 +98,9 @@ class CoreParallelStep:
         inputs = []
         for i, device in enumerate(self.devices):
             rows = {name: core_rows(array, device) for name, array in batch.items()}
-            mine = (*shared, weight) if i == 0 else jax.device_put((*shared, weight), device)
+            # every core's copy on its device alone, the first's too (no copy there): its state's
+            # mesh sharding would give its program other input types and a second tracing
+            mine = jax.device_put((*shared, weight), device)
             inputs.append((*mine[:3], rows, self._core_ids[i], mine[3]))
         return inputs
 

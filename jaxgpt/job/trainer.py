@@ -165,7 +165,9 @@ class Trainer:
     def __init__(self, dataset, placed: setup.PlacedRun, inputs: setup.LoopInputs, workdir: Path, say):
         self.config, self.dataset, self.workdir, self.say, self.placed = placed.run, dataset, workdir, say, placed
         self.mesh, self.step = placed.mesh, placed.step
-        self.schedule = placed.program.schedule  # the optimizer's own: the learning rate logged is the one applied
+        # the optimizer's own: the learning rate logged is the one applied; compiled as one program,
+        # where run op by op its few operations would each compile (a quarter second at start)
+        self.schedule = jax.jit(placed.program.schedule)
         # the state is held here alone (`inputs` is not kept), so a restored state replaces step 0's in
         # memory rather than beside it
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
