@@ -11,7 +11,7 @@ import pytest
 from jaxgpt import sharding
 from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainConfig
 from jaxgpt.errors import UserError
-from jaxgpt.hardware import runtime, step_choice
+from jaxgpt.hardware import core_parallel, runtime, step_choice
 from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, state_layout
 from jaxgpt.model.transformer import GPT
@@ -76,6 +76,28 @@ def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches):
     assert int(got.step) == 5
     devices = {next(iter(leaf.devices())) for leaf in jax.tree.leaves(got)}
     assert devices == {jax.devices()[0]}  # the state stays on the first core, as in a one-device run
+
+
+def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
+    """The cores' programs differ only in their device, so the gradient function is traced once
+    for all of them, with the state laid out as train.py lays it out (on the first core's
+    one-device mesh): each tracing costs as much as compiling from the cache (docs/benchmarks.md,
+    "Start-up"), and a second one came from the first core's inputs keeping that mesh's sharding.
+    The function's Python body runs once per tracing."""
+    traced, original = [], core_parallel.core_gradients
+
+    def counted(*args, **kwargs):
+        traced.append(1)
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(core_parallel, "core_gradients", counted)  # before the step jits it
+    run = make_run()
+    program = training_program(run)
+    devices = jax.devices()[:2]
+    layout, create = state_layout(program, sharding.data_mesh(devices[:1]))
+    step = CoreParallelStep(program, devices)
+    step.trace(create(), jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh)))
+    assert len(step._lowered[0]) == 2 and len(traced) == 1
 
 
 def test_a_share_left_out_would_be_caught():

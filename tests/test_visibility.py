@@ -1,6 +1,7 @@
 """What a run shows: TensorBoard events, loss plots, attention maps, pre-flight checks, and the
 Colab notebook executing top to bottom."""
 
+import importlib.util
 import json
 import math
 import os
@@ -62,6 +63,22 @@ def test_tensorboard_events_carry_what_metrics_jsonl_logs(trained):
     logged = {r["step"]: r["train_loss"] for r in records}
     assert scalars["loss/train"] == pytest.approx(logged, rel=1e-6)  # event files store float32
     assert set(scalars["loss/val"]) == {r["step"] for r in records if "val_loss" in r}
+
+
+@pytest.mark.skipif(importlib.util.find_spec("torch") is None, reason="needs PyTorch, to show it unloaded")
+def test_the_tensorboard_log_leaves_pytorch_unloaded_and_importable(tmp_path):
+    """tensorboardX imports PyTorch where it is installed (1.8 s of every run's start,
+    docs/benchmarks.md "Start-up"); a run's metrics log opens its event file without loading it,
+    and the process can still import torch afterwards."""
+    code = (
+        "import sys; from pathlib import Path; from jaxgpt.job.metrics import MetricsLog; "
+        f"log = MetricsLog(Path({str(tmp_path)!r})); log.write({{'step': 1, 'train_loss': 2.5}}); log.close(); "
+        "print('torch' in sys.modules); import torch; print(torch.ones(1).item())"
+    )
+    result = run_script("-c", code)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.split() == ["False", "1.0"]
+    assert tensorboard_scalars(tmp_path / "tensorboard")["loss/train"] == {1: 2.5}
 
 
 def test_plot_draws_several_runs_at_the_documented_size(trained, tmp_path):
