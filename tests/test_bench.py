@@ -1,0 +1,24 @@
+"""The benchmark script the others build on runs as written: bench/train_throughput.py builds the
+step train.py runs, feeds it the batch contract's dicts and reports one JSON line. bench/moe_cost.py,
+bench/step_profile.py, bench/suite.py and bench/gpu_session.py's GPT-2 stage all call it; it
+once handed the step a bare array after the batch contract changed, and every one of them failed
+without a test noticing."""
+
+import json
+
+import pytest
+from conftest import run_script
+
+
+@pytest.mark.slow  # one fresh process compiling a one-layer step: 6-11 s
+def test_train_throughput_times_the_step_train_py_runs():
+    # two CPU devices, one per core as train.py makes them on a 2-core machine (the per-core step)
+    done = run_script(
+        "bench/train_throughput.py", "--config", "configs/tiny.py", "--config.model.n_layer=1",
+        "--steps", "2", "--repeats", "2", devices=2, timeout=300,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    tokens = 12 * 128  # configs/tiny.py: batch_size 12, block_size 128
+    assert result["tokens_per_sec"] * result["step_ms"] / 1000 == pytest.approx(tokens, rel=1e-9)
+    assert result["cores"] == 2 and result["microbatches"] >= 1 and 0 < result["mfu"] < 1  # the per-core step
