@@ -41,6 +41,7 @@ GENERATIONS = {
     "induction": (V6E,),
     "llama_tiny": (V6E,),
     "moe_tiny": (V5E,),  # experts replicated on every chip, tokens split over the data axis
+    "nanogpt_speedrun": (V5E,),  # Muon over stacked layers: one batched Newton-Schulz per kind of matrix
     "seq2seq_reverse": (V6E,),  # an encoder–decoder: cross-attention over packed pairs
     "seq2seq_sort": (V5E,),
     "sft_arithmetic": (V5E,),  # conversations: the assistant's turns weighted, packed in segments
