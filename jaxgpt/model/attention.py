@@ -24,7 +24,7 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.model import kv_cache, lora
 from jaxgpt.model.layers import dtypes, residual_output_init
 from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
-from jaxgpt.model.sites import reads_site, site
+from jaxgpt.model.sites import changes_site, reads_site, site
 
 
 def causal_score_bias(
@@ -150,8 +150,18 @@ def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: 
 
 def xla_attention(q, k, v, mask: Mask, scale: float | None):
     """The readable kernel: two einsums around a float32 softmax."""
-    weights = attention_weights(q, k, mask.bias(q.shape[1], k.shape[1]), scale)
-    return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
+    return softmax_weighted_values(attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale), v)
+
+
+def softmax_weighted_values(scores: jnp.ndarray, v: jnp.ndarray) -> jnp.ndarray:
+    """softmax(scores) @ v, with the softmax's division by each row's sum applied to the einsum's
+    output (t x d) instead of to the weights (t x s): the same attention up to rounding, and
+    the backward pass then sums over the head's d outputs, not over the s keys (those sums took
+    an eighth of a CPU step, docs/benchmarks.md). scores (b, k, g, t, s) -> (b, t, k, g, d)."""
+    exps = jnp.exp(scores - jax.lax.stop_gradient(scores.max(axis=-1, keepdims=True)))
+    sums = jnp.einsum("bkgts->btkg", exps)[..., None]  # never 0: every row sees a key
+    out = jnp.einsum("bkgts,bskd->btkgd", exps.astype(v.dtype), v, preferred_element_type=jnp.float32)
+    return (out / sums).astype(v.dtype)
 
 
 def heads_view(x: jnp.ndarray) -> tuple[int, ...]:
@@ -176,6 +186,8 @@ def attend(layer, name: str, q, k, v, mask: Mask, scale: float | None):
     view = (scores.shape[0], scores.shape[1] * scores.shape[2], *scores.shape[3:])
     scores = site(layer, "hook_attn_scores", scores, view)
     weights = site(layer, "hook_pattern", jax.nn.softmax(scores, axis=-1), view)
+    if not changes_site(layer, "hook_pattern"):  # read only: the output is the kernel's, to the bit
+        return softmax_weighted_values(scores, v)
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
 
 

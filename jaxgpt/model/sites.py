@@ -37,7 +37,7 @@ def site(module, name: str, x: jnp.ndarray, view: tuple[int, ...] | None = None)
     """`x` as it leaves the site `name` of `module`: changed by an intervention of that name,
     sown when caching. `view`: the shape the site shows (the query heads as one axis, where
     the layer keeps them grouped as (kv heads, group)); x is reshaped to it and back."""
-    intervene = module.has_variable(INTERVENTIONS, name)
+    intervene = changes_site(module, name)
     record = module.is_mutable_collection(CACHE)
     if not (intervene or record):
         return x
@@ -57,4 +57,9 @@ def site(module, name: str, x: jnp.ndarray, view: tuple[int, ...] | None = None)
 def reads_site(module, *names: str) -> bool:
     """Whether any of `names` is read or changed in this call: the attention layer then forms
     its scores and pattern explicitly."""
-    return module.is_mutable_collection(CACHE) or any(module.has_variable(INTERVENTIONS, n) for n in names)
+    return module.is_mutable_collection(CACHE) or any(changes_site(module, n) for n in names)
+
+
+def changes_site(module, name: str) -> bool:
+    """Whether the site `name` is changed (not only read) in this call."""
+    return module.has_variable(INTERVENTIONS, name)
