@@ -3,7 +3,7 @@ shortened run gets."""
 
 import pytest
 
-from jaxgpt.config import ConfigError, ModelConfig, RopeScaling
+from jaxgpt.config import ConfigError, ModelConfig, RopeScaling, TrainConfig
 from jaxgpt.config_files import base_config, resolve
 
 
@@ -93,6 +93,19 @@ def test_bad_config_names_field_and_value(changes, message):
         ModelConfig(**changes)
     assert message in str(error.value)
     assert "\n" not in str(error.value)  # one line, whatever the number of problems
+
+
+@pytest.mark.parametrize(
+    "changes, message",
+    [
+        (dict(muon_momentum_start=1.0), "train.muon_momentum_start=1.0 must be in [0, 1)"),
+        (dict(muon_momentum_warmup=-5), "train.muon_momentum_warmup=-5 must"),
+    ],
+)
+def test_a_bad_momentum_warmup_names_its_field(changes, message):
+    with pytest.raises(ConfigError, match="^invalid config: train\\.") as error:
+        TrainConfig(optimizer="muon", **changes)
+    assert message in str(error.value)
 
 
 def test_every_problem_is_reported_at_once():

@@ -473,6 +473,36 @@ def test_muon_orthogonalises_the_blocks_matrices_and_leaves_the_rest_to_adamw():
     np.testing.assert_allclose(updates["wte"]["embedding"], want, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("warmup, want", [(0, (0.1, 0.19, 0.271)), (2, (0.5, 0.65, 0.685))])
+def test_muons_momentum_rises_over_its_warmup(warmup, want):
+    """Muon's momentum is an average, mu <- beta mu + (1 - beta) g. Warmed up over 2 steps from
+    0.5 to 0.9, beta is 0.5, 0.7, then 0.9, so three steps of a constant gradient g leave mu at
+    0.5 g, 0.3 g + 0.7 * 0.5 g = 0.65 g, then 0.1 g + 0.9 * 0.65 g = 0.685 g; held at 0.9 from the
+    start: 0.1 g, 0.19 g, 0.271 g."""
+    from jaxgpt.config import TrainConfig
+    from jaxgpt.training.optimizer import make_optimizer
+
+    config = tiny()
+    params = init_params(config, jax.random.key(0))
+    grads = jax.tree.map(lambda p: jnp.asarray(normal(p.shape, p.size % 97)), params)
+    train = TrainConfig(
+        optimizer="muon", muon_momentum=0.9, muon_momentum_start=0.5, muon_momentum_warmup=warmup, grad_clip=0.0
+    )
+    optimizer = make_optimizer(train)
+    state, update = optimizer.init(params), jax.jit(optimizer.update)
+    g = np.asarray(grads["block_0"]["mlp"]["down"]["kernel"])
+
+    def momentum(state) -> np.ndarray:  # Muon's average for that matrix (Adam's state holds none of it)
+        leaves = jax.tree_util.tree_flatten_with_path(state)[0]
+        where = "['muon'].inner_state[0].mu['block_0']['mlp']['down']['kernel']"
+        (leaf,) = [leaf for path, leaf in leaves if jax.tree_util.keystr(path).endswith(where)]
+        return np.asarray(leaf)
+
+    for step, fraction in enumerate(want):
+        _, state = update(grads, state, params)
+        np.testing.assert_allclose(momentum(state), fraction * g, rtol=1e-5, atol=1e-7, err_msg=f"step {step}")
+
+
 @pytest.mark.slow
 def test_a_run_trains_with_muon(tmp_path):
     from conftest import small_run_config

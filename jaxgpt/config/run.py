@@ -150,6 +150,10 @@ class TrainConfig:
         momentum, as optax's Muon has it) without weight decay at lr for everything else
         (embeddings, LM head, norms, biases).
     muon_lr, muon_momentum: Muon's peak learning rate and momentum (Nesterov).
+    muon_momentum_warmup, muon_momentum_start: Muon's momentum rises linearly from
+        muon_momentum_start to muon_momentum over the first muon_momentum_warmup steps (the
+        modded-nanogpt speedrun's warmup: a shorter memory while the gradients change fast);
+        0 holds it at muon_momentum from the first step.
     init_from: start from trained weights instead of a random init: a jaxgpt run's workdir
         (its newest checkpoint; the same tokenizer), or Hugging Face weights (a directory, or
         a Hub name such as "gpt2"). The model section must describe the same architecture,
@@ -188,6 +192,8 @@ class TrainConfig:
     optimizer: str = "adamw"
     muon_lr: float = 0.02
     muon_momentum: float = 0.95
+    muon_momentum_warmup: int = 0
+    muon_momentum_start: float = 0.85
     init_from: str = ""
     tensorboard: bool = True
     wandb_project: str = ""
@@ -210,8 +216,9 @@ class TrainConfig:
             problems.add(
                 "decay_steps", f"must be 0 (decay until train.steps) or above train.warmup_steps={self.warmup_steps}"
             )
-        problems.below_one("beta1", "beta2", "muon_momentum")
+        problems.below_one("beta1", "beta2", "muon_momentum", "muon_momentum_start")
         problems.not_negative("weight_decay", "grad_clip", "multiple_choice_every", "multiple_choice_limit")
+        problems.not_negative("muon_momentum_warmup")
         if self.multiple_choice_every and not self.multiple_choice:
             problems.add("multiple_choice_every", "scores questions from train.multiple_choice, which is empty: set it")
         problems.one_of("dtype", ("float32", "bfloat16"))

@@ -78,9 +78,13 @@ def make_optimizer(
 
 def _optimizer(train: TrainConfig, schedule: optax.Schedule) -> optax.GradientTransformation:
     if train.optimizer == "muon":
-        update = optax.contrib.muon(
+        muon, momentum = optax.contrib.muon, train.muon_momentum
+        if train.muon_momentum_warmup:  # optax's Muon takes its momentum as a number: fed one each step
+            muon = optax.inject_hyperparams(muon, static_args="muon_weight_dimension_numbers")
+            momentum = optax.linear_schedule(train.muon_momentum_start, train.muon_momentum, train.muon_momentum_warmup)
+        update = muon(
             lambda step: schedule(step) * (train.muon_lr / train.lr),
-            beta=train.muon_momentum,
+            beta=momentum,
             weight_decay=train.weight_decay,
             adam_b1=train.beta1,
             adam_b2=train.beta2,
