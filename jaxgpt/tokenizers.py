@@ -150,8 +150,14 @@ class TiktokenTokenizer:
         return {"name": self.name}
 
 
+HUGGING_FACE_TOKENIZER_FILES = ("config.json", "tokenizer_config.json")  # beside tokenizer.json: its end token, rows
+
+
 class HuggingFaceTokenizer:
-    """A pretrained checkpoint's own tokenizer.json (e.g. Llama's), read with `tokenizers`."""
+    """A pretrained checkpoint's own tokenizer.json (e.g. Llama's), read with `tokenizers`: its
+    end-of-text id is the checkpoint's (config.json's eos_token_id, else tokenizer_config.json's
+    eos_token), and its ids span the checkpoint's embedding (config.json's vocab_size, which
+    may be padded past the tokenizer's own count, as Qwen2's is)."""
 
     def __init__(self, directory: Path):
         try:
@@ -163,9 +169,19 @@ class HuggingFaceTokenizer:
             raise UserError(f"{directory} has no tokenizer.json; this checkpoint's text cannot be encoded")
         self.name, self.directory = "huggingface", str(directory)
         self._tokenizer = Tokenizer.from_file(str(path))
-        config = json.loads((Path(directory) / "config.json").read_text())
-        self.eot_id = config.get("eos_token_id") if isinstance(config.get("eos_token_id"), int) else None
-        self.vocab_size = self._tokenizer.get_vocab_size()
+        model, settings = (_json_or_empty(Path(directory) / name) for name in HUGGING_FACE_TOKENIZER_FILES)
+        self.eot_id = self._end_of_text(model.get("eos_token_id"), settings)
+        rows = model.get("vocab_size")
+        self.vocab_size = max(self._tokenizer.get_vocab_size(), rows if isinstance(rows, int) else 0)
+
+    def _end_of_text(self, eos, tokenizer_config: dict) -> int | None:
+        if isinstance(eos, list):  # several ends (Llama 3.1's instruct models): the first is the text's own
+            eos = eos[0] if eos else None
+        if isinstance(eos, int):
+            return eos
+        token = tokenizer_config.get("eos_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        return self._tokenizer.token_to_id(token) if isinstance(token, str) else None
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -173,11 +189,45 @@ class HuggingFaceTokenizer:
     def decode(self, ids) -> str:
         return self._tokenizer.decode([int(i) for i in ids])
 
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes of text each id stands for (for bits per byte): a byte-level BPE's pieces
+        count their bytes (GPT-2, Qwen2, Llama 3); a SentencePiece vocabulary's "▁" is a space
+        and "<0xNN>" one byte (Llama 2, Mistral); a WordPiece continuation ("##ing") its letters,
+        the spaces between words uncounted; special tokens and padded rows none."""
+        spec = json.loads(self._tokenizer.to_str())
+        byte_level = '"ByteLevel"' in json.dumps([spec.get("pre_tokenizer"), spec.get("decoder")])
+        special = {i for i, added in self._tokenizer.get_added_tokens_decoder().items() if added.special}
+        out = np.zeros(self.vocab_size, np.int64)
+        for token, i in self._tokenizer.get_vocab().items():
+            if i not in special:
+                out[i] = _byte_level_bytes(token) if byte_level else _piece_bytes(token)
+        return out
+
     def to_dict(self) -> dict:
         return {"name": "huggingface", "directory": self.directory}
 
 
+def _json_or_empty(path: Path) -> dict:
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    return value if isinstance(value, dict) else {}
+
+
+def _piece_bytes(token: str) -> int:
+    """Bytes of a SentencePiece or WordPiece token's text."""
+    if re.fullmatch(r"<0x[0-9A-Fa-f]{2}>", token):
+        return 1
+    return len(token.removeprefix("##").replace("\u2581", " ").encode("utf-8"))
+
+
 END_OF_TEXT = "<|endoftext|>"
+
+
+def _byte_level_bytes(token: str) -> int:
+    """Bytes of a byte-level BPE token: one per character of GPT-2's byte alphabet."""
+    return sum(ch in BYTE_ALPHABET for ch in token)
 
 
 def _byte_alphabet() -> dict[str, int]:
@@ -188,6 +238,9 @@ def _byte_alphabet() -> dict[str, int]:
     shifted = [b for b in range(256) if b not in kept]
     chars = {b: chr(b) for b in kept} | {b: chr(256 + i) for i, b in enumerate(shifted)}
     return {ch: b for b, ch in chars.items()}
+
+
+BYTE_ALPHABET = _byte_alphabet()
 
 
 class TrainedBPE:
@@ -234,10 +287,9 @@ class TrainedBPE:
 
     def token_bytes(self) -> np.ndarray:
         """UTF-8 bytes each id stands for (a merge of byte pieces: their count); the separator none."""
-        alphabet = _byte_alphabet()
         out = np.zeros(self.vocab_size, np.int64)
         for token, i in self._tokenizer.get_vocab().items():
-            out[i] = sum(ch in alphabet for ch in token)
+            out[i] = _byte_level_bytes(token)
         return out
 
     def tokenizer_json(self) -> str:
@@ -332,14 +384,20 @@ def is_tokenizer_folder(name: str) -> bool:
 
 
 def _folder_tokenizer(folder: Path):
-    """The tokenizer in `folder`: a run's (jaxgpt's own format), or a trained BPE's."""
-    try:
-        saved = json.loads((folder / "tokenizer.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        saved = None
-    if isinstance(saved, dict) and isinstance(saved.get(RUN_TOKENIZER_KEY), str):
+    """The tokenizer in `folder`: a run's (jaxgpt's own format); a Hugging Face checkpoint's or
+    tokenizer's (a config.json naming a model_type, or a tokenizer_config.json, beside it: its
+    own end-of-text token); else a trained BPE's (`jaxgpt tokenizer` writes tokenizer.json alone)."""
+    saved = _json_or_empty(folder / "tokenizer.json")
+    if isinstance(saved.get(RUN_TOKENIZER_KEY), str):
         return base_tokenizer(tokenizer_from_dict(saved))
+    if is_hugging_face_folder(folder):
+        return HuggingFaceTokenizer(folder)
     return TrainedBPE.from_folder(folder)
+
+
+def is_hugging_face_folder(folder: Path) -> bool:
+    """Whether a tokenizer folder is a Hugging Face checkpoint's or tokenizer's, not a trained BPE's."""
+    return "model_type" in _json_or_empty(folder / "config.json") or (folder / "tokenizer_config.json").is_file()
 
 
 def make_tokenizer(name: str, corpus: str | None = None):

@@ -341,6 +341,44 @@ def test_fine_tuning_starts_from_the_pretrained_weights(gpt2_directory, tmp_path
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), trained, pretrained)
 
 
+def test_fine_tuning_a_llama_folder_reads_text_with_its_own_tokenizer(tmp_path):
+    """train.init_from and data.tokenizer both a Llama folder (a byte-level BPE with its own
+    end-of-text token, id 0, and an embedding padded to 320 rows past the tokenizer's count, as
+    Qwen2's is): the corpus is prepared with that token between documents, the model takes the
+    checkpoint's 320 rows, and training starts from its weights."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from jaxgpt.data.prepared import prepare
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    text = "the cat sat on the mat; the dog sat on the log. " * 40
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    trainer = trainers.BpeTrainer(vocab_size=290, special_tokens=["</s>"], initial_alphabet=alphabet)
+    bpe.train_from_iterator([text], trainer)
+    folder = tmp_path / "llama"
+    config = transformers.LlamaConfig(**LLAMA | {"vocab_size": 320, "max_position_embeddings": 64})
+    with_visible_weights(transformers.LlamaForCausalLM(config)).save_pretrained(folder)
+    bpe.save(str(folder / "tokenizer.json"))
+    for name in ("a", "b"):
+        (tmp_path / "text").mkdir(exist_ok=True)
+        (tmp_path / "text" / f"{name}.txt").write_text(text)
+
+    run = finetune_config(folder, n_kv_head=2, mlp_hidden=64, activation="swiglu", norm="rmsnorm", norm_eps=1e-6)
+    run.model.update(position="rope", rope_theta=500.0, bias=False, tie_embeddings=False)
+    run.data.update(source=f"text:{tmp_path / 'text'}", tokenizer=str(folder), val_fraction=0.5)
+    train_and_evaluate(run, tmp_path / "run", progress=False)
+    trained_run, trained, tokenizer, _ = load_latest(tmp_path / "run")
+    assert (tokenizer.name, tokenizer.eot_id, trained_run.model.vocab_size) == ("huggingface", 0, 320)
+    dataset = prepare(trained_run.data, progress=False)
+    tokens = np.concatenate([dataset.train, dataset.val])
+    assert bpe.token_to_id("</s>") == 0 and (tokens == 0).sum() == len(dataset.documents) == 2
+    _, pretrained, _ = load_pretrained(str(folder))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), trained, pretrained)
+
+
 @pytest.mark.slow
 def test_chat_fine_tuning_of_hugging_face_weights_with_adapters_grows_the_vocabulary(gpt2_directory, tmp_path):
     """GPT-2's weights fine-tuned on conversations with low-rank adapters: the chat template's

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from conftest import small_run_config, trained
 
-from jaxgpt.tokenizers import END_OF_TEXT, load_tokenizer, tokenizer_from_dict, train_bpe
+from jaxgpt.tokenizers import END_OF_TEXT, load_tokenizer, make_tokenizer, tokenizer_from_dict, train_bpe
 
 
 def test_the_first_merges_are_the_ones_worked_by_hand():
@@ -137,3 +137,88 @@ def test_a_run_trains_and_samples_with_it_and_keeps_its_own_copy(book, tmp_path)
     prompt = jnp.asarray([tokenizer.encode("It was")], jnp.int32)
     made = generate(saved.model, params, prompt, jax.random.key(0), max_new_tokens=5, sampling=SamplingConfig())
     assert made.shape == (1, 5) and isinstance(tokenizer.decode(np.asarray(made[0])), str)  # the new tokens
+
+
+def hugging_face_folder(folder, tokenizer_json: str, **files) -> str:
+    """A folder as a Hugging Face checkpoint or tokenizer leaves it: tokenizer.json, and the JSON
+    files given (config.json, tokenizer_config.json) beside it."""
+    folder.mkdir()
+    (folder / "tokenizer.json").write_text(tokenizer_json)
+    for name, content in files.items():
+        (folder / f"{name}.json").write_text(json.dumps(content))
+    return str(folder)
+
+
+def test_a_hugging_face_folder_is_read_with_its_own_end_token_and_rows(tmp_path):
+    """data.tokenizer=FOLDER on a Hugging Face checkpoint: the end of text is the checkpoint's
+    eos_token_id (not one id past the vocabulary, a trained BPE's), the ids span its config's
+    vocab_size (padded past the tokenizer's own count here, as Qwen2's is), and every byte of any text
+    is counted once (byte-level pieces), the padded rows none. Alone, the same tokenizer.json is
+    a trained BPE's, as `jaxgpt tokenizer` writes it."""
+    from jaxgpt.tokenizers import HuggingFaceTokenizer, TrainedBPE
+
+    bpe = train_bpe(["the cat sat on the mat, " * 20, "naïve café 😀 " * 5], vocab_size=300)
+    spec, pieces = bpe.tokenizer_json(), bpe.eot_id  # the merges this text allows, after the 256 bytes
+    config = {"model_type": "llama", "eos_token_id": 5, "vocab_size": 320}
+    checkpoint = make_tokenizer(hugging_face_folder(tmp_path / "llama", spec, config=config))
+    assert isinstance(checkpoint, HuggingFaceTokenizer) and (checkpoint.eot_id, checkpoint.vocab_size) == (5, 320)
+    sizes = checkpoint.token_bytes()
+    assert len(sizes) == 320 and (sizes[pieces:] == 0).all() and pieces < 300
+    for text in unicode_texts(seed=2, count=50) + ["the cat sat"]:
+        assert sizes[checkpoint.encode(text)].sum() == len(text.encode("utf-8"))
+    several_ends = {"model_type": "llama", "eos_token_id": [7, 8]}  # Llama 3.1's instruct models list three
+    assert make_tokenizer(hugging_face_folder(tmp_path / "instruct", spec, config=several_ends)).eot_id == 7
+    named = {"eos_token": {"content": "c", "special": True}}  # a tokenizer alone: its settings name the token
+    tokenizer_only = make_tokenizer(hugging_face_folder(tmp_path / "tokenizer", spec, tokenizer_config=named))
+    assert tokenizer_only.eot_id == tokenizer_only.encode("c")[0]
+    trained = make_tokenizer(hugging_face_folder(tmp_path / "trained", spec))
+    assert isinstance(trained, TrainedBPE) and trained.eot_id == trained.vocab_size - 1 == pieces
+
+
+def test_a_sentencepiece_vocabulary_counts_its_word_marks_as_spaces(tmp_path):
+    """Llama 2's and Mistral's kind of tokenizer.json: words marked by "▁" (a space; one is put
+    before the text), bytes outside the vocabulary as "<0xNN>" pieces of one byte each. So a
+    text's pieces count its bytes and the one space put before it."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    vocab = {"<unk>": 0, "</s>": 1, "<0x0A>": 2, "<0xC3>": 3, "<0xA9>": 4, "▁": 5}
+    for word in ("▁the", "▁cat", "▁sat", "t", "h", "e", "c", "a", "s"):
+        vocab[word] = len(vocab)
+    merges = [("▁", "t"), ("▁t", "h"), ("▁th", "e"), ("▁", "c"), ("▁c", "a"), ("▁ca", "t"), ("▁", "s"), ("▁s", "a")]
+    merges += [("▁sa", "t")]
+    for left, right in merges:
+        vocab.setdefault(left + right, len(vocab))
+    model = models.BPE(vocab, merges, unk_token="<unk>", byte_fallback=True)
+    tokenizer = Tokenizer(model)
+    tokenizer.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    spaces, first_space = decoders.Replace("▁", " "), decoders.Strip(" ", 1, 0)
+    tokenizer.decoder = decoders.Sequence([spaces, decoders.ByteFallback(), decoders.Fuse(), first_space])
+    tokenizer.add_special_tokens(["</s>"])
+    config = {"model_type": "llama", "eos_token_id": 1}
+    loaded = make_tokenizer(hugging_face_folder(tmp_path / "llama2", tokenizer.to_str(), config=config))
+    sizes = loaded.token_bytes()
+    assert sizes[1] == 0 and (sizes[2:5] == 1).all() and sizes[vocab["▁the"]] == 4
+    for text in ("the cat sat", "the cat\nsat", "the caé sat"):  # é: two bytes outside the vocabulary
+        ids = loaded.encode(text)
+        assert loaded.decode(ids) == text
+        assert sizes[ids].sum() == len((" " + text).encode("utf-8")), (text, ids)
+
+
+def test_prepared_data_is_named_by_the_files_that_decide_a_hugging_face_folders_ids(tmp_path):
+    """The end-of-text id a Hugging Face folder's corpus is prepared with comes from config.json
+    (or tokenizer_config.json) beside its tokenizer.json, so a change there prepares the corpus
+    anew; a trained BPE's folder is named by its tokenizer.json alone, as before."""
+    from jaxgpt.config import DataConfig
+    from jaxgpt.data.prepared import cache_folder
+
+    (tmp_path / "book.txt").write_text("the cat sat on the mat")
+    spec = train_bpe(["the cat sat on the mat, " * 20], vocab_size=270).tokenizer_json()
+    folder = hugging_face_folder(tmp_path / "llama", spec, config={"model_type": "llama", "eos_token_id": 5})
+    data = DataConfig(source=f"text:{tmp_path / 'book.txt'}", tokenizer=folder)
+    before = cache_folder(data)
+    (tmp_path / "llama" / "config.json").write_text(json.dumps({"model_type": "llama", "eos_token_id": 6}))
+    assert cache_folder(data) != before
+    trained = DataConfig(source=data.source, tokenizer=hugging_face_folder(tmp_path / "bpe", spec))
+    named = cache_folder(trained)
+    (tmp_path / "bpe" / "notes.json").write_text("{}")
+    assert cache_folder(trained) == named

@@ -50,7 +50,15 @@ from jaxgpt.data.sources import document_texts, local_files, read_documents
 from jaxgpt.errors import UserError, warn
 from jaxgpt.hardware.machine import cache_root as machine_cache_root
 from jaxgpt.hardware.machine import usable_cores
-from jaxgpt.tokenizers import load_tokenizer, make_tokenizer, save_tokenizer, separator_id, tokenizer_from_dict
+from jaxgpt.tokenizers import (
+    HUGGING_FACE_TOKENIZER_FILES,
+    is_hugging_face_folder,
+    load_tokenizer,
+    make_tokenizer,
+    save_tokenizer,
+    separator_id,
+    tokenizer_from_dict,
+)
 
 # Below this many documents, starting worker processes costs more than tokenizing serially.
 PARALLEL_MIN_DOCS = 5000
@@ -206,9 +214,12 @@ def _fingerprint(config: DataConfig) -> str:
         key["files"] = [(rest, Path(rest).stat().st_size, Path(rest).stat().st_mtime_ns)]
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]
-    trained = Path(config.tokenizer) / "tokenizer.json"
-    if trained.is_file():  # a tokenizer folder: trained again in the same folder, it tokenizes anew
-        key["tokenizer_sha256"] = sha256_of(trained)
+    folder = Path(config.tokenizer)
+    if (folder / "tokenizer.json").is_file():  # a tokenizer folder: trained again in the same folder, it tokenizes anew
+        key["tokenizer_sha256"] = sha256_of(folder / "tokenizer.json")
+        if is_hugging_face_folder(folder):  # its end-of-text id and rows are read from the files beside it
+            beside = [folder / name for name in HUGGING_FACE_TOKENIZER_FILES if (folder / name).is_file()]
+            key["hugging_face"] = {path.name: sha256_of(path) for path in beside}
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
 
 
