@@ -121,12 +121,18 @@ def adapter_labels(config: ModelConfig):
     )
 
 
-def frozen(config: ModelConfig, params):
-    """The parameters with every frozen weight behind stop_gradient: its gradient is zero and
-    not computed, so the gradient norm (and its clipping) is the trained parameters' alone."""
-    return jax.tree_util.tree_map_with_path(
-        lambda path, p: p if trains(config, path) else jax.lax.stop_gradient(p), params
-    )
+def split(config: ModelConfig, params) -> tuple:
+    """(what the adapted model trains, what it keeps fixed): two trees of params' structure, each
+    with None where the other holds the parameter. Differentiating the first alone, no gradient
+    of a frozen weight is computed, stored, summed over microbatches or copied between cores."""
+    trained = jax.tree_util.tree_map_with_path(lambda path, p: p if trains(config, path) else None, params)
+    fixed = jax.tree_util.tree_map_with_path(lambda path, p: None if trains(config, path) else p, params)
+    return trained, fixed
+
+
+def joined(trained, fixed):
+    """`split`'s two trees as the one they came from."""
+    return jax.tree.map(lambda t, f: f if t is None else t, trained, fixed, is_leaf=lambda x: x is None)
 
 
 def merge(config: ModelConfig, params: dict) -> tuple[ModelConfig, dict]:

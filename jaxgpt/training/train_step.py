@@ -294,14 +294,17 @@ def gradients(
     dropout_rng = rng if dropout_rng is None else dropout_rng
     weight = batch_weight(model.config, rng, batch, batch_rows) if weight is None else weight
 
+    # An adapted model's gradient is its adapters' alone (None at each frozen weight; `apply_gradients`)
+    trained, fixed = lora.split(model.config, params) if model.config.lora_rank else (params, None)
+
     def measured_and_grads(piece, ids, piece_dropout):
-        def objective(p):
-            p = lora.frozen(model.config, p) if model.config.lora_rank else p  # adapters train, the base does not
+        def objective(t):
+            p = t if fixed is None else lora.joined(t, fixed)
             return scored(
                 model, p, piece, rng, example_ids=ids, batch_rows=batch_rows, weight=weight, dropout_rng=piece_dropout
             )
 
-        (_, measured), grads = jax.value_and_grad(objective, has_aux=True)(params)
+        (_, measured), grads = jax.value_and_grad(objective, has_aux=True)(trained)
         return measured, grads
 
     if microbatches == 1:
@@ -348,6 +351,10 @@ def per_layer(norms: dict) -> dict[str, float]:
     return out
 
 
+def is_none(x) -> bool:
+    return x is None
+
+
 def apply_gradients(
     state: TrainState,
     measured: dict,
@@ -357,8 +364,10 @@ def apply_gradients(
     layer_grad_norms: bool = False,
 ) -> tuple[TrainState, dict]:
     """The optimizer's update of `state` by `grads`, and the step's metrics (with
-    layer_grad_norms, `gradient_norms` too)."""
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    layer_grad_norms, `gradient_norms` too). A None gradient (a frozen weight's, never computed)
+    is zero to the optimizer, whose update leaves that weight as it is; the norms leave it out."""
+    whole = jax.tree.map(lambda g, p: jnp.zeros_like(p) if g is None else g, grads, state.params, is_leaf=is_none)
+    updates, opt_state = optimizer.update(whole, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
     )
