@@ -66,7 +66,8 @@ def test_every_shipped_config_is_compiled_and_both_generations_are_compiled_for(
 @pytest.mark.parametrize("config_name, name", [(c, g) for c in SHIPPED for g in GENERATIONS.get(c, ())])
 def test_every_shipped_config_compiles_for_a_tpu_slice(config_name, name, gpt2_bpe):
     """Each config as shipped, on 8 chips of its generation: the report, and whether it fits.
-    Configs whose batch does not split 8 ways use the largest mesh it does split over."""
+    Configs whose batch (over the microbatches a config sets) does not split 8 ways use the largest
+    mesh it does split over."""
     config = importlib.import_module(f"configs.{config_name}").get_config()
     if config.data.source.startswith("hf:") and not config.model.get("vocab_size"):
         config.model.vocab_size = 65  # tiny_shakespeare's characters; its data needs the Hub
@@ -75,7 +76,8 @@ def test_every_shipped_config_compiles_for_a_tpu_slice(config_name, name, gpt2_b
         config.model.n_layer = LAYERS_COMPILED[config_name]
     target = tpu.target(name)
     devices = tpu.compile_only_devices(target)
-    config.mesh.data = max(d for d in (1, 2, 4, 8) if config.train.batch_size % d == 0)
+    rows = config.train.batch_size // (config.train.microbatches or 1)
+    config.mesh.data = max(d for d in (1, 2, 4, 8) if rows % d == 0)
     run = resolve(config, vocab_size=data.vocab_size_for(config))
     step = tpu.compile_train_step(run, devices, target)
     assert step.fits(target), (config_name, step.total_bytes)
