@@ -11,7 +11,7 @@ import pytest
 from conftest import attend
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model.attention import CausalSelfAttention, attention_weights, causal_score_bias
+from jaxgpt.model.attention import CausalSelfAttention, attention_scores, attention_weights, causal_score_bias
 from jaxgpt.model.positions import alibi_slopes
 
 pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
@@ -145,16 +145,22 @@ def test_a_sliding_window_in_jax_nn_words_is_our_window(window):
     np.testing.assert_allclose(theirs.reshape(ours.shape), ours, atol=1e-5, rtol=1e-5)
 
 
+@jax.jit
+def causal_weights(q, k):
+    """The attention pattern the lab shows (hook_pattern) under the causal mask."""
+    return attention_weights(attention_scores(q, k, causal_score_bias(SEQ, SEQ, None, None)))
+
+
 def test_weights_are_a_causal_distribution():
     q, k, _ = random_qkv()
-    w = np.asarray(jax.jit(attention_weights)(q, k, causal_score_bias(SEQ, SEQ, None, None)))
+    w = np.asarray(causal_weights(q, k))
     np.testing.assert_allclose(w.sum(-1), 1.0, atol=1e-6)
     assert np.all(np.triu(w, k=1) == 0.0)
 
 
 def test_softmax_is_float32_under_bfloat16_inputs():
     q, k, _ = random_qkv(jnp.bfloat16)
-    w = jax.jit(attention_weights)(q, k, causal_score_bias(SEQ, SEQ, None, None))
+    w = causal_weights(q, k)
     assert w.dtype == jnp.float32
     # A bfloat16 softmax could only normalise to within ~2^-8 = 4e-3.
     np.testing.assert_allclose(np.asarray(w).sum(-1), 1.0, atol=1e-6)

@@ -134,11 +134,12 @@ def attention_scores(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: f
     return scores + bias
 
 
-def attention_weights(q: jnp.ndarray, k: jnp.ndarray, bias: jnp.ndarray, scale: float | None = None) -> jnp.ndarray:
-    """softmax over keys of `attention_scores`: (b, k, g, t, s) float32, since bfloat16 has 8
-    bits of mantissa, too few to normalise hundreds of exponentials without visibly biasing
-    the weights."""
-    return jax.nn.softmax(attention_scores(q, k, bias, scale), axis=-1)
+def attention_weights(scores: jnp.ndarray) -> jnp.ndarray:
+    """softmax over keys of `attention_scores` (float32: bfloat16 has 8 bits of mantissa, too
+    few to normalise hundreds of exponentials without visibly biasing the weights): the
+    attention pattern the lab shows (hook_pattern). The kernel below computes the same
+    attention without forming it."""
+    return jax.nn.softmax(scores, axis=-1)
 
 
 # Every kernel takes the same arguments and computes the same attention:
@@ -185,7 +186,7 @@ def attend(layer, name: str, q, k, v, mask: Mask, scale: float | None):
     scores = attention_scores(q, k, mask.bias(q.shape[1], k.shape[1]), scale)  # (b, k, g, t, s)
     view = (scores.shape[0], scores.shape[1] * scores.shape[2], *scores.shape[3:])
     scores = site(layer, "hook_attn_scores", scores, view)
-    weights = site(layer, "hook_pattern", jax.nn.softmax(scores, axis=-1), view)
+    weights = site(layer, "hook_pattern", attention_weights(scores), view)
     if not changes_site(layer, "hook_pattern"):  # read only: the output is the kernel's, to the bit
         return softmax_weighted_values(scores, v)
     return jnp.einsum("bkgts,bskd->btkgd", weights.astype(v.dtype), v)
