@@ -351,10 +351,6 @@ def per_layer(norms: dict) -> dict[str, float]:
     return out
 
 
-def is_none(x) -> bool:
-    return x is None
-
-
 def apply_gradients(
     state: TrainState,
     measured: dict,
@@ -366,7 +362,11 @@ def apply_gradients(
     """The optimizer's update of `state` by `grads`, and the step's metrics (with
     layer_grad_norms, `gradient_norms` too). A None gradient (a frozen weight's, never computed)
     is zero to the optimizer, whose update leaves that weight as it is; the norms leave it out."""
-    whole = jax.tree.map(lambda g, p: jnp.zeros_like(p) if g is None else g, grads, state.params, is_leaf=is_none)
+
+    def zero_where_none(g, p):
+        return jnp.zeros_like(p) if g is None else g
+
+    whole = jax.tree.map(zero_where_none, grads, state.params, is_leaf=lambda x: x is None)
     updates, opt_state = optimizer.update(whole, state.opt_state, state.params)
     new_state = state.replace(
         step=state.step + 1, params=optax.apply_updates(state.params, updates), opt_state=opt_state
