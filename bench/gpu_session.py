@@ -220,14 +220,23 @@ def attention(dry: bool, workdir: Path) -> dict:
 # (name, overrides of configs/gpt2_124m.py, extra environment); in priority order. dot_product
 # asks for cuDNN's flash attention by name since the first lease (2026-11-26), where jax.nn's
 # automatic choice gave XLA's; loss_chunk keeps one chunk of the 50,304-wide logits at a time.
+# PROFILE marks where the fastest setting so far is profiled (bench/step_profile.py).
 DOT, CHUNK = "--config.model.attention=dot_product", "--config.model.loss_chunk=128"
-NO_REMAT = "--config.model.remat=none"
+NO_REMAT, UNROLLED = "--config.model.remat=none", "--config.model.scan_layers=false"
+PROFILE = ("profile the fastest so far", None, None)
 GPT2_SETTINGS = [
     ("shipped: xla, remat dots, batch 64", [], {}),
     ("dot_product, remat dots, batch 64", [DOT], {}),
     ("dot_product, remat dots, batch 64, loss_chunk 128", [DOT, CHUNK], {}),
     ("dot_product, remat none, batch 64, loss_chunk 128", [DOT, NO_REMAT, CHUNK], {}),
+    PROFILE,
     ("dot_product, remat none, batch 32, loss_chunk 128", [DOT, NO_REMAT, CHUNK, "--config.train.batch_size=32"], {}),
+    ("dot_product, remat none, batch 64, loss_chunk 128, unrolled", [DOT, NO_REMAT, CHUNK, UNROLLED], {}),
+    (
+        "dot_product, remat none, batch 64, loss_chunk 128, no Triton matmuls",
+        [DOT, NO_REMAT, CHUNK],
+        {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
+    ),
     (
         "dot_product, remat dots, batch 64, loss_chunk 128, deterministic ops",
         [DOT, CHUNK],
@@ -245,19 +254,43 @@ GPT2_DRY = [
 
 
 def gpt2(dry: bool, workdir: Path) -> dict:
-    settings = GPT2_SETTINGS[:2] if dry else GPT2_SETTINGS
+    """Each setting in its own process; at PROFILE, the fastest so far under the profiler, its
+    table and compiled programs written beside gpu_session.json (GPU_SESSION_OUT)."""
+    settings = [*GPT2_SETTINGS[:2], PROFILE] if dry else GPT2_SETTINGS
     vocab = "96" if dry else "50304"
+    size = ["--vocab", vocab, *(GPT2_DRY if dry else [])]
     results = {}
     for name, overrides, env in settings:
-        args = ["bench/train_throughput.py", "--config", "configs/gpt2_124m.py", "--vocab", vocab]
-        args += ["--steps", "2" if dry else "10", "--repeats", "2", *overrides, *(GPT2_DRY if dry else [])]
-        try:
-            _, output = python(*args, env=env, timeout=150)
-            results[name] = json.loads(output.strip().splitlines()[-1])
-        except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
-            results[name] = {"error": str(e)[-800:]}
+        if name == PROFILE[0]:
+            results[name] = profile_fastest(results, settings, size, dry)
+        else:
+            args = ["bench/train_throughput.py", "--config", "configs/gpt2_124m.py", *size]
+            args += ["--steps", "2" if dry else "10", "--repeats", "2", *overrides]
+            try:
+                _, output = python(*args, env=env, timeout=150)
+                results[name] = json.loads(output.strip().splitlines()[-1])
+            except (RuntimeError, subprocess.TimeoutExpired, json.JSONDecodeError) as e:
+                results[name] = {"error": str(e)[-800:]}
         print(json.dumps({"result": results}), flush=True)  # kept if the stage is cut off later
     return results
+
+
+def profile_fastest(results: dict, settings: list, size: list[str], dry: bool) -> dict:
+    measured = {name: r["tokens_per_sec"] for name, r in results.items() if "tokens_per_sec" in r}
+    if not measured:
+        return {"error": "no setting ran"}
+    fastest = max(measured, key=measured.get)
+    _, overrides, env = next(s for s in settings if s[0] == fastest)
+    out = Path(os.environ.get("GPU_SESSION_OUT") or tempfile.mkdtemp())
+    args = ["bench/step_profile.py", "--config", "configs/gpt2_124m.py", *size, *overrides]
+    args += ["--steps", "2" if dry else "5", "--top", "40"]
+    args += ["--out", str(out / "step_profile_gpt2.json"), "--hlo", str(out / "gpt2_hlo.txt.gz")]
+    try:
+        _, output = python(*args, env=env, timeout=150)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:
+        return {"setting": fastest, "error": str(e)[-800:]}
+    table = json.loads((out / "step_profile_gpt2.json").read_text())
+    return {"setting": fastest, "ms_per_step_by_kind": table["ms_per_step_by_kind"], "printed": output[-3000:]}
 
 
 def tiny_run(workdir: Path, steps: int, *extra: str, env: dict | None = None) -> dict[int, float]:
@@ -316,10 +349,11 @@ def families(dry: bool, workdir: Path) -> dict:
 
 def tests(dry: bool, workdir: Path) -> dict:
     """The `gpu` tests on the accelerator (the CPU backend stays beside it: a few tests measure
-    the host), four workers sharing the GPU, none of them taking most of its memory up front."""
+    the host), eight workers sharing the GPU (their compiles are the CPU's work), none of them
+    taking most of its memory up front."""
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     args = ["-m", "pytest", "-q", "-m", "gpu and not slow", "-p", "no:cacheprovider", "-rfE"]
-    args += ["--collect-only"] if dry else ["-n", "4"]
+    args += ["--collect-only"] if dry else ["-n", "8"]
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
     output = done.stdout + done.stderr
     print(output, flush=True)
@@ -358,12 +392,13 @@ def run_all(out: Path, names: list[str], dry: bool, deadline: float) -> dict:
     # compile some programs more than once
     env = {
         "PYTHONUNBUFFERED": "1",
+        "GPU_SESSION_OUT": str(out.resolve()),
         "JAXGPT_COMPILATION_CACHE": os.environ.get("JAXGPT_COMPILATION_CACHE")
         or str(out.parent / "gpu-session-xla-cache"),
     }
     start = time.monotonic()
     with log_path.open("a") as log:
-        for stage in [s for s in STAGES if s.name in names]:
+        for stage in [next(s for s in STAGES if s.name == name) for name in names]:
             left = deadline - (time.monotonic() - start)
             if left < 20:
                 results["stages"][stage.name] = {"status": "not run: the session's deadline", "seconds": 0}

@@ -6,17 +6,20 @@ operation XLA executed summed by kind (matmuls, layout copies, the rest), with t
 It takes bench/train_throughput.py's flags (--config and overrides, --vocab, --steps) and builds
 the step as it does.
 
-Each event the profiler records on XLA's threads is one operation of a compiled program, named
-as in the program's HLO; its kind is read from that HLO (a dot, or a fusion around one, is a
-matmul; copies and transposes alone move data between layouts; everything else computes
-elementwise values or reductions). The profiler slows the step (its own bookkeeping per event),
-so the table gives each kind's share of the recorded time, not a speed: speeds come from
-bench/train_throughput.py. Writes JSON (--out).
+Each event the profiler records on XLA's threads (on a CPU) or on the GPU's streams (each kernel
+tagged with the HLO operation that launched it) is one operation of a compiled program, named
+as in the program's HLO; its kind is read from that HLO (a dot, or a fusion around one, or
+cuBLAS's custom call, is a matmul; cuDNN's fused attention is attention; copies and transposes
+alone move data between layouts; everything else computes elementwise values or reductions).
+The profiler slows the step (its own bookkeeping per event), so the table gives each kind's
+share of the recorded time, not a speed: speeds come from bench/train_throughput.py. Writes
+JSON (--out), and with --hlo the compiled programs' text, gzipped, to read beside it.
 """
 
 from __future__ import annotations
 
 import collections
+import gzip
 import json
 import re
 import sys
@@ -34,11 +37,14 @@ from jaxgpt.hardware import runtime  # noqa: E402
 
 TOP = flags.DEFINE_integer("top", 15, "largest single operations listed")
 OUT = flags.DEFINE_string("out", "bench/results/step_profile.json", "where the JSON goes")
+HLO = flags.DEFINE_string("hlo", "", "also write the compiled programs' HLO text here (gzipped)")
 
 MOVES_DATA = {"copy", "transpose", "bitcast", "broadcast", "reshape", "parameter", "slice", "concatenate", "tuple"}
 COMPUTATION = re.compile(r"^(?:ENTRY )?%([\w.\-]+) .*\{$")
-INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (\S+) ([\w\-]+)\(")
+# the shape may be a tuple, "(bf16[8,64]{1,0}, s8[1024]{0})", as a GPU custom call's is
+INSTRUCTION = re.compile(r"^\s+(?:ROOT )?%([\w.\-]+) = (.+?) ([\w\-]+)\(")
 CALLS = re.compile(r"calls=%([\w.\-]+)")
+TARGET = re.compile(r'custom_call_target="([^"]+)"')
 
 
 def instruction_kinds(hlo_text: str) -> dict[str, tuple[str, str]]:
@@ -51,13 +57,17 @@ def instruction_kinds(hlo_text: str) -> dict[str, tuple[str, str]]:
             computation = header.group(1)
         elif instruction := INSTRUCTION.match(line):
             name, shape, opcode = instruction.groups()
+            if opcode == "custom-call" and (target := TARGET.search(line)):
+                opcode = custom_call_kind(target.group(1))
             opcodes[computation].add(opcode)
             called = CALLS.search(line)
             instructions.append((name, shape, opcode, called.group(1) if called else None))
     kinds = {}
     for name, shape, opcode, called in instructions:
         inner = opcodes[called] if opcode == "fusion" else {opcode}
-        if inner & {"dot", "convolution"}:
+        if "fused attention" in inner:
+            kind = "fused attention"
+        elif inner & {"dot", "convolution"}:
             kind = "matmul"
         elif inner <= MOVES_DATA:
             kind = "layout copy"
@@ -67,19 +77,49 @@ def instruction_kinds(hlo_text: str) -> dict[str, tuple[str, str]]:
     return kinds
 
 
-def recorded_operations(trace_dir: str, kinds: dict) -> collections.Counter:
-    """Nanoseconds per HLO instruction name, summed over every XLA thread's events."""
+def custom_call_kind(target: str) -> str:
+    """A custom call's kind by its target: cuDNN's fused attention ("__cudnn$fmha..."), cuBLAS's
+    matmuls ("__cublas$gemm", "__cublas$lt$matmul"), or another library call."""
+    if target.startswith("__cudnn$fmha") or "flash" in target.lower():
+        return "fused attention"
+    if "gemm" in target or "matmul" in target:
+        return "dot"
+    return "custom-call"
+
+
+def kernel_instruction(kernel: str, kinds: dict) -> str | None:
+    """The instruction an XLA-generated GPU kernel was named after ("loop_add_fusion_3" for
+    "loop_add_fusion.3": XLA's kernel names replace the instruction's dots), if any."""
+    if kernel in kinds:
+        return kernel
+    head, _, tail = kernel.rpartition("_")
+    return f"{head}.{tail}" if tail.isdigit() and f"{head}.{tail}" in kinds else None
+
+
+def recorded_operations(trace_dir: str, kinds: dict) -> tuple[collections.Counter, collections.Counter]:
+    """(nanoseconds per HLO instruction name, nanoseconds per GPU kernel name). On a CPU the
+    operations are the events of XLA's threads, named as the HLO's instructions; on a GPU, the
+    kernels on the device's streams, each tagged with the instruction that launched it (a
+    kernel without a tag is counted under its own name, prefixed "kernel: ")."""
     import jax
 
     [path] = Path(trace_dir).rglob("*.xplane.pb")
     profile = jax.profiler.ProfileData.from_file(str(path))
-    spent = collections.Counter()
+    on_gpu = any(plane.name.startswith("/device:GPU") for plane in profile.planes)
+    spent, kernels = collections.Counter(), collections.Counter()
     for plane in profile.planes:
+        if on_gpu and not plane.name.startswith("/device:GPU"):
+            continue  # the host's events are launches, not the work
         for line in plane.lines:
             for event in line.events:
-                if event.name in kinds:
-                    spent[event.name] += event.duration_ns
-    return spent
+                if not on_gpu:
+                    if event.name in kinds:
+                        spent[event.name] += event.duration_ns
+                    continue
+                operation = dict(event.stats).get("hlo_op") or kernel_instruction(event.name, kinds)
+                spent[operation if operation in kinds else f"kernel: {event.name[:120]}"] += event.duration_ns
+                kernels[event.name[:120]] += event.duration_ns
+    return spent, kernels
 
 
 def main() -> None:
@@ -93,6 +133,9 @@ def main() -> None:
     prepared = prepare(CONFIG.value, VOCAB.value)
     state, step, batches = prepared.state, prepared.compiled, prepared.batches
     texts = step.program_texts(state, batches[0])
+    if HLO.value:
+        Path(HLO.value).parent.mkdir(parents=True, exist_ok=True)
+        Path(HLO.value).write_bytes(gzip.compress("\n\n".join(texts).encode()))
     kinds = {}
     for text in texts:  # the gradient program first: the update's few names that repeat its own are left to it
         kinds = instruction_kinds(text) | kinds
@@ -106,8 +149,9 @@ def main() -> None:
                 state, metrics = step(state, batches[i % len(batches)])
             jax.block_until_ready(metrics)
             profiled_ms = 1000 * (time.perf_counter() - started) / STEPS.value  # not the trace's writing
-        spent = recorded_operations(trace_dir, kinds)
+        spent, kernels = recorded_operations(trace_dir, kinds)
 
+    kinds = kinds | {name: ("unattributed kernels", "") for name in spent if name not in kinds}
     total = sum(spent.values())
     by_kind = collections.Counter()
     for name, ns in spent.items():
@@ -135,6 +179,7 @@ def main() -> None:
         "largest": [
             {"name": n, "kind": kinds[n][0], "shape": kinds[n][1], "ms_per_step": ns * per_step} for n, ns in top
         ],
+        "largest_kernels": [{"name": n, "ms_per_step": ns * per_step} for n, ns in kernels.most_common(TOP.value)],
     }
     out = Path(OUT.value)
     out.parent.mkdir(parents=True, exist_ok=True)
