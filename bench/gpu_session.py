@@ -11,6 +11,8 @@ Stages (docs/benchmarks.md records what they printed, with the device named):
   attention    the `dot_product` kernel (cuDNN flash attention where it runs) against the `xla`
                kernel: outputs and q/k/v gradients in bfloat16 against a float32 reference,
                whether cuDNN was used, and the time of each
+  loss         the LM head and cross-entropy at GPT-2's shape: optax's against jaxgpt's
+               (training/cross_entropy.py), errors against float32 and the time of each
   gpt2         GPT-2 124M (configs/gpt2_124m.py's shape, bfloat16, T=1024) through
                bench/train_throughput.py, one process per setting: tokens/s and MFU
   determinism  --xla_gpu_deterministic_ops=true: two straight runs bit-identical, and a run
@@ -217,6 +219,49 @@ def attention(dry: bool, workdir: Path) -> dict:
     return {"shape": {"batch": b, "seq": t, "head_dim": d, "query_heads": 12}, "dtype": "bfloat16", "cases": results}
 
 
+def loss(dry: bool, workdir: Path) -> dict:
+    """The LM head and the cross-entropy at GPT-2's shape, forward and backward: optax's
+    (log_softmax, then the target's entry) against jaxgpt's (training/cross_entropy.py, the
+    gradient written as one elementwise pass), each in bfloat16 against optax's in float32 at
+    full matmul precision on the same device."""
+    import jax
+    import jax.numpy as jnp
+    import numpy as np
+    import optax
+
+    from jaxgpt.training.cross_entropy import softmax_cross_entropy
+
+    b, t, d, vocab = (2, 64, 32, 96) if dry else (64, 1024, 768, 50304)
+    rng = np.random.default_rng(0)
+    features = rng.standard_normal((b, t, d), np.float32)
+    embedding = 0.02 * rng.standard_normal((vocab, d), np.float32)
+    targets = jnp.asarray(rng.integers(0, vocab, (b, t)), jnp.int32)
+
+    def program(loss_fn, dtype):
+        def mean_loss(features, embedding):
+            logits = jnp.dot(features.astype(dtype), embedding.astype(dtype).T).astype(jnp.float32)
+            return loss_fn(logits, targets).mean()
+
+        return jax.jit(jax.value_and_grad(mean_loss, argnums=(0, 1)))
+
+    with jax.default_matmul_precision("highest"):
+        ref_loss, (ref_df, ref_de) = program(optax.softmax_cross_entropy_with_integer_labels, jnp.float32)(
+            features, embedding
+        )
+    results = {}
+    implementations = {"optax": optax.softmax_cross_entropy_with_integer_labels, "jaxgpt": softmax_cross_entropy}
+    for name, loss_fn in implementations.items():
+        fn = program(loss_fn, jnp.bfloat16)
+        value, (df, de) = fn(features, embedding)
+        results[name] = {
+            "loss": relative_error(value, ref_loss),
+            "d_features": relative_error(df, ref_df),
+            "d_embedding": relative_error(de, ref_de),
+            "forward_backward_ms": timed_ms(fn, features, embedding),
+        }
+    return {"shape": {"batch": b, "seq": t, "d_model": d, "vocab": vocab}, "dtype": "bfloat16", "results": results}
+
+
 # (name, overrides of configs/gpt2_124m.py, extra environment); in priority order. dot_product
 # asks for cuDNN's flash attention by name since the first lease (2026-11-26), where jax.nn's
 # automatic choice gave XLA's; loss_chunk keeps one chunk of the 50,304-wide logits at a time.
@@ -225,23 +270,17 @@ DOT, CHUNK = "--config.model.attention=dot_product", "--config.model.loss_chunk=
 NO_REMAT, UNROLLED = "--config.model.remat=none", "--config.model.scan_layers=false"
 PROFILE = ("profile the fastest so far", None, None)
 GPT2_SETTINGS = [
-    ("shipped: xla, remat dots, batch 64", [], {}),
     ("dot_product, remat dots, batch 64", [DOT], {}),
-    ("dot_product, remat dots, batch 64, loss_chunk 128", [DOT, CHUNK], {}),
-    ("dot_product, remat none, batch 64, loss_chunk 128", [DOT, NO_REMAT, CHUNK], {}),
-    PROFILE,
-    ("dot_product, remat none, batch 32, loss_chunk 128", [DOT, NO_REMAT, CHUNK, "--config.train.batch_size=32"], {}),
+    ("dot_product, remat none, batch 64, unrolled", [DOT, NO_REMAT, UNROLLED], {}),
+    ("dot_product, remat dots, batch 64, unrolled", [DOT, UNROLLED], {}),
     ("dot_product, remat none, batch 64, loss_chunk 128, unrolled", [DOT, NO_REMAT, CHUNK, UNROLLED], {}),
+    PROFILE,
     (
-        "dot_product, remat none, batch 64, loss_chunk 128, no Triton matmuls",
-        [DOT, NO_REMAT, CHUNK],
-        {"XLA_FLAGS": "--xla_gpu_enable_triton_gemm=false"},
-    ),
-    (
-        "dot_product, remat dots, batch 64, loss_chunk 128, deterministic ops",
-        [DOT, CHUNK],
+        "dot_product, remat none, batch 64, unrolled, deterministic ops",
+        [DOT, NO_REMAT, UNROLLED],
         {"XLA_FLAGS": "--xla_gpu_deterministic_ops=true"},
     ),
+    ("dot_product, remat none, batch 96, unrolled", [DOT, NO_REMAT, UNROLLED, "--config.train.batch_size=96"], {}),
 ]
 GPT2_DRY = [
     "--config.model.n_layer=2",
@@ -366,6 +405,7 @@ STAGES = [
     Stage("versions", 90, versions),
     Stage("tiny", 150, tiny),
     Stage("attention", 90, attention),
+    Stage("loss", 90, loss),
     Stage("gpt2", 480, gpt2),
     Stage("determinism", 180, determinism),
     Stage("families", 240, families),

@@ -116,8 +116,9 @@ def recorded_operations(trace_dir: str, kinds: dict) -> tuple[collections.Counte
                     if event.name in kinds:
                         spent[event.name] += event.duration_ns
                     continue
-                operation = dict(event.stats).get("hlo_op") or kernel_instruction(event.name, kinds)
-                spent[operation if operation in kinds else f"kernel: {event.name[:120]}"] += event.duration_ns
+                operation = dict(event.stats).get("hlo_op")
+                operation = operation if operation in kinds else kernel_instruction(event.name, kinds)
+                spent[operation or f"kernel: {event.name[:120]}"] += event.duration_ns
                 kernels[event.name[:120]] += event.duration_ns
     return spent, kernels
 

@@ -22,6 +22,7 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.model import lora
 from jaxgpt.model.transformer import GPT, head_logits, head_weights, init_params, zeros_shaped
 from jaxgpt.training.batch import MODEL_INPUTS, as_batch, length_of, rows_of, scored_weight
+from jaxgpt.training.cross_entropy import softmax_cross_entropy
 from jaxgpt.training.masked import example_keys, hidden_count, mask_examples
 
 EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
@@ -91,7 +92,7 @@ def token_losses(
     )
     if chunked:
         return chunked_losses(model.config, params, outputs, targets)[0]
-    return optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
+    return softmax_cross_entropy(outputs, targets)
 
 
 def cross_entropy(model: GPT, params, batch, rng: jax.Array | None = None) -> jax.Array:
@@ -187,7 +188,7 @@ def scored(
     if config.loss_chunk:  # the head's input: logits and losses a chunk of positions at a time
         losses, predictions = chunked_losses(config, params, outputs, targets, predict=predict)
     else:
-        losses = optax.softmax_cross_entropy_with_integer_labels(outputs, targets)
+        losses = softmax_cross_entropy(outputs, targets)
         predictions = jnp.argmax(outputs, axis=-1) if predict else None
     loss = (losses if scores is None else losses * scores).sum() / weight
     measured = {"loss": loss}
@@ -237,7 +238,7 @@ def chunked_losses(
     def one_chunk(piece):
         chunk_features, chunk_targets = piece  # (b, chunk, d), (b, chunk)
         logits = head_logits(config, head, chunk_features)
-        losses = optax.softmax_cross_entropy_with_integer_labels(logits, chunk_targets)
+        losses = softmax_cross_entropy(logits, chunk_targets)
         return losses, jnp.argmax(logits, axis=-1) if predict else None
 
     def by_chunk(x):  # (b, t, ...) -> (chunks, b, chunk, ...)
