@@ -96,6 +96,20 @@ def kernel_instruction(kernel: str, kinds: dict) -> str | None:
     return f"{head}.{tail}" if tail.isdigit() and f"{head}.{tail}" in kinds else None
 
 
+LIBRARY_KERNELS = [  # (kind, words in the names of a library's GPU kernels), seen on an H200
+    ("matmul", ("nvjet", "gemm", "cublas", "cutlass")),  # cuBLAS: "nvjet_sm90_tst_128x160_..."
+    ("fused attention", ("cudnn", "sdpa", "flash")),  # "cudnn_generated_fort_native_sdpa_..."
+    ("layout copy", ("memcpy", "memset")),
+]
+
+
+def library_kernel_kind(kernel: str) -> str:
+    """The kind of a GPU kernel that no HLO instruction is tagged on (cuBLAS's, cuDNN's and
+    the driver's copies are named by their library), by words in its name."""
+    name = kernel.lower()
+    return next((kind for kind, words in LIBRARY_KERNELS if any(w in name for w in words)), "unattributed kernels")
+
+
 def recorded_operations(trace_dir: str, kinds: dict) -> tuple[collections.Counter, collections.Counter]:
     """(nanoseconds per HLO instruction name, nanoseconds per GPU kernel name). On a CPU the
     operations are the events of XLA's threads, named as the HLO's instructions; on a GPU, the
@@ -152,7 +166,7 @@ def main() -> None:
             profiled_ms = 1000 * (time.perf_counter() - started) / STEPS.value  # not the trace's writing
         spent, kernels = recorded_operations(trace_dir, kinds)
 
-    kinds = kinds | {name: ("unattributed kernels", "") for name in spent if name not in kinds}
+    kinds = kinds | {name: (library_kernel_kind(name), "") for name in spent if name not in kinds}
     total = sum(spent.values())
     by_kind = collections.Counter()
     for name, ns in spent.items():
