@@ -22,9 +22,9 @@ def dry_run(out: Path, *stages: str) -> dict:
     return json.loads((out / "gpu_session.json").read_text())["stages"]
 
 
-@pytest.mark.slow  # 18-22 s of three fresh processes; the script changes rarely, the quick set runs often
+@pytest.mark.slow  # 20-24 s of four fresh processes; the script changes rarely, the quick set runs often
 def test_the_quick_stages_run_and_report(tmp_path):
-    stages = dry_run(tmp_path, "versions", "attention", "tests")
+    stages = dry_run(tmp_path, "versions", "attention", "loss", "tests")
     assert {name: record["status"] for name, record in stages.items()} == dict.fromkeys(stages, "ok")
     versions = stages["versions"]["result"]
     assert versions["backend"] == "cpu" and versions["smoke_grad_finite"]
@@ -33,4 +33,7 @@ def test_the_quick_stages_run_and_report(tmp_path):
         for kernel in ("xla", "dot_product"):
             # bfloat16 inputs against the float32 kernel: a few 2**-8 roundings, never exact, never wild
             assert 1e-4 < case[kernel]["out"] < 2e-2 and not case[kernel]["cudnn"]
+    for implementation in stages["loss"]["result"]["results"].values():
+        # bfloat16's rounding of the head's inputs against float32: the same few 2**-8, both ways
+        assert 1e-4 < implementation["d_features"] < 2e-2 and 0 <= implementation["loss"] < 1e-3
     assert "tests collected" in stages["tests"]["result"]["summary"]  # the `gpu` marker selects some
