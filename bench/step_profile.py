@@ -78,13 +78,10 @@ def instruction_kinds(hlo_text: str) -> dict[str, tuple[str, str]]:
 
 
 def custom_call_kind(target: str) -> str:
-    """A custom call's kind by its target: cuDNN's fused attention ("__cudnn$fmha..."), cuBLAS's
-    matmuls ("__cublas$gemm", "__cublas$lt$matmul"), or another library call."""
-    if target.startswith("__cudnn$fmha") or "flash" in target.lower():
-        return "fused attention"
-    if "gemm" in target or "matmul" in target:
-        return "dot"
-    return "custom-call"
+    """A custom call's opcode for the kinds above, by its target's library (LIBRARY_KERNELS):
+    cuBLAS's matmuls ("__cublas$lt$matmul") count as a dot, cuDNN's fused attention
+    ("__cudnn$fmha...") as fused attention, any other call as a custom call."""
+    return {"matmul": "dot", "fused attention": "fused attention"}.get(library_kernel_kind(target), "custom-call")
 
 
 def kernel_instruction(kernel: str, kinds: dict) -> str | None:
@@ -98,7 +95,8 @@ def kernel_instruction(kernel: str, kinds: dict) -> str | None:
 
 LIBRARY_KERNELS = [  # (kind, words in the names of a library's GPU kernels), seen on an H200
     ("matmul", ("nvjet", "gemm", "cublas", "cutlass")),  # cuBLAS: "nvjet_sm90_tst_128x160_..."
-    ("fused attention", ("cudnn", "sdpa", "flash")),  # "cudnn_generated_fort_native_sdpa_..."
+    # "__cudnn$fmha...", "cudnn_generated_fort_native_sdpa_...", and the helpers of its backward pass
+    ("fused attention", ("fmha", "sdpa", "flash", "cudnn::fusion")),
     ("layout copy", ("memcpy", "memset")),
 ]
 
