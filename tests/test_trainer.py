@@ -115,18 +115,20 @@ def test_a_spike_that_recovers_only_warns():
     assert [w.split(" at step ")[1].split(",")[0] for w in warned] == ["3", "4", "6", "7", "9"]
 
 
+@pytest.mark.parametrize("leaf", ["float32", "bfloat16"])
 @pytest.mark.parametrize("bad", [None, float("nan"), float("inf"), -float("inf")])
-def test_the_parameter_check_finds_one_bad_value_on_the_host_as_on_the_devices(bad):
+def test_the_parameter_check_finds_one_bad_value_on_the_host_as_on_the_devices(bad, leaf):
     """The check after each logged interval: on a CPU numpy reads the arrays in place; the
-    compiled reduction used elsewhere is the reference. One bad value among 4,000 in any leaf,
-    float32 or bfloat16, makes both say so."""
+    compiled reduction used elsewhere is the reference. One bad value among 4,000, in the
+    float32 leaf or the bfloat16 one, makes both say so."""
     import jax.numpy as jnp
 
     from jaxgpt.job.stopping import _all_finite_on_devices, all_finite
 
-    tree = {"a": jnp.ones((40, 50)), "b": {"c": jnp.zeros(2000, jnp.bfloat16), "step": jnp.int32(3)}}
+    tree = {"float32": jnp.ones(2000), "nested": {"bfloat16": jnp.zeros(2000, jnp.bfloat16), "step": jnp.int32(3)}}
     if bad is not None:
-        tree["b"]["c"] = tree["b"]["c"].at[1234].set(bad)
+        holder = tree if leaf == "float32" else tree["nested"]
+        holder[leaf] = holder[leaf].at[1234].set(bad)
     assert all_finite(tree) == bool(_all_finite_on_devices(tree)) == (bad is None)
 
 
