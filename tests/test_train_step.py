@@ -65,6 +65,26 @@ def test_schedule_warms_up_linearly_then_decays_to_min_lr():
     assert float(schedule(100)) == pytest.approx(1e-4)
 
 
+def test_cooldown_schedule_holds_lr_then_falls_in_a_straight_line():
+    train = TrainConfig(steps=100, warmup_steps=10, cooldown_steps=40, lr=1e-3, min_lr=1e-4)
+    schedule = learning_rate_schedule(train)
+    assert float(schedule(5)) == pytest.approx(5e-4)  # the warmup as with the cosine
+    for step in (10, 35, 60):  # held at lr from the warmup's end to the cooldown's start (100 - 40)
+        assert float(schedule(step)) == pytest.approx(1e-3)
+    assert float(schedule(70)) == pytest.approx(1e-3 - 0.25 * (1e-3 - 1e-4))  # a quarter of the way down
+    assert float(schedule(80)) == pytest.approx(0.5 * (1e-3 + 1e-4))
+    assert float(schedule(100)) == pytest.approx(1e-4)
+    assert float(schedule(150)) == pytest.approx(1e-4)  # held at min_lr past the end, as the cosine is
+
+
+def test_cooldown_must_fit_between_warmup_and_decay_end():
+    with pytest.raises(ValueError, match="cooldown_steps.*between 0 .* and 90"):
+        TrainConfig(steps=100, warmup_steps=10, cooldown_steps=91)
+    with pytest.raises(ValueError, match="cooldown_steps.*between 0 .* and 40"):
+        TrainConfig(steps=100, warmup_steps=10, decay_steps=50, cooldown_steps=41)
+    TrainConfig(steps=100, warmup_steps=10, cooldown_steps=90)  # the whole way: warmup then straight down
+
+
 @pytest.mark.parametrize("scan", [False, True])
 def test_weight_decay_touches_kernels_only(scan):
     params = jax.eval_shape(

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from conftest import attend, matrix
 from test_attention import TOL, attention_config, init_layer, normal, random_qkv, run_layer
-from test_model import closed_form_count, random_tokens, tiny
+from test_model import closed_form_count, forward, params_for, random_tokens, tiny
 
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.errors import UserError
@@ -147,6 +147,65 @@ def test_zero_initialised_blocks_start_as_the_identity():
     np.testing.assert_allclose(logits, x @ wte.T, rtol=1e-4, atol=1e-5)
 
 
+# ----------------------------------------------------------------------------- x0 mix
+
+
+def with_mixes(params, mixes):
+    """`params` (unscanned) with block i's x0_mix set to mixes[i] = (a, b)."""
+    params = jax.tree.map(lambda a: a, params)  # a copy: the caller's tree stays as it was
+    for i, mix in enumerate(mixes):
+        params[f"block_{i}"]["x0_mix"] = jnp.asarray(mix, jnp.float32)
+    return params
+
+
+def test_x0_mix_starts_as_the_plain_model_and_learns():
+    """At a = 1, b = 0 every block reads 1 * x + 0 * x0 = x exactly: the model without the
+    switch, given the same other weights, to the bit. The gradient reaches b at once."""
+    plain, mixed = tiny(), tiny(x0_mix=True)
+    params = params_for(mixed)
+    assert [params[f"block_{i}"]["x0_mix"].tolist() for i in range(2)] == [[1.0, 0.0]] * 2
+    others = {
+        k: ({n: p for n, p in v.items() if n != "x0_mix"} if k.startswith("block_") else v) for k, v in params.items()
+    }
+    tokens = random_tokens(plain, (2, 9))
+    np.testing.assert_array_equal(
+        GPT(mixed).apply({"params": params}, tokens), GPT(plain).apply({"params": others}, tokens)
+    )
+    loss = lambda p: GPT(mixed).apply({"params": p}, tokens).std()  # noqa: E731  (any function of the logits)
+    grads = jax.grad(loss)(params)
+    assert all(grads[f"block_{i}"]["x0_mix"][1] != 0 for i in range(2))
+
+
+def test_a_block_reading_only_x0_discards_the_blocks_before_it():
+    """With the last block's mix at a = 0, b = 1 it reads the embeddings alone, so a 3-layer
+    model's logits are those of a 1-layer model holding just that block: an independent
+    computation by a model of another depth, equal up to float32 rounding of the same ops."""
+    deep, shallow = tiny(n_layer=3, x0_mix=True), tiny(n_layer=1, x0_mix=True)
+    params = with_mixes(params_for(deep), [(0.7, 0.4), (1.3, -0.2), (0.0, 1.0)])
+    one = {k: v for k, v in params.items() if not k.startswith("block_")} | {"block_0": params["block_2"]}
+    tokens = random_tokens(deep, (2, 9))
+    want = forward(shallow, one, tokens)
+    np.testing.assert_allclose(forward(deep, params, tokens), want, atol=1e-6)
+    params["block_0"]["x0_mix"] = jnp.asarray([0.1, 2.0])  # blocks before it change nothing
+    np.testing.assert_allclose(forward(deep, params, tokens), want, atol=1e-6)
+
+
+def test_x0_mix_scanned_and_decoded_matches_the_full_forward():
+    """Mixed blocks stacked under scan_layers give the unscanned model's logits, and decoding
+    one token at a time through the KV cache (x0 the new tokens' embeddings) the full pass's."""
+    from test_model import decode_stepwise
+
+    from jaxgpt.model.transformer import stack_blocks
+
+    config = tiny(x0_mix=True, block_size=16)
+    params = with_mixes(params_for(config), [(0.8, 0.5), (1.2, -0.3)])
+    tokens = random_tokens(config, (2, 16))
+    full = forward(config, params, tokens)
+    stacked = stack_blocks(params, config.n_layer)
+    np.testing.assert_allclose(forward(config.replace(scan_layers=True), stacked, tokens), full, atol=1e-6)
+    np.testing.assert_allclose(decode_stepwise(config, params, tokens, 3), full, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- soft-capping
 
 
@@ -183,7 +242,9 @@ def test_bad_switch_values_are_named(changes, message):
     assert message in str(error.value)
 
 
-@pytest.mark.parametrize("switch", [dict(qk_norm=True), dict(logit_softcap=30.0), dict(attention_window=8)])
+@pytest.mark.parametrize(
+    "switch", [dict(qk_norm=True), dict(logit_softcap=30.0), dict(attention_window=8), dict(x0_mix=True)]
+)
 def test_a_model_with_a_switch_on_is_not_exported_as_gpt2(tmp_path, switch):
     from jaxgpt.hf import save_pretrained
 
@@ -197,7 +258,7 @@ def test_a_run_saved_before_the_switches_existed_resumes():
 
     current = RunConfig(tiny(), DataConfig(), TrainConfig()).to_dict()
     saved = {section: dict(values) for section, values in current.items()}
-    for field in ("qk_norm", "zero_init_residual", "logit_softcap", "attention_window"):
+    for field in ("qk_norm", "zero_init_residual", "logit_softcap", "attention_window", "x0_mix"):
         del saved["model"][field]
     assert resume_conflicts(saved, current) == []
     switched = {**current, "model": {**current["model"], "qk_norm": True}}

@@ -172,6 +172,9 @@ class ModelConfig:
         grow past the cap, which keeps early training from overconfident spikes.
     attention_window: when > 0, each query sees only itself and the window - 1 tokens before it
         (sliding-window attention; Beltagy et al. 2020, Mistral 7B); 0 sees the whole prefix.
+    x0_mix: each block reads a learned mix of the residual stream and the first block's input
+        (the embeddings), a * x + b * x0, with its own two numbers starting at a = 1, b = 0
+        (modded-nanogpt's x0 skip): every layer can reach the tokens' identities directly.
 
     Ablations, the questions the textbooks ask, each a switch (on = the standard model):
     scale_attention: divide scores by sqrt(head_dim). Off, the scores' variance grows with
@@ -256,6 +259,7 @@ class ModelConfig:
     zero_init_residual: bool = False
     logit_softcap: float = 0.0
     attention_window: int = 0
+    x0_mix: bool = False
     scale_attention: bool = True
     causal: bool = True
     residual: bool = True

@@ -119,6 +119,9 @@ class TrainConfig:
         decay to min_lr at decay_steps (Loshchilov & Hutter 2017), constant after.
     decay_steps: where the cosine ends; 0 means at `steps`. Extending a finished run with
         decay_steps set to its old length continues at min_lr instead of raising the rate.
+    cooldown_steps: 0 for the cosine; else the rate stays at lr after the warmup and falls
+        linearly to min_lr over the last cooldown_steps before decay_steps (warmup-stable-decay,
+        as the modded-nanogpt speedrun trains; docs/speedrun.md has what it buys here).
     weight_decay: AdamW's decoupled decay, on matrices only: norms and biases are never
         decayed, embeddings only with decay_embeddings.
     beta1, beta2: Adam moments; beta2 = 0.95 as in GPT-3 and nanoGPT, steadier than 0.999 for
@@ -172,6 +175,7 @@ class TrainConfig:
     min_lr: float = 1e-4
     warmup_steps: int = 100
     decay_steps: int = 0
+    cooldown_steps: int = 0
     weight_decay: float = 0.1
     beta1: float = 0.9
     beta2: float = 0.95
@@ -215,6 +219,13 @@ class TrainConfig:
         if self.decay_steps and not self.warmup_steps < self.decay_steps:
             problems.add(
                 "decay_steps", f"must be 0 (decay until train.steps) or above train.warmup_steps={self.warmup_steps}"
+            )
+        decay_end = self.decay_steps or self.steps
+        if not 0 <= self.cooldown_steps <= decay_end - self.warmup_steps:
+            problems.add(
+                "cooldown_steps",
+                f"must be between 0 (a cosine decay) and {decay_end - self.warmup_steps}, the steps between the "
+                f"warmup's end ({self.warmup_steps}) and the decay's ({decay_end})",
             )
         problems.below_one("beta1", "beta2", "muon_momentum", "muon_momentum_start")
         problems.not_negative("weight_decay", "grad_clip", "multiple_choice_every", "multiple_choice_limit")

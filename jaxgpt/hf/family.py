@@ -20,7 +20,7 @@ class Family(NamedTuple):
 # Switches and ablations GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).
 WORKBENCH_FIELDS = (
     "qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
-    "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform",
+    "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform", "x0_mix",
 )  # fmt: skip
 
 

@@ -43,6 +43,7 @@ ARCHITECTURE_FIELDS = (
     "qkv_bias",
     "tie_embeddings",
     "qk_norm",
+    "x0_mix",
     "qkv_projections",
     "scale_embeddings",
     "embedding_norm",
@@ -65,6 +66,7 @@ RESUMABLE_FIELDS = frozenset(
         "train.lr",  # lowering the learning rate is the way on after a divergence
         "train.warmup_steps",
         "train.decay_steps",
+        "train.cooldown_steps",
         "train.grad_clip",
         "train.min_lr",
         "train.eval_every",

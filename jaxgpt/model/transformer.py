@@ -55,10 +55,12 @@ class Block(nn.Module):
         segments: jnp.ndarray | None = None,
         memory: jnp.ndarray | None = None,
         memory_segments: jnp.ndarray | None = None,
+        x0: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
         """cache_index: None, or where this call's tokens start in the KV cache (decoding);
         segments: None, or each token's sequence in its row (jaxgpt/training/batch.py); memory and
-        memory_segments: the encoder's output (b, s, d_model) and its tokens' segments."""
+        memory_segments: the encoder's output (b, s, d_model) and its tokens' segments; x0: the
+        first block's input, which config.x0_mix mixes into this block's."""
         c = self.config
         norm_1 = make_norm(c, "norm_1")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
@@ -70,6 +72,9 @@ class Block(nn.Module):
                 return skip(x) + dropout(site(self, out_site, branch(norm(x))))
             return norm(skip(x) + dropout(site(self, out_site, branch(x))))
 
+        if c.x0_mix:
+            mix = self.param("x0_mix", lambda _: jnp.asarray([1.0, 0.0], c.param_dtype))  # a, b
+            x = mix[0].astype(x.dtype) * x + mix[1].astype(x.dtype) * x0
         x = site(self, "hook_resid_pre", x)
         attention = CausalSelfAttention(c, name="attn")
         x = residual_branch(x, lambda x: attention(x, positions, cache_index, segments), norm_1, "hook_attn_out")
@@ -130,8 +135,8 @@ def input_embeddings(
     return make_norm(c, "norm_embeddings")(x) if c.embedding_norm else x
 
 
-def _scan_step(block: Block, x, positions, cache_index, segments, memory, memory_segments):
-    return block(x, positions, cache_index, segments, memory, memory_segments), None
+def _scan_step(block: Block, x, positions, cache_index, segments, memory, memory_segments, x0):
+    return block(x, positions, cache_index, segments, memory, memory_segments, x0), None
 
 
 class GPT(nn.Module):
@@ -242,7 +247,7 @@ def stacked_blocks(
         # Under scan, XLA cannot common-subexpression the recomputation away, so the
         # guard against it (prevent_cse) only costs speed there.
         block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
-    beside = (positions, cache_index, segments, memory, memory_segments)
+    beside = (positions, cache_index, segments, memory, memory_segments, x if c.x0_mix else None)
     if c.scan_layers:
         scan = nn.scan(
             _scan_step,

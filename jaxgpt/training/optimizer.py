@@ -1,4 +1,4 @@
-"""AdamW (or Muon for the blocks' matrices) with warmup + cosine decay, global-norm clipping,
+"""AdamW (or Muon for the blocks' matrices) with warmup and a cosine or linear decay, global-norm clipping,
 and weight decay on matrices only."""
 
 from __future__ import annotations
@@ -11,14 +11,27 @@ from jaxgpt.config import TrainConfig
 
 
 def learning_rate_schedule(train: TrainConfig) -> optax.Schedule:
-    """Linear warmup from 0 to lr over warmup_steps, cosine decay to min_lr at decay_steps
-    (train.steps when 0), then min_lr (optax holds the end value past decay_steps)."""
-    return optax.warmup_cosine_decay_schedule(
-        init_value=0.0,
-        peak_value=train.lr,
-        warmup_steps=train.warmup_steps,
-        decay_steps=train.decay_steps or train.steps,
-        end_value=train.min_lr,
+    """Linear warmup from 0 to lr over warmup_steps, then down to min_lr at decay_steps
+    (train.steps when 0), then min_lr (optax holds the end value past decay_steps). Down by a
+    cosine, or with cooldown_steps, held at lr and then straight down over the last
+    cooldown_steps (warmup-stable-decay)."""
+    end = train.decay_steps or train.steps
+    if not train.cooldown_steps:
+        return optax.warmup_cosine_decay_schedule(
+            init_value=0.0,
+            peak_value=train.lr,
+            warmup_steps=train.warmup_steps,
+            decay_steps=end,
+            end_value=train.min_lr,
+        )
+    stable_until = end - train.cooldown_steps
+    return optax.join_schedules(
+        [
+            optax.linear_schedule(0.0, train.lr, train.warmup_steps),
+            optax.constant_schedule(train.lr),
+            optax.linear_schedule(train.lr, train.min_lr, train.cooldown_steps),
+        ],
+        boundaries=[train.warmup_steps, stable_until],
     )
 
 
