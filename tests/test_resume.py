@@ -292,3 +292,24 @@ def test_the_best_checkpoint_by_validation_loss_outlives_pruning_and_a_reopening
     reopened.wait()
     assert reopened.steps() == [2, 7, 8] and reopened.best() == (2, 1.0)
     reopened.close()
+
+
+def test_extending_a_run_is_announced_only_where_the_rate_moves():
+    """A cosine run extended at its end, or a run with a cooldown extended after its cooldown
+    began, would continue at another rate: announced. A run with a cooldown extended while its
+    rate is still held continues at that rate: nothing to say (why warmup-stable-decay runs are
+    the ones to extend)."""
+    from jaxgpt.config import DataConfig, ModelConfig, RunConfig, TrainConfig
+    from jaxgpt.job.resume import schedule_change_note
+
+    def run(**train):
+        return RunConfig(ModelConfig(), DataConfig(), TrainConfig(warmup_steps=10, lr=1e-3, min_lr=1e-4, **train))
+
+    saved = {"config": run(steps=100, cooldown_steps=40).to_dict()}
+    assert schedule_change_note(saved, run(steps=200, cooldown_steps=40), step=50) is None  # held at lr
+    note = schedule_change_note(saved, run(steps=200, cooldown_steps=40), step=80)  # half-way down
+    assert note and "now 0.001 (the run was at 0.00055)" in note and "decay_steps=100" in note
+    cosine = {"config": run(steps=100).to_dict()}
+    assert "decay_steps=100" in schedule_change_note(cosine, run(steps=200), step=100)
+    assert schedule_change_note(cosine, run(steps=200, decay_steps=100), step=100) is None  # kept at min_lr
+    assert "now 0.001" in schedule_change_note(cosine, run(steps=100, cooldown_steps=40), step=50)  # cosine -> held

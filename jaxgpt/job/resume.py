@@ -190,7 +190,8 @@ def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | No
     """Raising train.steps moves the end of the cosine: a finished run would continue at a
     higher learning rate than it ended with. Say so, and how to avoid it."""
     saved_values = {
-        k: record["config"]["train"].get(k, 0) for k in ("steps", "decay_steps", "warmup_steps", "lr", "min_lr")
+        k: record["config"]["train"].get(k, 0)
+        for k in ("steps", "decay_steps", "cooldown_steps", "warmup_steps", "lr", "min_lr")
     }
     saved = dataclasses.replace(config.train, **saved_values)
     before = float(learning_rate_schedule(saved)(step))
