@@ -187,8 +187,9 @@ def restore_or_start(
 
 
 def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | None:
-    """Raising train.steps moves the end of the cosine: a finished run would continue at a
-    higher learning rate than it ended with. Say so, and how to avoid it."""
+    """Raising train.steps moves the end of the decay (the cosine's, or the cooldown's): a run
+    past its decay's start would continue at a higher learning rate than it had. Say so, and
+    how to avoid it."""
     saved_values = {
         k: record["config"]["train"].get(k, 0)
         for k in ("steps", "decay_steps", "cooldown_steps", "warmup_steps", "lr", "min_lr")
