@@ -24,8 +24,11 @@ COLLECTIVES = ("all-reduce", "all-gather", "reduce-scatter", "all-to-all", "coll
 MODEL = ModelConfig(vocab_size=32, block_size=16, n_layer=2, n_head=2, d_model=32)
 
 
-def make_run(microbatches=1, batch_size=8, model=MODEL) -> RunConfig:
-    train = TrainConfig(steps=10, warmup_steps=2, batch_size=batch_size, microbatches=microbatches, lr=3e-3)
+def make_run(microbatches=1, batch_size=8, model=MODEL, one_program=False) -> RunConfig:
+    train = TrainConfig(
+        steps=10, warmup_steps=2, batch_size=batch_size, microbatches=microbatches, lr=3e-3,
+        one_program_for_cores=one_program,
+    )  # fmt: skip
     return RunConfig(model=model, data=DataConfig(), train=train)
 
 
@@ -57,16 +60,20 @@ def core_parallel_run(run: RunConfig, windows: list, cores: int):
     return state, losses, step
 
 
-@pytest.mark.parametrize("cores, microbatches", [(2, 1), pytest.param(4, 1, marks=pytest.mark.slow), (2, 2)])
-def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches):
+@pytest.mark.parametrize(
+    "cores, microbatches, one_program",
+    [(2, 1, False), pytest.param(4, 1, False, marks=pytest.mark.slow), (2, 2, False), (2, 2, True), (4, 1, True)],
+)
+def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches, one_program):
     """The mean of per-core mean gradients over equal shares is the batch mean: losses and
     gradient norms differ by float32 summation order only (~1e-7 relative). Adam divides each
     gradient by its own running scale, so where a gradient is near zero that noise can be
     amplified toward the step size: after five steps of lr <= 3e-3 the largest parameter
     difference measured was 2.5e-6; the bound is 1e-5, a three-hundredth of one step. A wrong
     weighting of the shares (a sum instead of a mean, a share left out) moves the loss by
-    percent and the parameters by ~lr."""
-    run = make_run(microbatches)
+    percent and the parameters by ~lr. Both ways of computing the cores' shares (a program per
+    core, one program over them) are held to it."""
+    run = make_run(microbatches, one_program=one_program)
     windows = batches(5)
     want, want_losses = one_device_run(make_run(1), windows)
     got, got_losses, _ = core_parallel_run(run, windows, cores)
@@ -98,6 +105,29 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
     step = CoreParallelStep(program, devices)
     step.trace(create(), jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh)))
     assert len(step._lowered[0]) == 2 and len(traced) == 1
+
+
+def test_one_program_over_the_cores_is_compiled_once_and_gives_the_per_core_steps():
+    """train.one_program_for_cores: one gradient program for all the cores, its shares each
+    core's own (no all-reduce inside: the gradient of parameters every core holds alike is not
+    summed over the cores), the update after it. Its steps equal the per-core programs' up to
+    float32 rounding (the same arithmetic, compiled as another program: XLA may fuse it
+    otherwise), and, as they do, its runs repeat bit for bit with dropout, each core drawing
+    its own masks."""
+    run = make_run(2, model=MODEL.replace(dropout=0.2), one_program=True)
+    windows = batches(3)
+    first, first_losses, step = core_parallel_run(run, windows, 2)
+    second, second_losses, _ = core_parallel_run(run, windows, 2)
+    assert first_losses == second_losses
+    jax.tree.map(np.testing.assert_array_equal, jax.device_get(first.params), jax.device_get(second.params))
+    per_core, per_core_losses, _ = core_parallel_run(make_run(2, model=MODEL.replace(dropout=0.2)), windows, 2)
+    np.testing.assert_allclose(first_losses, per_core_losses, rtol=1e-5)
+    jax.tree.map(partial(np.testing.assert_allclose, atol=1e-5), *jax.device_get((first.params, per_core.params)))
+    batch = jax.device_put(windows_batch(windows[0]), sharding.batch_sharding(step.batch_mesh))
+    texts = step.program_texts(first, batch)
+    assert len(texts) == 2 and "one gradient program" in step.what  # the cores' program and the update
+    for text in texts:
+        assert not [op for op in COLLECTIVES if op in text]
 
 
 def test_a_share_left_out_would_be_caught():
@@ -142,15 +172,19 @@ def test_no_program_holds_a_collective():
     assert "all-reduce" in text
 
 
-def test_evaluation_on_cores_gives_the_one_device_losses():
-    run = make_run()
+@pytest.mark.parametrize("one_program", [False, True])
+def test_evaluation_on_cores_gives_the_one_device_losses(one_program):
+    """Five batches over two cores: the last round of one program over them repeats its batch
+    on the second core and drops that loss."""
+    run = make_run(one_program=one_program)
     _, _, step = core_parallel_run(run, batches(1), 2)
     params = jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 1))().params
     windows = batches(5)
     losses = step.eval_losses(
         params, lambda i, mesh: jax.device_put(windows_batch(windows[i]), sharding.batch_sharding(mesh)), 5
     )
-    assert [next(iter(loss["loss"].devices())) for loss in losses] == [jax.devices()[i % 2] for i in range(5)]
+    if not one_program:  # each evaluated on its own core
+        assert [next(iter(loss["loss"].devices())) for loss in losses] == [jax.devices()[i % 2] for i in range(5)]
     reference = jax.jit(partial(eval_step, model=GPT(run.model)))
     want = [float(reference(params, jnp.asarray(w))["loss"]) for w in windows]
     assert [float(x["loss"]) for x in losses] == want  # the same program on another core: the same bits

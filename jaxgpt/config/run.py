@@ -144,6 +144,11 @@ class TrainConfig:
         their gradients inside the compiled step (same result up to float32 summation order,
         less activation memory). 0 lets the run choose (jaxgpt/hardware/step_choice.py): the fewest whose
         step fits the CPU's cache, or the accelerator's memory.
+    one_program_for_cores: on a CPU whose cores share the batch (jaxgpt/hardware/core_parallel.py),
+        compute their shares with one program over all the cores, compiled once, instead of a
+        program per core: a fresh start compiles about a third less, but each step waits for the
+        host's work between steps (3-10% slower steps at 4 unscanned layers): for short runs
+        (docs/benchmarks.md, "One program over the cores").
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).
     decay_embeddings: also apply weight decay to the token/position embeddings.
@@ -191,6 +196,7 @@ class TrainConfig:
     multiple_choice_limit: int = 0
     seed: int = 0
     microbatches: int = 0
+    one_program_for_cores: bool = False
     dtype: str = "float32"
     decay_embeddings: bool = False
     optimizer: str = "adamw"

@@ -4,8 +4,8 @@ One XLA CPU device runs a small model's step mostly on one core: XLA spreads a l
 over its thread pool but runs the many small elementwise ops, the softmax and the optimizer
 one after another. Splitting the batch over one device per core uses them all, but as one
 SPMD program it ends every step in an all-reduce, and XLA's in-process collectives can abort
-the process on a busy machine (jaxgpt/hardware/runtime.py says how). So each core runs the one-device
-program on its own rows instead, and the host joins them:
+the process on a busy machine (jaxgpt/hardware/runtime.py says how). So the cores only compute
+their shares, and the host joins them:
 
     params  --copy-->  every other core            (a memcpy; the runtime's, not XLA's)
     each core: its share of (loss, gradient)        (`train_step.gradients`, its microbatches)
@@ -16,6 +16,18 @@ do not depend on the core count. No thread ever waits for another inside XLA: a 
 only makes the step slower. The update equals the one-device step's up to float32 summation
 order (each core's share is its rows' sums over the whole batch's count, train_step.scored);
 dropout draws from fold_in(step key, core).
+
+Which programs compute the shares is the run's choice (`train.one_program_for_cores`):
+
+  - ProgramPerCore (the default): the one-device program, compiled once for each core's device.
+    JAX dispatches a one-device program asynchronously, so the host's work between two steps
+    (the parameters put on the other cores, their shares put back, the update dispatched)
+    overlaps the cores' work.
+  - OneProgramOverCores: one program over all the cores (`each_core`: shard_map with nothing
+    exchanged), compiled once however many cores there are: a fresh start compiles less. But
+    JAX's CPU client runs a program over several devices synchronously, so the host's work then
+    lies between the steps: worth it for a short run whose step has few parameter arrays (scanned
+    layers), not a long one (docs/benchmarks.md measures both).
 """
 
 from __future__ import annotations
@@ -26,6 +38,7 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from jaxgpt import sharding
 from jaxgpt.training.batch import as_batch, rows_of
@@ -56,108 +69,216 @@ def whole_batch_weight(key, step, batch, *, model):
 def add_and_apply(
     state: TrainState, per_core: list, *, optimizer, layer_grad_norms: bool = False
 ) -> tuple[TrainState, dict]:
-    """The optimizer step on the sum of the cores' shares, added in core order."""
+    """The optimizer step on the sum of the cores' shares (each with a leading axis of one, as
+    both ways of computing them return it), added in core order."""
     total = per_core[0]
     for result in per_core[1:]:
         total = jax.tree.map(jnp.add, total, result)
-    measured, grads = total
+    measured, grads = jax.tree.map(lambda x: x[0], total)
     return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
 class CoreParallelStep:
     """`train_step`'s update of a one-device state on the first of `devices`, computed from a
-    batch sharded over `devices` (`batch_mesh`), one single-device program per device."""
-
-    what = "the gradient program of each CPU core, and the update"  # for the line that says it compiled
+    batch sharded over `devices` (`batch_mesh`): every core's share (ProgramPerCore or
+    OneProgramOverCores, as train.one_program_for_cores says), then the update on the first core."""
 
     def __init__(self, program: TrainingProgram, devices: list):
         """`program`'s train.batch_size is the whole batch's, split over `devices` in order."""
         self.devices = list(devices)
         self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
-        self.device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
         t = program.run.train
-        self._gradients = jax.jit(
-            partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
-        )
+        share = partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
+        shares = OneProgramOverCores if t.one_program_for_cores else ProgramPerCore
+        self.shares = shares(share, program.eval_step, self.batch_mesh)
+        self.what = f"{self.shares.what}, and the update"  # for the line that says it compiled
         self._whole_batch_weight = jax.jit(partial(whole_batch_weight, model=program.model))
         update = partial(add_and_apply, optimizer=program.optimizer, layer_grad_norms=t.log_layer_grad_norms)
         self._apply = jax.jit(update, donate_argnums=0)
-        self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
-        self._eval_loss = jax.jit(program.eval_step)
-        self._lowered: tuple | None = None  # (each core's gradient program, the update), traced
-        self._compiled_gradients: dict | None = None
+        self._lowered: tuple | None = None  # (the shares' programs, the update), traced
         self._compiled_apply = None
 
-    def _gradient_inputs(self, state, batch) -> list[tuple]:
-        """Per core: its copy of (params, key, step), its rows, its index, the batch's weight."""
-        home = self.devices[0]
+    def _share_inputs(self, state, batch) -> tuple:
+        """(params, key, step, batch, the whole batch's weight or None): what the shares read."""
         weight = None
         if "weights" in batch:  # the whole batch on the first core, counted there
-            weight = self._whole_batch_weight(state.rng, state.step, jax.device_put(batch, home))
-        shared = (state.params, state.rng, state.step)
+            weight = self._whole_batch_weight(state.rng, state.step, jax.device_put(batch, self.devices[0]))
+        return state.params, state.rng, state.step, batch, weight
+
+    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
+        per_core = self.shares(*self._share_inputs(state, batch))
+        return (self._compiled_apply or self._apply)(state, per_core)
+
+    def eval_losses(self, params, make_batch, count: int) -> list[dict]:
+        """The loss of each of `count` batches, batch i built by make_batch(i, mesh) on core
+        i % cores and evaluated there: the same numbers as on one device, computed side by side."""
+        return self.shares.eval_losses(params, make_batch, count)
+
+    def trace(self, state: TrainState, batch: dict) -> CoreParallelStep:
+        """Trace the shares' programs and the update to StableHLO; returns self."""
+        if self._lowered is None:
+            inputs = self._share_inputs(state, batch)
+            home = SingleDeviceSharding(self.devices[0])
+            one = jax.tree.map(lambda x: x.update(sharding=home), self.shares.share_layout(*inputs))
+            self._lowered = self.shares.lower(*inputs), self._apply.lower(state, [one] * len(self.devices))
+        return self
+
+    def compile(self, state: TrainState, batch: dict) -> CoreParallelStep:
+        """Compile the shares' programs and the update ahead of time, all at once (XLA compiles
+        without the GIL), unless already; returns self."""
+        if self._compiled_apply is None:
+            shares, update = self.trace(state, batch)._lowered
+            with ThreadPoolExecutor(len(shares) + 1) as pool:
+                *compiled, self._compiled_apply = pool.map(lambda program: program.compile(), [*shares, update])
+            self.shares.compiled = compiled
+        return self
+
+    def memory_analysis(self):
+        """XLA's memory analysis of a compiled share program, one core's (after `compile`)."""
+        return self.shares.compiled[0].memory_analysis()
+
+    def cost_analysis(self) -> dict:
+        """XLA's cost analysis of a compiled share program (after `compile`): its FLOPs and
+        bytes, per device as the mesh step's are."""
+        cost = self.shares.compiled[0].cost_analysis()
+        return cost[0] if isinstance(cost, list) else cost
+
+    def program_texts(self, state: TrainState, batch: dict) -> list[str]:
+        """The compiled programs' HLO (the shares', then the update's): for checking that none
+        holds a collective. Compiles them first unless `compile` already has."""
+        self.compile(state, batch)
+        return [c.as_text() for c in self.shares.compiled] + [self._compiled_apply.as_text()]
+
+
+class ProgramPerCore:
+    """Each core's share by the one-device program compiled for that core's device; evaluation
+    likewise, batch by batch."""
+
+    what = "the gradient program of each CPU core"
+
+    def __init__(self, share, eval_step, mesh):
+        self.devices = list(mesh.devices.flat)
+        self._share = jax.jit(lambda *args: with_core_axis(share(*args)))
+        self._eval_loss = jax.jit(eval_step)
+        self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
+        self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
+        self.compiled: list | None = None  # one per core, in core order
+
+    def _per_core(self, params, key, step, batch, weight) -> list[tuple]:
+        """Per core: its copy of (params, key, step), its rows, its index, the batch's weight."""
         inputs = []
         for i, device in enumerate(self.devices):
             rows = {name: core_rows(array, device) for name, array in batch.items()}
             # every core's copy on its device alone, the first's too (no copy there): its state's
             # mesh sharding would give its program other input types and a second tracing
-            mine = jax.device_put((*shared, weight), device)
+            mine = jax.device_put((params, key, step, weight), device)
             inputs.append((*mine[:3], rows, self._core_ids[i], mine[3]))
         return inputs
 
-    def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
-        gradients_on = self._compiled_gradients or {d: self._gradients for d in self.devices}
-        inputs = self._gradient_inputs(state, batch)
-        results = [gradients_on[d](*args) for d, args in zip(self.devices, inputs, strict=True)]
-        home = self.devices[0]
-        results = [results[0]] + [jax.device_put(r, home) for r in results[1:]]  # runs when each core is done
-        return (self._compiled_apply or self._apply)(state, results)
+    def lower(self, *inputs) -> list:
+        return [self._share.lower(*args) for args in self._per_core(*inputs)]  # traced once, then cached
+
+    def share_layout(self, *inputs):
+        """One core's share: its shapes."""
+        return jax.eval_shape(self._share, *self._per_core(*inputs)[0])
+
+    def __call__(self, *inputs) -> list:
+        """Every core's share, on the first core."""
+        programs = self.compiled or [self._share] * len(self.devices)
+        shares = [run(*args) for run, args in zip(programs, self._per_core(*inputs), strict=True)]
+        return [shares[0]] + [jax.device_put(s, self.devices[0]) for s in shares[1:]]  # each as its core is done
 
     def eval_losses(self, params, make_batch, count: int) -> list[dict[str, jax.Array]]:
-        """The loss of each of `count` batches, batch i built by make_batch(i, mesh) on core
-        i % cores and evaluated there: the same numbers as on one device, computed side by side."""
         copies = [params] + [jax.device_put(params, d) for d in self.devices[1:]]
         n = len(self.devices)
-        return [self._eval_loss(copies[i % n], make_batch(i, self.device_meshes[i % n])) for i in range(count)]
+        return [self._eval_loss(copies[i % n], make_batch(i, self._device_meshes[i % n])) for i in range(count)]
 
-    def trace(self, state: TrainState, batch: dict) -> CoreParallelStep:
-        """Trace every core's gradient program and the update to StableHLO; returns self."""
-        if self._lowered is None:
-            inputs = self._gradient_inputs(state, batch)
-            gradients = [self._gradients.lower(*args) for args in inputs]  # tracing: once, then cached
-            home = jax.sharding.SingleDeviceSharding(self.devices[0])
-            result = jax.eval_shape(self._gradients, *inputs[0])
-            result = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=home), result)
-            self._lowered = gradients, self._apply.lower(state, [result] * len(self.devices))
-        return self
 
-    def compile(self, state: TrainState, batch: dict) -> CoreParallelStep:
-        """Compile every core's program ahead of time, all at once (XLA compiles without the
-        GIL, one compilation per core), and the update, unless already; returns self."""
-        if self._compiled_gradients is None:
-            gradients, update = self.trace(state, batch)._lowered
-            with ThreadPoolExecutor(len(gradients)) as pool:
-                compiled = list(pool.map(lambda program: program.compile(), gradients))
-            self._compiled_gradients = dict(zip(self.devices, compiled, strict=True))
-            self._compiled_apply = update.compile()
-        return self
+class OneProgramOverCores:
+    """Every core's share by one program over the cores (`each_core`), compiled once; evaluation
+    likewise, a batch a core at a time."""
 
-    def memory_analysis(self):
-        """XLA's memory analysis of one core's compiled program (after `compile`)."""
-        return next(iter(self._compiled_gradients.values())).memory_analysis()
+    what = "one gradient program over the CPU cores"
 
-    def cost_analysis(self) -> dict:
-        """XLA's cost analysis of one core's compiled gradient program (after `compile`): its
-        FLOPs and bytes, per device as the mesh step's are."""
-        cost = next(iter(self._compiled_gradients.values())).cost_analysis()
-        return cost[0] if isinstance(cost, list) else cost
+    def __init__(self, share, eval_step, mesh):
+        self.devices = list(mesh.devices.flat)
+        self._mesh = mesh
+        self._everywhere = NamedSharding(mesh, PartitionSpec())  # a whole copy on every core
+        everywhere, split = PartitionSpec(), PartitionSpec(sharding.BATCH)
+        self._share = jax.jit(each_core(share_of_this_core(share), mesh, (everywhere,) * 3 + (split, everywhere)))
+        self._eval_losses = jax.jit(each_core(eval_step, mesh, (everywhere, split)))
+        self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]
+        self.compiled: list | None = None  # the one program
 
-    def program_texts(self, state: TrainState, batch: dict) -> list[str]:
-        """The compiled programs' HLO (each core's, then the update's): for checking that none
-        holds a collective. Compiles them first unless `compile` already has."""
-        self.compile(state, batch)
-        return [c.as_text() for c in self._compiled_gradients.values()] + [self._compiled_apply.as_text()]
+    def _inputs(self, params, key, step, batch, weight) -> tuple:
+        """(params, key, step) and the batch's weight copied to every core; the batch as it is
+        (its rows already split over the cores)."""
+        params, key, step, weight = jax.device_put((params, key, step, weight), self._everywhere)
+        return params, key, step, batch, weight
+
+    def lower(self, *inputs) -> list:
+        return [self._share.lower(*self._inputs(*inputs))]
+
+    def share_layout(self, *inputs):
+        """One core's share: its shapes (the program's results hold every core's, stacked)."""
+        shares = jax.eval_shape(self._share, *self._inputs(*inputs))
+        return jax.tree.map(lambda x: jax.ShapeDtypeStruct((1, *x.shape[1:]), x.dtype), shares)
+
+    def __call__(self, *inputs) -> list:
+        """Every core's share, on the first core."""
+        shares = (self.compiled[0] if self.compiled else self._share)(*self._inputs(*inputs))
+        first, *others = range(len(self.devices))
+        # only the other cores' shares are put (each put costs the host, whose Python shares
+        # the cores with the step, tens of microseconds a leaf)
+        return [core_share(shares, first)] + [jax.device_put(core_share(shares, i), self.devices[0]) for i in others]
+
+    def eval_losses(self, params, make_batch, count: int) -> list[dict[str, np.ndarray]]:
+        copies = jax.device_put(params, self._everywhere)
+        cores, rounds = len(self.devices), []
+        for first in range(0, count, cores):
+            # a short last round repeats its last batch on the cores left over; their losses are dropped
+            parts = [make_batch(min(first + i, count - 1), mesh) for i, mesh in enumerate(self._device_meshes)]
+            rounds.append(self._eval_losses(copies, jax.tree.map(partial(side_by_side, self._mesh), *parts)))
+        per_core = [jax.tree.map(lambda x, i=i: x[i], r) for r in jax.device_get(rounds) for i in range(cores)]
+        return per_core[:count]
+
+
+def with_core_axis(tree):
+    """`tree`'s arrays with a leading axis of one: a core's share as OneProgramOverCores's
+    program returns it, so the update reads both alike."""
+    return jax.tree.map(lambda x: x[None], tree)
 
 
 def core_rows(array: jax.Array, device) -> jax.Array:
     """The rows of a batch array sharded over the cores that live on `device`."""
     return next(shard.data for shard in array.addressable_shards if shard.device == device)
+
+
+def share_of_this_core(share):
+    """share(params, key, step, rows, core, weight), given the index of the core it runs on."""
+    return lambda params, key, step, rows, weight: share(params, key, step, rows, jax.lax.axis_index("data"), weight)
+
+
+def each_core(fn, mesh, in_specs: tuple):
+    """`fn` run on every core of `mesh` (its data axis) at once, each on its part of the inputs
+    (`in_specs`: split over the data axis, or a whole copy on every core). One SPMD program, so
+    compiled once, not once per core, and with no collective in it: each core's results are
+    its own, stacked along a new leading axis, one entry per core (`core_share` takes one)."""
+    # check_vma=False: with it, a gradient taken inside with respect to a copy every core holds
+    # alike would be summed over the cores (an all-reduce); each core's own share is wanted here.
+    split = PartitionSpec(sharding.BATCH)
+    return jax.shard_map(lambda *args: with_core_axis(fn(*args)), mesh=mesh, in_specs=in_specs, out_specs=split,
+                         check_vma=False)  # fmt: skip
+
+
+def core_share(shares, core: int):
+    """Entry `core` of `shares` (each_core's stacked results): the arrays that core computed,
+    on its device, no copy."""
+    return jax.tree.map(lambda x: x.addressable_data(core), shares)
+
+
+def side_by_side(mesh, *parts: jax.Array) -> jax.Array:
+    """One array of `parts` (one per device of `mesh`, in its order, each on its device) laid
+    end to end along the first axis, split over the mesh's data axis as they already are: no copy."""
+    shape = (sum(p.shape[0] for p in parts), *parts[0].shape[1:])
+    return jax.make_array_from_single_device_arrays(shape, sharding.batch_sharding(mesh), list(parts))

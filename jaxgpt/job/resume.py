@@ -79,6 +79,7 @@ RESUMABLE_FIELDS = frozenset(
         "train.checkpoint_every",
         "train.keep_checkpoints",
         "train.microbatches",
+        "train.one_program_for_cores",
         "train.tensorboard",
         "train.wandb_project",
         "model.attention",
