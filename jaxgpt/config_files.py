@@ -96,7 +96,8 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     model.vocab_size is taken from `vocab_size` (the tokenizer's; with_tokenizer_vocab when
     it is known only later) when the config leaves it unset. A warmup as
     long as the run (a shipped config shortened with --config.train.steps) is clipped to a
-    tenth of the run, and `notes` gets a line saying so; a model without the causal mask gets
+    tenth of the run, a cooldown longer than the rest of it to the rest, and `notes` gets a line
+    saying so; a model without the causal mask gets
     a line saying how it is scored.
     """
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
@@ -110,7 +111,7 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
         model["moe"] = None  # likewise: dense MLPs
     data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
     train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
-    train_values = _clip_warmup(train_values, notes if notes is not None else [])
+    train_values = _fit_schedule_to_the_run(train_values, notes if notes is not None else [])
     train = TrainConfig(**train_values)
     if model.get("vocab_size") == VOCAB_FROM_TOKENIZER:
         raise ConfigError("model.vocab_size=1 leaves no choice of token to predict; leave it unset or raise it")
@@ -148,12 +149,26 @@ def with_tokenizer_vocab(run: RunConfig, vocab_size: int) -> RunConfig:
     return run
 
 
-def _clip_warmup(train: dict, notes: list[str]) -> dict:
+def _fit_schedule_to_the_run(train: dict, notes: list[str]) -> dict:
+    """`train` with a warmup as long as the run clipped to a tenth of it, and a cooldown longer
+    than the steps after the warmup clipped to those steps (the rate then falls from the warmup's
+    end), each with a note: a shipped config shortened with --config.train.steps still runs."""
     defaults = TrainConfig.__dataclass_fields__
-    steps = train.get("steps", defaults["steps"].default)
-    warmup = train.get("warmup_steps", defaults["warmup_steps"].default)
-    if isinstance(steps, int) and isinstance(warmup, int) and steps > 0 and warmup >= steps:
-        clipped = steps // 10
-        notes.append(f"train.warmup_steps={warmup} is not shorter than train.steps={steps}; warming up for {clipped}")
-        return train | {"warmup_steps": clipped}
+    names = ("steps", "warmup_steps", "decay_steps", "cooldown_steps")
+    steps, warmup, decay_steps, cooldown = (train.get(name, defaults[name].default) for name in names)
+    if not all(isinstance(value, int) for value in (steps, warmup, decay_steps, cooldown)) or steps <= 0:
+        return train  # a wrong type or count is TrainConfig's to report
+    if warmup >= steps:
+        notes.append(
+            f"train.warmup_steps={warmup} is not shorter than train.steps={steps}; warming up for {steps // 10}"
+        )
+        warmup = steps // 10
+        train = train | {"warmup_steps": warmup}
+    room = (decay_steps or steps) - warmup
+    if cooldown > room > 0:
+        train = train | {"cooldown_steps": room}
+        notes.append(
+            f"train.cooldown_steps={cooldown} is longer than the {room} steps after the warmup; "
+            f"cooling down over all {room}"
+        )
     return train

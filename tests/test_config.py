@@ -126,6 +126,22 @@ def test_a_warmup_as_long_as_a_shortened_run_is_clipped_with_a_note():
     assert resolve(config, vocab_size=96, notes=notes).train.warmup_steps == 100 and notes == []
 
 
+def test_a_cooldown_longer_than_a_shortened_run_is_clipped_with_a_note():
+    """configs/nanogpt_speedrun.py's 75 steps of cooldown in a run shortened to 50 steps with 10
+    of warmup: 40 steps are left after the warmup, and the rate falls over all of them."""
+    config = base_config()
+    config.train.update(steps=50, warmup_steps=10, cooldown_steps=75)
+    notes = []
+    assert resolve(config, vocab_size=96, notes=notes).train.cooldown_steps == 40
+    assert notes == ["train.cooldown_steps=75 is longer than the 40 steps after the warmup; cooling down over all 40"]
+    config.train.update(steps=60, warmup_steps=100, decay_steps=0)  # the warmup clipped first: 6, leaving 54
+    notes.clear()
+    assert resolve(config, vocab_size=96, notes=notes).train.cooldown_steps == 54 and len(notes) == 2
+    config.train.update(steps=200, warmup_steps=10)
+    notes.clear()
+    assert resolve(config, vocab_size=96, notes=notes).train.cooldown_steps == 75 and notes == []
+
+
 @pytest.mark.parametrize(
     "batch_size, microbatches, ok", [(16, 0, True), (16, 4, True), (16, 3, False), (12, -1, False)]
 )
