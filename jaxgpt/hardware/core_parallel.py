@@ -158,7 +158,7 @@ class ProgramPerCore:
 
     def __init__(self, share, eval_step, mesh):
         self.devices = list(mesh.devices.flat)
-        self._share = jax.jit(lambda *args: with_core_axis(share(*args)))
+        self._share = jax.jit(with_core_axis(share))
         self._eval_loss = jax.jit(eval_step)
         self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
@@ -243,10 +243,14 @@ class OneProgramOverCores:
         return per_core[:count]
 
 
-def with_core_axis(tree):
-    """`tree`'s arrays with a leading axis of one: a core's share as OneProgramOverCores's
-    program returns it, so the update reads both alike."""
-    return jax.tree.map(lambda x: x[None], tree)
+def with_core_axis(fn):
+    """`fn` returning its arrays with a leading axis of one: a core's share as
+    OneProgramOverCores's program returns it, so the update reads both alike."""
+
+    def on_one_core(*args):  # the name the compiled program carries
+        return jax.tree.map(lambda x: x[None], fn(*args))
+
+    return on_one_core
 
 
 def core_rows(array: jax.Array, device) -> jax.Array:
@@ -267,8 +271,7 @@ def each_core(fn, mesh, in_specs: tuple):
     # check_vma=False: with it, a gradient taken inside with respect to a copy every core holds
     # alike would be summed over the cores (an all-reduce); each core's own share is wanted here.
     split = PartitionSpec(sharding.BATCH)
-    return jax.shard_map(lambda *args: with_core_axis(fn(*args)), mesh=mesh, in_specs=in_specs, out_specs=split,
-                         check_vma=False)  # fmt: skip
+    return jax.shard_map(with_core_axis(fn), mesh=mesh, in_specs=in_specs, out_specs=split, check_vma=False)
 
 
 def core_share(shares, core: int):
