@@ -97,8 +97,7 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     it is known only later) when the config leaves it unset. A warmup as
     long as the run (a shipped config shortened with --config.train.steps) is clipped to a
     tenth of the run, a cooldown longer than the rest of it to the rest, and `notes` gets a line
-    saying so; a model without the causal mask gets
-    a line saying how it is scored.
+    saying so; a model without the causal mask gets a line saying how it is scored.
     """
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     for section in raw:
