@@ -16,14 +16,15 @@ from test_model import closed_form_count, forward, params_for, random_tokens, ti
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.job.resume import resume_conflicts
-from jaxgpt.model.attention import causal_score_bias
+from jaxgpt.model.attention import CausalSelfAttention, causal_score_bias
 from jaxgpt.model.layers import MLP
 from jaxgpt.model.transformer import GPT, count_params, init_params
 
 
-def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_scale=None):
+def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_scale=None, value_embedding=None):
     """Causal attention head by head in float64, with an optional sliding window (key j visible
-    to query i when i - window < j <= i) and optional RMS normalisation of each q and k head."""
+    to query i when i - window < j <= i), optional RMS normalisation of each q and k head, and
+    optional value embeddings (b, t, n_kv_head * head_dim) mixed into the values by value_mix."""
     x = np.asarray(x, np.float64)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     H, G, D = config.n_head, config.group_size, config.head_dim
@@ -34,6 +35,9 @@ def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_sca
     if qk_norm_eps is not None:
         rms = lambda a, scale: a / np.sqrt(np.mean(a * a, -1, keepdims=True) + qk_norm_eps) * scale  # noqa: E731
         q, k = rms(q, p["q_norm"]["scale"]), rms(k, p["k_norm"]["scale"])
+    if value_embedding is not None:
+        a, b = p["value_mix"]
+        v = a * v + b * np.asarray(value_embedding, np.float64).reshape(v.shape)
     k, v = np.repeat(k, G, axis=2), np.repeat(v, G, axis=2)
     scores = np.einsum("bthd,bshd->bhts", q, k) * (1 / math.sqrt(D) if score_scale is None else score_scale)
     i, j = np.arange(x.shape[1])[:, None], np.arange(x.shape[1])[None, :]
@@ -203,6 +207,125 @@ def test_x0_mix_scanned_and_decoded_matches_the_full_forward():
     np.testing.assert_allclose(decode_stepwise(config, params, tokens, 3), full, atol=1e-5)
 
 
+# ----------------------------------------------------------------------------- value embeddings
+
+
+@pytest.mark.parametrize("n_kv_head", [4, 2], ids=["MHA", "GQA"])
+def test_value_embeddings_enter_the_values_as_the_reference_mixes_them(n_kv_head):
+    """The layer given each token's value embedding row: attention whose values are a * v + b * e,
+    written out in float64 (a key/value head's slice of e shared by its group of query heads)."""
+    config = attention_config(n_kv_head)
+    x, rows = normal((2, 10, config.d_model), 0), normal((2, 10, n_kv_head * config.head_dim), 1)
+    layer = CausalSelfAttention(config)
+    shapes = jax.eval_shape(layer.init, jax.random.key(0), x, jnp.arange(10), None, None, rows)["params"]
+    leaves, tree = jax.tree.flatten(shapes)
+    params = jax.tree.unflatten(tree, [0.3 * normal(a.shape, 2 + i) for i, a in enumerate(leaves)])
+    params["value_mix"] = jnp.asarray([0.7, -1.3])
+    ours = jax.jit(layer.apply)({"params": params}, x, jnp.arange(10), None, None, rows)
+    np.testing.assert_allclose(ours, reference_attention(x, params, config, value_embedding=rows), **TOL)
+
+
+def with_value_mixes(params, mixes):
+    """`params` (unscanned) with block i's value_mix set to mixes[i] = (a, b)."""
+    params = jax.tree.map(lambda a: a, params)
+    for i, mix in enumerate(mixes):
+        params[f"block_{i}"]["attn"]["value_mix"] = jnp.asarray(mix, jnp.float32)
+    return params
+
+
+def without_value_embeddings(tree, mix=None):
+    """`tree` with every block's value table and mix removed, or with each mix set to `mix`."""
+    if not isinstance(tree, dict):
+        return tree
+    if mix is None:
+        tree = {k: v for k, v in tree.items() if k not in ("value_embed", "value_mix")}
+    elif "value_mix" in tree:
+        tree = {**tree, "value_mix": jnp.asarray(mix, jnp.float32)}
+    return {k: without_value_embeddings(v, mix) for k, v in tree.items()}
+
+
+@pytest.mark.parametrize("encoder_layers", [0, 1], ids=["decoder", "encoder-decoder"])
+def test_value_embeddings_start_at_half_and_half_and_at_one_and_zero_are_the_plain_model(encoder_layers):
+    """Each block's table is (vocab, kv width) and its mix starts at (1/2, 1/2), so the tables
+    learn from the first step; set to a = 1, b = 0 every block's values are 1 * v + 0 * e = v
+    exactly: the model without the switch, given the same other weights, to the bit (an
+    encoder's blocks look up the sources, a decoder's the targets)."""
+    plain = tiny(n_kv_head=2, encoder_layers=encoder_layers)
+    embedded = plain.replace(value_embeddings=True)
+    params = params_for(embedded)
+    width = embedded.n_kv_head * embedded.head_dim
+
+    def blocks_of(tree):  # the decoder's two blocks and the encoder's one
+        return [tree[f"block_{i}"] for i in range(2)] + ([tree["encoder"]["block_0"]] if encoder_layers else [])
+
+    for block in blocks_of(params):
+        assert block["value_embed"]["embedding"].shape == (embedded.vocab_size, width)
+        assert block["attn"]["value_mix"].tolist() == [0.5, 0.5]
+    tokens = random_tokens(plain, (2, 9))
+    sources = dict(sources=random_tokens(plain, (2, 7), seed=1)) if encoder_layers else {}
+
+    def logits(config, params):
+        return jax.jit(partial(GPT(config).apply, **sources))({"params": params}, tokens)
+
+    grads = jax.jit(jax.grad(lambda p: logits(embedded, p).std()))(params)  # any function of the logits
+    assert all(np.any(block["value_embed"]["embedding"]) for block in blocks_of(grads))
+    switched_off = without_value_embeddings(params, mix=(1.0, 0.0))
+    np.testing.assert_array_equal(logits(embedded, switched_off), logits(plain, without_value_embeddings(params)))
+    if encoder_layers:  # the encoder's table is read at the sources' tokens, and only there
+        unread = sorted(set(range(plain.vocab_size)) - set(np.asarray(sources["sources"]).ravel().tolist()))
+        for token, changes in ((unread[0], False), (int(sources["sources"][0, 0]), True)):
+            moved = jax.tree.map(lambda a: a, params)
+            table = moved["encoder"]["block_0"]["value_embed"]["embedding"]
+            moved["encoder"]["block_0"]["value_embed"]["embedding"] = table.at[token].add(1.0)
+            assert np.any(logits(embedded, moved) != logits(embedded, params)) == changes
+
+
+def test_value_embeddings_are_counted_as_parameters_but_not_as_flops():
+    """Each block's table adds vocab x kv width parameters (and its mix two), but a lookup
+    multiplies nothing: the FLOPs per token are the plain model's plus 6 per mix number."""
+    from jaxgpt.model.transformer import flops_per_token
+
+    plain, embedded = tiny(n_kv_head=2), tiny(n_kv_head=2, value_embeddings=True)
+    added = count_params(params_for(embedded)) - count_params(params_for(plain))
+    assert added == plain.n_layer * (plain.vocab_size * 2 * plain.head_dim + 2)
+    assert flops_per_token(embedded) == flops_per_token(plain) + 6 * plain.n_layer * 2
+
+
+def test_value_embeddings_scanned_and_decoded_match_the_full_forward():
+    """Tables stacked under scan_layers give the unscanned model's logits; decoding one token at a
+    time through the KV cache (each step's values mixed with that token's rows) the full pass's."""
+    from test_model import decode_stepwise
+
+    from jaxgpt.model.transformer import stack_blocks
+
+    config = tiny(value_embeddings=True, block_size=16, position="rope")
+    params = with_value_mixes(params_for(config), [(0.8, 0.5), (1.2, -0.3)])
+    tokens = random_tokens(config, (2, 16))
+    full = forward(config, params, tokens)
+    stacked = stack_blocks(params, config.n_layer)
+    np.testing.assert_allclose(forward(config.replace(scan_layers=True), stacked, tokens), full, atol=1e-6)
+    np.testing.assert_allclose(decode_stepwise(config, params, tokens, 3), full, atol=1e-5)
+
+
+def test_a_grown_vocabulary_grows_each_blocks_value_table_and_keeps_the_trained_logits():
+    """Rows added for new tokens (grow_vocabulary): each block's value table gains the mean of
+    its rows, as the embedding does, and on text of the old tokens the logits are the old ones."""
+    from jaxgpt.model.transformer import grow_vocabulary, stack_blocks
+
+    for scanned in (False, True):
+        config = tiny(value_embeddings=True, scan_layers=scanned)
+        params = params_for(tiny(value_embeddings=True))
+        params = stack_blocks(params, 2) if scanned else params
+        grown = grow_vocabulary(config, params, 36)
+        block = "blocks" if scanned else "block_1"
+        tables, old = (tree[block]["value_embed"]["embedding"] for tree in (grown, params))
+        assert tables.shape[-2] == 36
+        np.testing.assert_allclose(tables[..., 32:, :], np.repeat(old.mean(-2, keepdims=True), 4, -2), rtol=1e-6)
+        tokens = random_tokens(config, (2, 9))
+        after = forward(config.replace(vocab_size=36), grown, tokens)
+        np.testing.assert_allclose(after[..., :32], forward(config, params, tokens), rtol=1e-5, atol=1e-5)
+
+
 # ----------------------------------------------------------------------------- soft-capping
 
 
@@ -240,7 +363,9 @@ def test_bad_switch_values_are_named(changes, message):
 
 
 @pytest.mark.parametrize(
-    "switch", [dict(qk_norm=True), dict(logit_softcap=30.0), dict(attention_window=8), dict(x0_mix=True)]
+    "switch",
+    [dict(qk_norm=True), dict(logit_softcap=30.0), dict(attention_window=8), dict(x0_mix=True)]
+    + [dict(value_embeddings=True)],
 )
 def test_a_model_with_a_switch_on_is_not_exported_as_gpt2(tmp_path, switch):
     from jaxgpt.hf import save_pretrained
@@ -255,7 +380,7 @@ def test_a_run_saved_before_the_switches_existed_resumes():
 
     current = RunConfig(tiny(), DataConfig(), TrainConfig()).to_dict()
     saved = {section: dict(values) for section, values in current.items()}
-    for field in ("qk_norm", "zero_init_residual", "logit_softcap", "attention_window", "x0_mix"):
+    for field in ("qk_norm", "zero_init_residual", "logit_softcap", "attention_window", "x0_mix", "value_embeddings"):
         del saved["model"][field]
     assert resume_conflicts(saved, current) == []
     switched = {**current, "model": {**current["model"], "qk_norm": True}}

@@ -175,6 +175,10 @@ class ModelConfig:
     x0_mix: each block reads a learned mix of the residual stream and the first block's input
         (the embeddings), a * x + b * x0, with its own two numbers starting at a = 1, b = 0
         (modded-nanogpt's x0 skip): every layer can reach the tokens' identities directly.
+    value_embeddings: each block has its own embedding table of the tokens, as wide as its
+        keys and values, and its attention's values become a * v + b * e, e the tokens' rows,
+        a and b learned per block from 1/2 and 1/2 (modded-nanogpt's value embeddings): the
+        values can carry what a token is, whatever the residual stream has made of it.
 
     Ablations, the questions the textbooks ask, each a switch (on = the standard model):
     scale_attention: divide scores by sqrt(head_dim). Off, the scores' variance grows with
@@ -260,6 +264,7 @@ class ModelConfig:
     logit_softcap: float = 0.0
     attention_window: int = 0
     x0_mix: bool = False
+    value_embeddings: bool = False
     scale_attention: bool = True
     causal: bool = True
     residual: bool = True

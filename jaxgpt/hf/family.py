@@ -21,6 +21,7 @@ class Family(NamedTuple):
 WORKBENCH_FIELDS = (
     "qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
     "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform", "x0_mix",
+    "value_embeddings",
 )  # fmt: skip
 
 

@@ -44,6 +44,7 @@ ARCHITECTURE_FIELDS = (
     "tie_embeddings",
     "qk_norm",
     "x0_mix",
+    "value_embeddings",
     "qkv_projections",
     "scale_embeddings",
     "embedding_norm",

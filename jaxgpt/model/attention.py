@@ -241,7 +241,10 @@ class CausalSelfAttention(nn.Module):
         positions: jnp.ndarray,
         cache_index: jnp.ndarray | None,
         segments: jnp.ndarray | None = None,
+        value_embedding: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
+        """value_embedding: None, or the tokens' rows (b, t, n_kv_head * head_dim) of the block's
+        value embedding table (config.value_embeddings), mixed into the values."""
         c = self.config
         # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
         # group's queries next to their keys when the head axis is split over devices.
@@ -261,6 +264,9 @@ class CausalSelfAttention(nn.Module):
         if c.qk_norm:  # over each head's head_dim features, with a learned scale per feature
             norm = dict(epsilon=c.norm_eps, **dtypes(c))
             q, k = nn.RMSNorm(**norm, name="q_norm")(q), nn.RMSNorm(**norm, name="k_norm")(k)
+        if value_embedding is not None:  # a * v + b * e, from a = b = 1/2 as modded-nanogpt starts them
+            mix = self.param("value_mix", lambda _: jnp.asarray([0.5, 0.5], c.param_dtype))
+            v = mix[0].astype(v.dtype) * v + mix[1].astype(v.dtype) * value_embedding.reshape(v.shape)
         q, k, v = head_sites(self, q, k, v)
 
         if c.position == "rope":

@@ -56,11 +56,13 @@ class Block(nn.Module):
         memory: jnp.ndarray | None = None,
         memory_segments: jnp.ndarray | None = None,
         x0: jnp.ndarray | None = None,
+        tokens: jnp.ndarray | None = None,
     ) -> jnp.ndarray:
         """cache_index: None, or where this call's tokens start in the KV cache (decoding);
         segments: None, or each token's sequence in its row (jaxgpt/training/batch.py); memory and
         memory_segments: the encoder's output (b, s, d_model) and its tokens' segments; x0: the
-        first block's input, which config.x0_mix mixes into this block's."""
+        first block's input, which config.x0_mix mixes into this block's; tokens: the tokens
+        themselves (b, t), which config.value_embeddings looks up in this block's own table."""
         c = self.config
         norm_1 = make_norm(c, "norm_1")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
@@ -76,8 +78,14 @@ class Block(nn.Module):
             mix = self.param("x0_mix", lambda _: jnp.asarray([1.0, 0.0], c.param_dtype))  # a, b
             x = mix[0].astype(x.dtype) * x + mix[1].astype(x.dtype) * x0
         x = site(self, "hook_resid_pre", x)
+        value_embedding = None
+        if c.value_embeddings:
+            width = c.n_kv_head * c.head_dim
+            table = nn.Embed(c.vocab_size, width, embedding_init=embedding_init(c), **dtypes(c), name="value_embed")
+            value_embedding = table(tokens)
         attention = CausalSelfAttention(c, name="attn")
-        x = residual_branch(x, lambda x: attention(x, positions, cache_index, segments), norm_1, "hook_attn_out")
+        attention_branch = lambda x: attention(x, positions, cache_index, segments, value_embedding)  # noqa: E731
+        x = residual_branch(x, attention_branch, norm_1, "hook_attn_out")
         x = site(self, "hook_resid_mid", x)
         if memory is not None:
             cross, norm_cross = CrossAttention(c, name="cross"), make_norm(c, "norm_cross")
@@ -135,8 +143,8 @@ def input_embeddings(
     return make_norm(c, "norm_embeddings")(x) if c.embedding_norm else x
 
 
-def _scan_step(block: Block, x, positions, cache_index, segments, memory, memory_segments, x0):
-    return block(x, positions, cache_index, segments, memory, memory_segments, x0), None
+def _scan_step(block: Block, x, positions, cache_index, segments, memory, memory_segments, x0, tokens):
+    return block(x, positions, cache_index, segments, memory, memory_segments, x0, tokens), None
 
 
 class GPT(nn.Module):
@@ -187,8 +195,9 @@ class GPT(nn.Module):
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         beside = (segments, memory, source_segments)
         x, residuals = stacked_blocks(
-            c, x, positions, cache_index, *beside, train=train, capturing=self.is_mutable_collection("intermediates")
-        )
+            c, x, positions, cache_index, *beside, train=train, tokens=tokens,
+            capturing=self.is_mutable_collection("intermediates"),
+        )  # fmt: skip
         features = self._head_input()
         final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
         if not head:
@@ -232,22 +241,24 @@ def stacked_blocks(
     memory_segments,
     *,
     train: bool,
+    tokens: jnp.ndarray | None = None,
     capturing: bool = False,
     count: int | None = None,
     prefix: str = "block",
 ) -> tuple[jnp.ndarray, list[jnp.ndarray]]:
-    """`count` (default n_layer) blocks in the calling module, each rematerialised by
-    config.remat; with config.scan_layers one block traced once and iterated (compile time
-    independent of depth; each parameter gains a leading layer axis). Returns the output and,
-    with `capturing` and the layers unscanned, the residual stream before the first block and
-    after each (else an empty list)."""
+    """`count` (default n_layer) blocks in the calling module (reading `tokens` when they have
+    value embeddings), each rematerialised by config.remat; with config.scan_layers one block
+    traced once and iterated (compile time independent of depth; each parameter gains a leading
+    layer axis). Returns the output and, with `capturing` and the layers unscanned, the residual
+    stream before the first block and after each (else an empty list)."""
     count = c.n_layer if count is None else count
     block = Block
     if c.remat != "none":
         # Under scan, XLA cannot common-subexpression the recomputation away, so the
         # guard against it (prevent_cse) only costs speed there.
         block = nn.remat(Block, policy=REMAT_POLICIES[c.remat], prevent_cse=not c.scan_layers)
-    beside = (positions, cache_index, segments, memory, memory_segments, x if c.x0_mix else None)
+    x0, tokens = (x if c.x0_mix else None), (tokens if c.value_embeddings else None)
+    beside = (positions, cache_index, segments, memory, memory_segments, x0, tokens)
     if c.scan_layers:
         scan = nn.scan(
             _scan_step,
@@ -281,7 +292,7 @@ class Encoder(nn.Module):
         x = input_embeddings(self, c, wte, sources, positions)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x, _ = stacked_blocks(
-            c, x, positions, None, segments, None, None, train=train, count=self.config.encoder_layers
+            c, x, positions, None, segments, None, None, train=train, tokens=sources, count=self.config.encoder_layers
         )
         return site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
 
@@ -311,7 +322,8 @@ def head_weights(config: ModelConfig, params: dict) -> dict:
 def grow_vocabulary(config: ModelConfig, params: dict, vocab_size: int) -> dict:
     """`params` of a model of config.vocab_size tokens with rows for the tokens up to
     `vocab_size` added (special tokens a fine-tuning adds, jaxgpt/data/conversations.py): each
-    new embedding row, head column and bias the mean of the trained ones, so a new token starts
+    new embedding row (the blocks' value embeddings' too), head column and bias the mean of the
+    trained ones, so a new token starts
     where an average token is, and the trained tokens' logits are unchanged (Hewitt 2021, "Initializing
     new word embeddings for pretrained language models")."""
     added = vocab_size - config.vocab_size
@@ -328,7 +340,15 @@ def grow_vocabulary(config: ModelConfig, params: dict, vocab_size: int) -> dict:
         out["lm_head"] = {**params["lm_head"], "kernel": grown(params["lm_head"]["kernel"], 1)}
     if config.has_logits_bias:
         out["head_bias"] = grown(params["head_bias"], 0)
-    return out
+
+    def with_value_tables_grown(tree):  # each block's value embeddings (vocab, width), stacked or not
+        if not isinstance(tree, dict):
+            return tree
+        if "value_embed" in tree:
+            tree = {**tree, "value_embed": {"embedding": grown(tree["value_embed"]["embedding"], -2)}}
+        return {name: with_value_tables_grown(branch) for name, branch in tree.items()}
+
+    return with_value_tables_grown(out) if config.value_embeddings else out
 
 
 def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jnp.ndarray:
@@ -423,14 +443,15 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
 
     N counts the parameters that take part in matrix multiplies: all of them except the
     token-embedding lookup (unless tied, when the same matrix is the LM head), the learned
-    position table, and in a mixture of experts the experts a token is not routed to
-    (`active_params`). 6 N is a forward (2 N) and backward (4 N) multiply-add per
-    parameter; 12 L d T adds attention's score and value matmuls over a context of T tokens
-    (default block_size), with d = n_head * head_dim = d_model. Norms, softmax and
-    elementwise work are not counted; MFU figures use this convention. For an encoder–decoder
-    the encoder's parameters count against the target tokens too, and its attention and the
-    cross-attention's are counted as the decoder's (L = n_layer + encoder_layers): a figure
-    of the same order, not an exact count, since sources and targets differ in length.
+    position table, the blocks' value embeddings (lookups too), and in a mixture of experts
+    the experts a token is not routed to (`active_params`). 6 N is a forward (2 N) and
+    backward (4 N) multiply-add per parameter; 12 L d T adds attention's score and value
+    matmuls over a context of T tokens (default block_size), with d = n_head * head_dim =
+    d_model. Norms, softmax and elementwise work are not counted; MFU figures use this
+    convention. For an encoder–decoder the encoder's parameters count against the target
+    tokens too, and its attention and the cross-attention's are counted as the decoder's
+    (L = n_layer + encoder_layers): a figure of the same order, not an exact count, since
+    sources and targets differ in length.
     """
     seq_len = seq_len or config.block_size
     shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
@@ -439,4 +460,6 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
         n -= count_params(shapes["wpe"])
     if not config.tie_embeddings:
         n -= count_params(shapes["wte"])
+    looked_up = jax.tree_util.tree_leaves_with_path(shapes)
+    n -= sum(int(p.size) for path, p in looked_up if "value_embed" in jax.tree_util.keystr(path))
     return 6.0 * n + 12.0 * (config.n_layer + config.encoder_layers) * config.d_model * seq_len
