@@ -264,8 +264,10 @@ def test_value_embeddings_start_at_half_and_half_and_at_one_and_zero_are_the_pla
     tokens = random_tokens(plain, (2, 9))
     sources = dict(sources=random_tokens(plain, (2, 7), seed=1)) if encoder_layers else {}
 
+    applies = {config: jax.jit(partial(GPT(config).apply, **sources)) for config in (plain, embedded)}  # compiled once
+
     def logits(config, params):
-        return jax.jit(partial(GPT(config).apply, **sources))({"params": params}, tokens)
+        return applies[config]({"params": params}, tokens)
 
     grads = jax.jit(jax.grad(lambda p: logits(embedded, p).std()))(params)  # any function of the logits
     assert all(np.any(block["value_embed"]["embedding"]) for block in blocks_of(grads))

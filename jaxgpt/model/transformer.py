@@ -323,9 +323,8 @@ def grow_vocabulary(config: ModelConfig, params: dict, vocab_size: int) -> dict:
     """`params` of a model of config.vocab_size tokens with rows for the tokens up to
     `vocab_size` added (special tokens a fine-tuning adds, jaxgpt/data/conversations.py): each
     new embedding row (the blocks' value embeddings' too), head column and bias the mean of the
-    trained ones, so a new token starts
-    where an average token is, and the trained tokens' logits are unchanged (Hewitt 2021, "Initializing
-    new word embeddings for pretrained language models")."""
+    trained ones, so a new token starts where an average token is, and the trained tokens' logits
+    are unchanged (Hewitt 2021, "Initializing new word embeddings for pretrained language models")."""
     added = vocab_size - config.vocab_size
     if added <= 0:
         return params
