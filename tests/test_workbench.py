@@ -194,12 +194,17 @@ def test_a_block_reading_only_x0_discards_the_blocks_before_it():
 def test_x0_mix_scanned_and_decoded_matches_the_full_forward():
     """Mixed blocks stacked under scan_layers give the unscanned model's logits, and decoding
     one token at a time through the KV cache (x0 the new tokens' embeddings) the full pass's."""
+    config = tiny(x0_mix=True, block_size=16)
+    assert_scanned_and_decoded_match_the_full_forward(config, with_mixes(params_for(config), [(0.8, 0.5), (1.2, -0.3)]))
+
+
+def assert_scanned_and_decoded_match_the_full_forward(config, params):
+    """`params` (unscanned) stacked under scan_layers give the same logits (float32 of the same
+    ops, 1e-6), and the KV-cache decode, a prompt of 3 then one token at a time, the full pass's."""
     from test_model import decode_stepwise
 
     from jaxgpt.model.transformer import stack_blocks
 
-    config = tiny(x0_mix=True, block_size=16)
-    params = with_mixes(params_for(config), [(0.8, 0.5), (1.2, -0.3)])
     tokens = random_tokens(config, (2, 16))
     full = forward(config, params, tokens)
     stacked = stack_blocks(params, config.n_layer)
@@ -296,17 +301,9 @@ def test_value_embeddings_are_counted_as_parameters_but_not_as_flops():
 def test_value_embeddings_scanned_and_decoded_match_the_full_forward():
     """Tables stacked under scan_layers give the unscanned model's logits; decoding one token at a
     time through the KV cache (each step's values mixed with that token's rows) the full pass's."""
-    from test_model import decode_stepwise
-
-    from jaxgpt.model.transformer import stack_blocks
-
     config = tiny(value_embeddings=True, block_size=16, position="rope")
     params = with_value_mixes(params_for(config), [(0.8, 0.5), (1.2, -0.3)])
-    tokens = random_tokens(config, (2, 16))
-    full = forward(config, params, tokens)
-    stacked = stack_blocks(params, config.n_layer)
-    np.testing.assert_allclose(forward(config.replace(scan_layers=True), stacked, tokens), full, atol=1e-6)
-    np.testing.assert_allclose(decode_stepwise(config, params, tokens, 3), full, atol=1e-5)
+    assert_scanned_and_decoded_match_the_full_forward(config, params)
 
 
 def test_a_grown_vocabulary_grows_each_blocks_value_table_and_keeps_the_trained_logits():
