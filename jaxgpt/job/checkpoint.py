@@ -301,6 +301,17 @@ if not getattr(sys.unraisablehook, "jaxgpt", False):
     sys.unraisablehook = _ignore_closed_event_loop(sys.unraisablehook)
 
 
+def _not_a_leftover_read(record: logging.LogRecord) -> bool:
+    """The other trace those reads leave, when one fails before its task is awaited: asyncio
+    logs `Task exception was never retrieved` with the read's traceback as the task is
+    collected. The failure itself is already reported, once, by the checkpoint's warning."""
+    message = record.getMessage()
+    return not (message.startswith("Task exception was never retrieved") and "async_deserialize" in message)
+
+
+logging.getLogger("asyncio").addFilter(_not_a_leftover_read)
+
+
 def load_latest(workdir: Path, mesh=None, warn=print, step: int | None = None):
     """(run config, params, tokenizer, step) of a workdir's newest checkpoint (or of `step`'s):
     all that sampling needs, read from the checkpoint alone. The state is restored straight
