@@ -579,10 +579,11 @@ def test_a_damaged_newest_checkpoint_is_one_warning_line_and_sampling_goes_on(tm
     assert snapshot(workdir) == before  # a reader moves nothing aside
 
 
-def test_a_failed_read_left_unawaited_logs_nothing_but_other_lost_task_errors_still_do(caplog):
-    """The race behind the test above: a failed read whose task nobody awaited makes asyncio log
-    `Task exception was never retrieved` as the task is collected. Orbax's reads (its coroutine
-    is named async_deserialize) are silenced; any other coroutine's lost error still shows."""
+def test_a_failed_read_left_unawaited_logs_nothing_but_other_lost_errors_still_do(caplog):
+    """The race behind the test above: a failed read that nobody awaited makes asyncio log
+    `... exception was never retrieved` as it is collected: a task of orbax's (its coroutine is
+    async_deserialize) or a future of TensorStore's (its error names the tensorstore_spec). Those
+    are silenced; any other lost error still shows."""
     import asyncio
     import gc
 
@@ -594,21 +595,31 @@ def test_a_failed_read_left_unawaited_logs_nothing_but_other_lost_task_errors_st
     async def some_other_work():
         raise ValueError("a real bug")
 
-    def lose_a_failed_task(coroutine):
+    def lose(make):
         loop = asyncio.new_event_loop()
-        task = loop.create_task(coroutine())
-        loop.run_until_complete(asyncio.sleep(0))  # the task runs and fails; nobody awaits it
+        lost = make(loop)
+        loop.run_until_complete(asyncio.sleep(0))  # a task runs and fails; nobody awaits it
         loop.close()
-        del task
+        del lost
         gc.collect()
 
+    def failed_future(error):
+        def make(loop):
+            future = loop.create_future()
+            future.set_exception(error)
+            return future
+
+        return make
+
     with caplog.at_level("ERROR", logger="asyncio"):
-        lose_a_failed_task(async_deserialize)
+        lose(lambda loop: loop.create_task(async_deserialize()))
+        lose(failed_future(ValueError("NOT_FOUND: Error reading \"params.wte\" [tensorstore_spec='{}']")))
         assert caplog.records == []
-        lose_a_failed_task(some_other_work)
-        (record,) = caplog.records
-        assert record.getMessage().startswith("Task exception was never retrieved")
-        assert "some_other_work" in record.getMessage()
+        lose(lambda loop: loop.create_task(some_other_work()))
+        lose(failed_future(ValueError("another real bug")))
+        task, future = (record.getMessage() for record in caplog.records)
+        assert task.startswith("Task exception was never retrieved") and "some_other_work" in task
+        assert future.startswith("Future exception was never retrieved") and "another real bug" in future
 
 
 def test_a_reader_beside_a_trainer_that_prunes_reads_the_newer_checkpoint(tmp_path):

@@ -302,11 +302,14 @@ if not getattr(sys.unraisablehook, "jaxgpt", False):
 
 
 def _not_a_leftover_read(record: logging.LogRecord) -> bool:
-    """The other trace those reads leave, when one fails before its task is awaited: asyncio
-    logs `Task exception was never retrieved` with the read's traceback as the task is
-    collected. The failure itself is already reported, once, by the checkpoint's warning."""
+    """The other trace those reads leave, when one fails before it is awaited: asyncio logs
+    `Task exception was never retrieved` (orbax's coroutine, async_deserialize) or `Future
+    exception was never retrieved` (TensorStore's own future, its error naming its
+    tensorstore_spec) as it is collected. The failure is already reported, once, by the
+    checkpoint's warning."""
     message = record.getMessage()
-    return not (message.startswith("Task exception was never retrieved") and "async_deserialize" in message)
+    lost = message.startswith(("Task exception was never retrieved", "Future exception was never retrieved"))
+    return not (lost and ("async_deserialize" in message or "tensorstore_spec" in message))
 
 
 logging.getLogger("asyncio").addFilter(_not_a_leftover_read)
