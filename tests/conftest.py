@@ -61,9 +61,10 @@ os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-d
 # math is the same HLO; only the machine code is less tuned. On a CPU the quick set also takes
 # XLA:CPU's older loop emitters over its MLIR fusion emitters, which cost about twice as much to
 # compile a small program (105 single operations run eagerly: 2.7 s of compiling against 1.3 s):
-# measured on the same Zen 4 from an empty cache (c65bf71), a test time of 1,237 s against 908 s (10 min 44 s
-# against 7 min 56 s of wall time), every test passing under both. The slow set (`-m slow`),
-# which holds the long training runs and the README's printed figures, compiles as users do.
+# measured on the same Zen 4 from an empty cache (c65bf71), a test time of 1,237 s against
+# 908 s (10 min 44 s against 7 min 56 s of wall time), every test passing under both. The slow
+# set (`-m slow`), which holds the long training runs and the README's printed figures, compiles
+# as users do.
 UNOPTIMISED_BACKEND = "--xla_backend_optimization_level=0" + ("" if ON_GPU else " --xla_cpu_use_fusion_emitters=false")
 
 
