@@ -97,7 +97,8 @@ def main() -> None:
     assignments = b * t * k
     rows = jnp.asarray(rng.normal(size=(assignments, d)), jnp.float32)  # sorted by expert: group g's rows are a run
 
-    grouped = np.asarray(expert_mlp_grouped(rows, up, down, jnp.asarray(group_sizes)))
+    with jax.default_matmul_precision("highest"):  # the check in full float32 (a GPU's default may be TF32)
+        grouped = np.asarray(expert_mlp_grouped(rows, up, down, jnp.asarray(group_sizes)))
     starts = np.concatenate([[0], np.cumsum(group_sizes)])
     x64, up64, down64 = (np.asarray(a, np.float64) for a in (rows, up, down))
     for g in range(e):  # each group by its own expert, in float64 (tanh GELU, as jax.nn.gelu)

@@ -13,6 +13,8 @@ Stages (docs/benchmarks.md records what they printed, with the device named):
                whether cuDNN was used, and the time of each
   loss         the LM head and cross-entropy at GPT-2's shape: optax's against jaxgpt's
                (training/cross_entropy.py), errors against float32 and the time of each
+  experts      a mixture of experts' products three ways (bench/expert_products.py) at GPT-2
+               small's width: whether jax.lax.ragged_dot is a grouped matmul on this backend
   gpt2         GPT-2 124M (configs/gpt2_124m.py's shape, bfloat16, T=1024) through
                bench/train_throughput.py, one process per setting: tokens/s and MFU
   determinism  --xla_gpu_deterministic_ops=true: two straight runs bit-identical, and a run
@@ -295,6 +297,16 @@ GPT2_DRY = [
 ]
 
 
+def experts(dry: bool, workdir: Path) -> dict:
+    """The experts' MLP as capacity buffers, dropless buffers and jax.lax.ragged_dot, forward and
+    backward: on a CPU the grouped product is a masked dense one (docs/benchmarks.md); on a GPU,
+    XLA may lower it to a grouped matmul, which would make a dropless layer the fast one."""
+    size = [] if dry else ["--width", "768", "--hidden", "1536", "--seq", "1024", "--batch", "8"]
+    out = workdir / "expert_products.json"
+    python("bench/expert_products.py", *size, "--out", str(out))
+    return json.loads(out.read_text())
+
+
 def gpt2(dry: bool, workdir: Path) -> dict:
     """Each setting in its own process; at PROFILE, the fastest so far under the profiler, its
     table and compiled programs written beside gpu_session.json (GPU_SESSION_OUT)."""
@@ -411,6 +423,7 @@ STAGES = [
     Stage("tiny", 150, tiny),
     Stage("attention", 90, attention),
     Stage("loss", 90, loss),
+    Stage("experts", 90, experts),
     Stage("gpt2", 480, gpt2),
     Stage("determinism", 180, determinism),
     Stage("families", 240, families),

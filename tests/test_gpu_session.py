@@ -22,9 +22,9 @@ def dry_run(out: Path, *stages: str) -> dict:
     return json.loads((out / "gpu_session.json").read_text())["stages"]
 
 
-@pytest.mark.slow  # 20-24 s of four fresh processes; the script changes rarely, the quick set runs often
+@pytest.mark.slow  # 31 s of five fresh processes; the script changes rarely, the quick set runs often
 def test_the_quick_stages_run_and_report(tmp_path):
-    stages = dry_run(tmp_path, "versions", "attention", "loss", "tests")
+    stages = dry_run(tmp_path, "versions", "attention", "loss", "experts", "tests")
     assert {name: record["status"] for name, record in stages.items()} == dict.fromkeys(stages, "ok")
     versions = stages["versions"]["result"]
     assert versions["backend"] == "cpu" and versions["smoke_grad_finite"]
@@ -36,4 +36,6 @@ def test_the_quick_stages_run_and_report(tmp_path):
     for implementation in stages["loss"]["result"]["results"].values():
         # bfloat16's rounding of the head's inputs against float32: the same few 2**-8, both ways
         assert 1e-4 < implementation["d_features"] < 2e-2 and 0 <= implementation["loss"] < 1e-3
+    ways = {row["way"]: row for row in stages["experts"]["result"]["rows"]}  # checked against float64 first
+    assert len(ways) == 3 and ways["grouped (jax.lax.ragged_dot)"]["rows_computed"] == 512
     assert "tests collected" in stages["tests"]["result"]["summary"]  # the `gpu` marker selects some
