@@ -93,3 +93,35 @@ def test_an_explicit_setting_is_kept_and_zero_is_filled():
     one_way_layout, _ = state_layout(auto, one_way)
     filled = choice.fill_microbatches(auto, one_way, one_way_layout)
     assert filled[1:] == (None, None, None) and filled.program.run == with_train(auto.run, microbatches=1)
+
+
+def test_a_measured_choice_is_remembered_for_the_next_run_of_the_same_config(tmp_path, monkeypatch):
+    """The per-core plan's measuring (a tracing and a compile or two) is done once per config,
+    machine, code and JAX: the next run reads the count and its reasons back, and compiles nothing."""
+    monkeypatch.setattr(choice, "choices_dir", lambda: tmp_path)
+    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
+    program = training_program(resolve(small_run_config(batch_size=8, microbatches=0), vocab_size=96))
+    layout, _ = state_layout(program, mesh)
+    compiles = []
+    measure = choice.compile_step
+    monkeypatch.setattr(choice, "compile_step", lambda *args, **kwargs: compiles.append(1) or measure(*args, **kwargs))
+
+    first = choice.fill_microbatches(program, mesh, layout, measure_only=True)
+    assert compiles and "remembered" not in first.why and len(list(tmp_path.glob("*.json"))) == 1
+    compiles.clear()
+    again = choice.fill_microbatches(program, mesh, layout, measure_only=True)
+    assert compiles == [] and again.program.run == first.program.run
+    assert again.why == f"{first.why}; remembered from an earlier run's measuring"
+
+    other = program.with_train(batch_size=4)  # any field differing: measured anew, remembered apart
+    choice.fill_microbatches(other, mesh, layout, measure_only=True)
+    assert compiles and len(list(tmp_path.glob("*.json"))) == 2
+
+    compiles.clear()
+    for memo in tmp_path.glob("*.json"):
+        memo.write_text('{"microbatches": 3')  # cut short: read as never written, measured again
+    damaged = choice.fill_microbatches(program, mesh, layout, measure_only=True)
+    assert compiles and damaged.program.run == first.program.run and "remembered" not in damaged.why
+
+    monkeypatch.setattr(choice, "choices_dir", lambda: None)  # the compilation cache off: nothing kept
+    assert choice.remembered_choice(program, mesh, 2**20) is None

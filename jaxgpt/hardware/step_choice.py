@@ -29,16 +29,25 @@ Where the candidates are only measured (the CPU's per-core `plan`: each core the
 program it runs, jaxgpt/hardware/core_parallel.py), they are compiled without LLVM's
 optimisations, a quarter to a third faster: XLA assigns every buffer before LLVM sees the
 program, so the temporaries are the optimised step's to the byte (tests/test_microbatches.py).
+That choice is also remembered beside the compiled programs (`remembered_choice`): a second run
+of the same config on the same machine, code and JAX skips the measuring, which is tracing the
+step once more (most of a second of a short run's start with its programs cached).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
+import json
 import math
+import os
 import time
+from pathlib import Path
 from typing import NamedTuple, Protocol
 
 import jax
+import jaxlib.version
 
 from jaxgpt import sharding
 from jaxgpt.config import RunConfig
@@ -234,6 +243,11 @@ def fill_microbatches(
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
         return Tuned(program.with_train(microbatches=choices[0] if choices else 1), None, None)
     budget, source = memory_budget(mesh, layout, device_bytes)
+    memo = remembered_choice(program, mesh, budget) if measure_only else None
+    if memo is not None and (known := recall(memo, choices)):
+        chosen, why = known
+        why += "; remembered from an earlier run's measuring"
+        return Tuned(program.with_train(microbatches=chosen), f"train.microbatches=0 -> {chosen} ({why})", None, why)
     compiled: dict[int, object] = {}
 
     def measure(m: int) -> float:
@@ -247,12 +261,70 @@ def fill_microbatches(
     sizes = {m: f"{b / 2**20:.0f} MiB" if b < math.inf else "out of memory" for m, b in sorted(measured.items())}
     seen = ", ".join(f"{m}: {size}" for m, size in sizes.items())
     why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
+    if memo is not None:
+        remember(memo, chosen, why)
     return Tuned(
         program.with_train(microbatches=chosen),
         f"train.microbatches=0 -> {chosen} ({why})",
         None if measure_only else compiled.get(chosen),
         why,
     )
+
+
+@functools.cache
+def source_fingerprint() -> str:
+    """A digest of jaxgpt's own code: what a step's program is built from."""
+    digest = hashlib.sha256()
+    for path in sorted(Path(__file__).resolve().parents[1].rglob("*.py")):
+        digest.update(path.read_bytes())
+    return digest.hexdigest()
+
+
+def remembered_choice(program: TrainingProgram, mesh, budget: int) -> Path | None:
+    """Where a measured choice of microbatches is kept (`choices_dir`; None when the compilation
+    cache is off), named by a digest of all it depends on: the whole run config,
+    the devices and budget, JAX, XLA's flags and jaxgpt's code. A config that differs in any field
+    (its steps too) is measured anew; remembering too little costs a measuring, never a wrong count."""
+    where = choices_dir()
+    if where is None:
+        return None
+    device = mesh.devices.flat[0]
+    material = [
+        repr(program.run), dict(mesh.shape), device.platform, device.device_kind, budget,
+        jax.__version__, jaxlib.version.__version__, os.environ.get("XLA_FLAGS", ""), source_fingerprint(),
+    ]  # fmt: skip
+    name = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
+    return where / f"{name}.json"
+
+
+def choices_dir() -> Path | None:
+    """Where measured choices are kept: in the compilation cache's directory; None when it is off
+    or not a local directory (JAX also takes a bucket's URL)."""
+    cache = jax.config.jax_compilation_cache_dir
+    return Path(cache) / "jaxgpt-microbatches" if cache and "://" not in cache else None
+
+
+def recall(memo: Path, choices: list[int]) -> tuple[int, str] | None:
+    """(microbatches, why) as an earlier run measured them, if it did and the file reads as one
+    of `choices`; None otherwise (never there, unreadable, another version's)."""
+    try:
+        known = json.loads(memo.read_text())
+        chosen, why = known["microbatches"], known["why"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (chosen, why) if chosen in choices and isinstance(why, str) else None
+
+
+def remember(memo: Path, chosen: int, why: str) -> None:
+    """Keep a measured choice for the next run: written whole, then renamed into place, so a run
+    started beside this one reads all of it or none; a cache it cannot write is only not used."""
+    try:
+        memo.parent.mkdir(parents=True, exist_ok=True)
+        partial_file = memo.with_suffix(f".{os.getpid()}.tmp")
+        partial_file.write_text(json.dumps({"microbatches": chosen, "why": why}))
+        partial_file.replace(memo)
+    except OSError:
+        pass
 
 
 def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
