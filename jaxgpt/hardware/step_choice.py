@@ -29,7 +29,7 @@ Where the candidates are only measured (the CPU's per-core `plan`: each core the
 program it runs, jaxgpt/hardware/core_parallel.py), they are compiled without LLVM's
 optimisations, a quarter to a third faster: XLA assigns every buffer before LLVM sees the
 program, so the temporaries are the optimised step's to the byte (tests/test_microbatches.py).
-That choice is also remembered beside the compiled programs (`remembered_choice`): a second run
+That choice is also remembered beside the compiled programs (`choice_file`): a second run
 of the same config on the same machine, code and JAX skips the measuring, which is tracing the
 step once more (most of a second of a short run's start with its programs cached).
 """
@@ -243,7 +243,7 @@ def fill_microbatches(
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
         return Tuned(program.with_train(microbatches=choices[0] if choices else 1), None, None)
     budget, source = memory_budget(mesh, layout, device_bytes)
-    memo = remembered_choice(program, mesh, budget) if measure_only else None
+    memo = choice_file(program, mesh, budget) if measure_only else None
     if memo is not None and (known := recall(memo, choices)):
         chosen, why = known
         why += "; remembered from an earlier run's measuring"
@@ -280,7 +280,7 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def remembered_choice(program: TrainingProgram, mesh, budget: int) -> Path | None:
+def choice_file(program: TrainingProgram, mesh, budget: int) -> Path | None:
     """Where a measured choice of microbatches is kept (`choices_dir`; None when the compilation
     cache is off), named by a digest of all it depends on: the whole run config,
     the devices and budget, JAX, XLA's flags and jaxgpt's code. A config that differs in any field
