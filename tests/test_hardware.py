@@ -136,3 +136,18 @@ def test_cache_sizes_are_read_as_the_kernel_writes_them(monkeypatch, tmp_path):
     assert peak_flops.cpu_cache_bytes(1) == 32 * 2**10
     assert peak_flops.cpu_cache_bytes(3) == 32 * 2**20
     assert peak_flops.cpu_cache_bytes(2) is None
+
+
+def test_what_is_derived_is_kept_whole_or_not_at_all(tmp_path):
+    """machine.keep writes beside its file and renames: the file holds the new text and nothing
+    is left beside it; where the directory cannot be made (a file stands in its place), nothing
+    is written and nothing is raised."""
+    from jaxgpt.hardware import machine
+
+    kept = tmp_path / "derived" / "figure.json"
+    machine.keep(kept, "old")
+    machine.keep(kept, "new")
+    assert kept.read_text() == "new" and [p.name for p in kept.parent.iterdir()] == ["figure.json"]
+    (tmp_path / "a_file").write_text("")
+    machine.keep(tmp_path / "a_file" / "figure.json", "lost")  # its parent is a file: not kept
+    assert (tmp_path / "a_file").read_text() == ""

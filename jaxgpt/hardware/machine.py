@@ -16,6 +16,19 @@ def cache_root() -> Path:
     return Path(os.environ.get(CACHE_ENV) or Path.home() / ".cache" / "jaxgpt")
 
 
+def keep(path: Path, text: str) -> None:
+    """Write something derived (under cache_root or the compilation cache) whole: beside, then
+    renamed into place, so a process started beside this one reads all of it or none. A cache it
+    cannot write is only not kept: what was derived is still this process's."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        beside = path.with_name(f"{path.name}.{os.getpid()}.partial")
+        beside.write_text(text)
+        beside.replace(path)
+    except OSError:
+        pass
+
+
 def usable_cores() -> int:
     """The CPU cores this process may run on: its affinity mask (what taskset, cgroups and
     container limits leave it), which os.cpu_count() ignores."""

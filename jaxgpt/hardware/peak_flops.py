@@ -13,7 +13,7 @@ from pathlib import Path
 import jax
 import jax.numpy as jnp
 
-from jaxgpt.hardware.machine import cache_root
+from jaxgpt.hardware.machine import cache_root, keep
 
 # Dense bfloat16 peak FLOP/s per device from the vendors' datasheets (no sparsity). Matched
 # against jax's device_kind by substring, first match wins.
@@ -184,13 +184,7 @@ def idle_measured_cpu_peak(once: bool = False) -> float:
     flops, idle = measure_when_idle(matmul_flops)
     if idle and flops > best:
         best = flops
-        try:
-            record.parent.mkdir(parents=True, exist_ok=True)
-            tmp = record.with_suffix(f".tmp{os.getpid()}")
-            tmp.write_text(json.dumps(known | {key: best}, indent=1))
-            tmp.replace(record)
-        except OSError:  # a read-only home: the figure is still this start's best
-            pass
+        keep(record, json.dumps(known | {key: best}, indent=1))  # a read-only home: still this start's best
     return best
 
 

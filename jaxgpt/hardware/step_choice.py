@@ -52,7 +52,7 @@ import jaxlib.version
 from jaxgpt import sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.errors import UserError
-from jaxgpt.hardware import memory, peak_flops, runtime
+from jaxgpt.hardware import machine, memory, peak_flops, runtime
 from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, jit_train_step
 from jaxgpt.training.program import TrainingProgram
@@ -316,15 +316,8 @@ def recall(memo: Path, choices: list[int]) -> tuple[int, str] | None:
 
 
 def remember(memo: Path, chosen: int, why: str) -> None:
-    """Keep a measured choice for the next run: written whole, then renamed into place, so a run
-    started beside this one reads all of it or none; a cache it cannot write is only not used."""
-    try:
-        memo.parent.mkdir(parents=True, exist_ok=True)
-        partial_file = memo.with_suffix(f".{os.getpid()}.tmp")
-        partial_file.write_text(json.dumps({"microbatches": chosen, "why": why}))
-        partial_file.replace(memo)
-    except OSError:
-        pass
+    """Keep a measured choice for the next run (whole or not at all: machine.keep)."""
+    machine.keep(memo, json.dumps({"microbatches": chosen, "why": why}))
 
 
 def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
