@@ -124,4 +124,4 @@ def test_a_measured_choice_is_remembered_for_the_next_run_of_the_same_config(tmp
     assert compiles and damaged.program.run == first.program.run and "remembered" not in damaged.why
 
     monkeypatch.setattr(choice, "choices_dir", lambda: None)  # the compilation cache off: nothing kept
-    assert choice.choice_file(program, mesh, 2**20) is None
+    assert choice.choice_file(repr(program.run), mesh, 2**20) is None

@@ -243,7 +243,7 @@ def fill_microbatches(
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
         return Tuned(program.with_train(microbatches=choices[0] if choices else 1), None, None)
     budget, source = memory_budget(mesh, layout, device_bytes)
-    memo = choice_file(program, mesh, budget) if measure_only else None
+    memo = choice_file(repr(program.run), mesh, budget) if measure_only else None
     if memo is not None and (known := recall(memo, choices)):
         chosen, why = known
         why += "; remembered from an earlier run's measuring"
@@ -261,8 +261,8 @@ def fill_microbatches(
     sizes = {m: f"{b / 2**20:.0f} MiB" if b < math.inf else "out of memory" for m, b in sorted(measured.items())}
     seen = ", ".join(f"{m}: {size}" for m, size in sizes.items())
     why = f"step temporaries by microbatches {seen}; budget {source}; set train.microbatches to override"
-    if memo is not None:
-        remember(memo, chosen, why)
+    if memo is not None:  # for the next run (whole or not at all)
+        machine.keep(memo, json.dumps({"microbatches": chosen, "why": why}))
     return Tuned(
         program.with_train(microbatches=chosen),
         f"train.microbatches=0 -> {chosen} ({why})",
@@ -280,9 +280,9 @@ def source_fingerprint() -> str:
     return digest.hexdigest()
 
 
-def choice_file(program: TrainingProgram, mesh, budget: int) -> Path | None:
+def choice_file(run_text: str, mesh, budget: int) -> Path | None:
     """Where a measured choice of microbatches is kept (`choices_dir`; None when the compilation
-    cache is off), named by a digest of all it depends on: the whole run config,
+    cache is off), named by a digest of all it depends on: the whole run config (`run_text`, its repr),
     the devices and budget, JAX, XLA's flags and jaxgpt's code. A config that differs in any field
     (its steps too) is measured anew; remembering too little costs a measuring, never a wrong count."""
     where = choices_dir()
@@ -290,7 +290,7 @@ def choice_file(program: TrainingProgram, mesh, budget: int) -> Path | None:
         return None
     device = mesh.devices.flat[0]
     material = [
-        repr(program.run), dict(mesh.shape), device.platform, device.device_kind, budget,
+        run_text, dict(mesh.shape), device.platform, device.device_kind, budget,
         jax.__version__, jaxlib.version.__version__, os.environ.get("XLA_FLAGS", ""), source_fingerprint(),
     ]  # fmt: skip
     name = hashlib.sha256(json.dumps(material).encode()).hexdigest()[:32]
@@ -313,11 +313,6 @@ def recall(memo: Path, choices: list[int]) -> tuple[int, str] | None:
     except (OSError, ValueError, KeyError, TypeError):
         return None
     return (chosen, why) if chosen in choices and isinstance(why, str) else None
-
-
-def remember(memo: Path, chosen: int, why: str) -> None:
-    """Keep a measured choice for the next run (whole or not at all: machine.keep)."""
-    machine.keep(memo, json.dumps({"microbatches": chosen, "why": why}))
 
 
 def check_batch_fits_mesh(run: RunConfig, mesh) -> None:
