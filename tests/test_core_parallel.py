@@ -138,6 +138,35 @@ def test_a_share_left_out_would_be_caught():
     assert not np.allclose(half_losses, want_losses, rtol=1e-5)
 
 
+def test_the_host_waits_for_the_cores_every_wait_every_steps(monkeypatch):
+    """Left to run ahead the host spins in the runtime's copies (core_parallel.WAIT_EVERY): it
+    sleeps until the step is done once every WAIT_EVERY steps instead (here 3), on that step's
+    results, which are those of the same steps run without waiting."""
+    waited, original = [], jax.block_until_ready
+
+    def wait(tree):
+        waited.append(tree)
+        return original(tree)
+
+    run, windows = make_run(), batches(7)
+    _, unpaced, _ = core_parallel_run(run, windows, 2)
+    monkeypatch.setattr(core_parallel, "WAIT_EVERY", 3)
+    monkeypatch.setattr(core_parallel.jax, "block_until_ready", wait)
+    state = jax.device_put(
+        jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), jax.devices()[0]
+    )
+    step, waits_after_each_step, paced = CoreParallelStep(training_program(run), jax.devices()[:2]), [], []
+    for w in windows:
+        state, metrics = step(state, jax.device_put(windows_batch(w), sharding.batch_sharding(step.batch_mesh)))
+        waits_after_each_step.append(len(waited))
+        if waited and waited[-1] is metrics:
+            assert metrics["loss"].is_ready()
+        paced.append(metrics)
+    assert waits_after_each_step == [0, 0, 1, 1, 1, 2, 2]
+    assert waited[0] is paced[2] and waited[1] is paced[5]  # the step's own results, not an earlier one's
+    assert [(float(m["loss"]), float(m["grad_norm"])) for m in paced] == unpaced
+
+
 @pytest.mark.slow  # quick: test_trainer's repeat of a run on the per-core default, bit for bit
 def test_core_parallel_runs_repeat_bit_for_bit_with_dropout():
     run = make_run(model=MODEL.replace(dropout=0.2))
