@@ -22,3 +22,25 @@ def test_train_throughput_times_the_step_train_py_runs():
     tokens = 12 * 128  # configs/tiny.py: batch_size 12, block_size 128
     assert result["tokens_per_sec"] * result["step_ms"] / 1000 == pytest.approx(tokens, rel=1e-9)
     assert result["cores"] == 2 and result["microbatches"] >= 1 and 0 < result["mfu"] < 1  # the per-core step
+
+
+def test_nanogpt_data_writes_the_split_train_py_trains_on(tmp_path):
+    """bench/nanogpt_data.py hands nanoGPT's train.py the very tokens train.py reads: the prepared
+    train and validation split as uint16 files, and the vocabulary its meta.pkl must give."""
+    import pickle
+
+    import numpy as np
+
+    from jaxgpt import data
+    from jaxgpt.config import DataConfig
+
+    (tmp_path / "train.py").write_text("")  # a nanoGPT checkout, as far as the script can tell
+    done = run_script("bench/nanogpt_data.py", str(tmp_path), "--name", "corpus", timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    folder, dataset = tmp_path / "data" / "corpus", data.prepare(DataConfig(), progress=False)
+    np.testing.assert_array_equal(np.fromfile(folder / "train.bin", np.uint16), dataset.train)
+    np.testing.assert_array_equal(np.fromfile(folder / "val.bin", np.uint16), dataset.val)
+    assert pickle.loads((folder / "meta.pkl").read_bytes()) == {"vocab_size": dataset.tokenizer.vocab_size}
+    assert "--dataset=corpus" in done.stdout
+    refused = run_script("bench/nanogpt_data.py", str(tmp_path / "data"), timeout=120)
+    assert refused.returncode != 0 and "has no train.py" in refused.stderr
