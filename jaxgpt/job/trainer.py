@@ -183,7 +183,8 @@ class Trainer:
     def train(self, start, progress: bool = True, stop_at: int | None = None) -> dict:
         """Train from `start` (a resume.StartingPoint) to train.steps, or to stop_at, or until
         a signal. Metrics stay on the device until a log, eval or checkpoint step needs them,
-        so the host never stalls the accelerator in between."""
+        so the host never stalls the accelerator in between (on CPU cores the step itself lets
+        the host run at most 20 steps ahead: core_parallel.WAIT_EVERY says why)."""
         t = self.config.train
         self.state = start.state
         self.say(self.placed.describe(self.state))
