@@ -48,7 +48,9 @@ def one_device_run(run: RunConfig, windows: list):
     return state, losses
 
 
-def core_parallel_run(run: RunConfig, windows: list, cores: int):
+def core_parallel_run(run: RunConfig, windows: list, cores: int, steps_metrics: list | None = None):
+    """(final state, each step's (loss, grad norm), the step); each step's metrics appended to
+    `steps_metrics` when given."""
     devices = jax.devices()[:cores]
     state = jax.device_put(jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), devices[0])
     step = CoreParallelStep(training_program(run), devices)
@@ -57,6 +59,8 @@ def core_parallel_run(run: RunConfig, windows: list, cores: int):
         batch = jax.device_put(windows_batch(w), sharding.batch_sharding(step.batch_mesh))
         state, metrics = step(state, batch)
         losses.append((float(metrics["loss"]), float(metrics["grad_norm"])))
+        if steps_metrics is not None:
+            steps_metrics.append(metrics)
     return state, losses, step
 
 
@@ -140,31 +144,17 @@ def test_a_share_left_out_would_be_caught():
 
 def test_the_host_waits_for_the_cores_every_wait_every_steps(monkeypatch):
     """Left to run ahead the host spins in the runtime's copies (core_parallel.WAIT_EVERY): it
-    sleeps until the step is done once every WAIT_EVERY steps instead (here 3), on that step's
-    results, which are those of the same steps run without waiting."""
-    waited, original = [], jax.block_until_ready
-
-    def wait(tree):
-        waited.append(tree)
-        return original(tree)
-
+    sleeps until the step is done once every WAIT_EVERY steps instead (here 3, so after steps 3
+    and 6 of 7), on that step's own results, which are those of the same steps run without waiting."""
     run, windows = make_run(), batches(7)
     _, unpaced, _ = core_parallel_run(run, windows, 2)
+    waited, original = [], jax.block_until_ready
     monkeypatch.setattr(core_parallel, "WAIT_EVERY", 3)
-    monkeypatch.setattr(core_parallel.jax, "block_until_ready", wait)
-    state = jax.device_put(
-        jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), jax.devices()[0]
-    )
-    step, waits_after_each_step, paced = CoreParallelStep(training_program(run), jax.devices()[:2]), [], []
-    for w in windows:
-        state, metrics = step(state, jax.device_put(windows_batch(w), sharding.batch_sharding(step.batch_mesh)))
-        waits_after_each_step.append(len(waited))
-        if waited and waited[-1] is metrics:
-            assert metrics["loss"].is_ready()
-        paced.append(metrics)
-    assert waits_after_each_step == [0, 0, 1, 1, 1, 2, 2]
-    assert waited[0] is paced[2] and waited[1] is paced[5]  # the step's own results, not an earlier one's
-    assert [(float(m["loss"]), float(m["grad_norm"])) for m in paced] == unpaced
+    monkeypatch.setattr(jax, "block_until_ready", lambda tree: original(waited.append(tree) or tree))
+    steps_metrics = []
+    _, paced, _ = core_parallel_run(run, windows, 2, steps_metrics)
+    assert len(waited) == 2 and waited[0] is steps_metrics[2] and waited[1] is steps_metrics[5]
+    assert paced == unpaced
 
 
 @pytest.mark.slow  # quick: test_trainer's repeat of a run on the per-core default, bit for bit
