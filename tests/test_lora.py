@@ -71,19 +71,17 @@ def test_an_adapter_config_names_projections_the_model_has():
         BASE.replace(lora_rank=-1)
 
 
-def test_fine_tuning_with_adapters_changes_the_adapters_alone(tmp_path):
-    """A base run, then 4 steps with adapters from it: every base weight is the base run's,
-    bit for bit, each adapter B has moved from 0; Adam's moments exist for the adapters alone
-    (the optimizer state is 2 x the adapters' size, not 2 x the model's)."""
+def test_fine_tuning_with_adapters_changes_the_adapters_alone(trained_small_run, tmp_path):
+    """The shared base run, then 4 steps with adapters from it: every base weight is the base
+    run's, bit for bit, each adapter B has moved from 0; Adam's moments exist for the adapters
+    alone (the optimizer state is 2 x the adapters' size, not 2 x the model's)."""
     from jaxgpt.job.checkpoint import load_latest
 
-    base = small_run_config(steps=4, eval_every=4, checkpoint_every=4, eval_batches=1)
-    train_and_evaluate(base, tmp_path / "base", progress=False)
     tuned = small_run_config(steps=4, eval_every=4, checkpoint_every=4, eval_batches=1)
     tuned.model.update(lora_rank=2)
-    tuned.train.init_from = str(tmp_path / "base")
+    tuned.train.init_from = str(trained_small_run)
     train_and_evaluate(tuned, tmp_path / "tuned", progress=False)
-    _, base_params, _, _ = load_latest(tmp_path / "base")
+    _, base_params, _, _ = load_latest(trained_small_run)
     run, params, _, _ = load_latest(tmp_path / "tuned")
     assert run.model.lora_rank == 2
     jax.tree.map(np.testing.assert_array_equal, without_adapters(params), base_params)

@@ -149,7 +149,7 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
         mesh=mesh,
         step=step,
         tokens_per_step=run.train.batch_size * run.model.block_size,
-        flops_per_token=flops_per_token(run.model, run.model.block_size),
+        flops_per_token=flops_per_token(run.model, run.model.block_size, resolved.layout.params),
         peak_flops=peak,
         peak_source=source,
     )

@@ -437,7 +437,7 @@ def describe_parameters(config: ModelConfig, params) -> str:
     )
 
 
-def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
+def flops_per_token(config: ModelConfig, seq_len: int | None = None, shapes=None) -> float:
     """Training FLOPs per token, 6 N + 12 L d T (Kaplan et al. 2020; PaLM appendix B).
 
     N counts the parameters that take part in matrix multiplies: all of them except the
@@ -450,10 +450,12 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None) -> float:
     convention. For an encoder–decoder the encoder's parameters count against the target
     tokens too, and its attention and the cross-attention's are counted as the decoder's
     (L = n_layer + encoder_layers): a figure of the same order, not an exact count, since
-    sources and targets differ in length.
+    sources and targets differ in length. `shapes`: the parameters' shapes where the caller has
+    them (a run's state layout), else found by tracing the model's initialisation.
     """
     seq_len = seq_len or config.block_size
-    shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
+    if shapes is None:
+        shapes = jax.eval_shape(lambda: init_params(config, jax.random.key(0)))
     n = active_params(config, shapes)
     if "wpe" in shapes:
         n -= count_params(shapes["wpe"])
