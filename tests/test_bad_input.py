@@ -509,16 +509,20 @@ def test_a_damaged_workdir_file_is_one_line_and_nothing_changes(
 
 def test_a_metrics_line_torn_by_a_crash_is_dropped_on_resume(tmp_path, trained_small_run):
     """kill -9 while a line is written leaves it cut short, with no newline: it lies past the
-    checkpoint the run resumes from, so it is dropped like any later line, and the run goes on."""
+    checkpoint the run resumes from, so it is dropped like any later line, and the run goes on.
+    In-process: resuming from the command line is the next test's."""
+    from jaxgpt.commands.saved_config import get_config
     from jaxgpt.job.metrics import read_metrics
+    from jaxgpt.job.trainer import train_and_evaluate
 
     workdir = _copy_of(trained_small_run, tmp_path)
     logged = read_metrics(workdir)
     with open(workdir / "metrics.jsonl", "a") as log:
         log.write('{"step": 25, "train_lo')
     assert read_metrics(workdir) == logged  # readers skip it too
-    result = run_script("train.py", f"--workdir={workdir}", "--config.train.steps=25", "--quiet")
-    assert result.returncode == 0, result.stderr[-3000:]
+    config = get_config(str(workdir))  # what `train.py --workdir` reads
+    config.train.steps = 25
+    assert train_and_evaluate(config, workdir, progress=False)["step"] == 25
     assert [r["step"] for r in read_metrics(workdir)] == [r["step"] for r in logged] + [25]
 
 

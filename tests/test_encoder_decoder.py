@@ -160,14 +160,18 @@ def one_device(tmp_path_factory):
     return workdir
 
 
+def test_the_runs_records_say_what_an_encoder_decoders_evaluation_measures(one_device):
+    last = json.loads((one_device / "metrics.jsonl").read_text().splitlines()[-1])
+    assert {"val_loss", "val_token_accuracy", "val_exact_match"} <= set(last)
+
+
+@pytest.mark.slow  # 15-19 s on a Zen 3: a second run; the layout rules are the decoder's (test_sharding.py)
 def test_an_encoder_decoder_trains_on_a_mesh_as_on_one_device(one_device, tmp_path):
     """data 2 x fsdp 2 x tensor 2 over 8 CPU devices, cross-attention's weights split as
     self-attention's: the same losses to float32 reassociation (1e-5, as the decoder's layout
-    tests); and the run's records say what an encoder–decoder's evaluation measures."""
+    tests)."""
     train_and_evaluate(reverse_run(data=2, fsdp=2, tensor=2), tmp_path, progress=False)
     np.testing.assert_allclose(train_losses(tmp_path), train_losses(one_device), rtol=1e-5)
-    last = json.loads((one_device / "metrics.jsonl").read_text().splitlines()[-1])
-    assert {"val_loss", "val_token_accuracy", "val_exact_match"} <= set(last)
 
 
 def test_attention_pages_of_an_encoder_decoder_hold_its_three_kinds_of_attention(one_device, tmp_path, capsys):

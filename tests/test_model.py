@@ -81,11 +81,11 @@ def test_overfits_one_batch(style):
         return optax.apply_updates(params, updates), opt_state, value
 
     first = None
-    for _ in range(300):
+    for _ in range(120):  # the loss crosses 0.05 near step 50 in both styles (measured on a Zen 3)
         params, opt_state, value = step(params, opt_state)
         first = first if first is not None else float(value)
     assert first > 3.0  # started near ln 32 = 3.47
-    assert float(value) < 0.05  # memorised: ~0.013 measured
+    assert float(value) < 0.05  # memorised: ~0.02 measured at step 100, 0.013 at step 300
 
 
 @pytest.mark.parametrize("kernel, position", matrix({k: k for k in ("xla", "dot_product")}, {p: p for p in POSITIONS}))

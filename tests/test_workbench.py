@@ -249,7 +249,11 @@ def without_value_embeddings(tree, mix=None):
     return {k: without_value_embeddings(v, mix) for k, v in tree.items()}
 
 
-@pytest.mark.parametrize("encoder_layers", [0, 1], ids=["decoder", "encoder-decoder"])
+@pytest.mark.parametrize(
+    "encoder_layers",
+    [0, pytest.param(1, marks=pytest.mark.slow)],  # the encoder–decoder's: 8-9 s on a Zen 3
+    ids=["decoder", "encoder-decoder"],
+)
 def test_value_embeddings_start_at_half_and_half_and_at_one_and_zero_are_the_plain_model(encoder_layers):
     """Each block's table is (vocab, kv width) and its mix starts at (1/2, 1/2), so the tables
     learn from the first step; set to a = 1, b = 0 every block's values are 1 * v + 0 * e = v
