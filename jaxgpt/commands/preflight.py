@@ -162,7 +162,7 @@ def overfit_row(compiled_step, state, batch, steps: int, lr: float, same_masks: 
 
 
 def size_row(params, model_config) -> Row:
-    flops = flops_per_token(model_config, model_config.block_size)
+    flops = flops_per_token(model_config, model_config.block_size, params)
     detail = f"{describe_parameters(model_config, params)}; {flops / 1e6:,.1f} MFLOPs per token trained (6N + 12LdT"
     if model_config.moe is None:
         return Row("size", None, detail + ")")

@@ -144,7 +144,7 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
         inputs_bytes=analysis.argument_size_in_bytes,
         temporaries_bytes=analysis.temp_size_in_bytes,
         xla_flops=float(cost.get("flops", 0.0)),
-        model_flops=flops_per_token(run.model) * tokens / mesh.size,
+        model_flops=flops_per_token(run.model, shapes=layout.params) * tokens / mesh.size,
         program_text=step.program_texts(layout, batch)[0],
     )
 
