@@ -225,14 +225,24 @@ def test_the_cores_sharing_the_batch_share_it_evenly(batch_size, microbatches, c
     assert step_choice.cores_sharing_the_batch(run, cores) == expected
 
 
-def test_plan_picks_microbatches_per_core_and_says_so():
+def test_plan_picks_microbatches_per_core_and_says_so(monkeypatch):
+    """Each count is measured by compiling the first core's program; the chosen one's is kept in
+    the step (the figure the note gives is its temporaries), so compiling the step compiles only
+    the other cores' programs and the update."""
+    monkeypatch.setattr(step_choice, "choices_dir", lambda: None)  # measured here, not remembered
     run = make_run(microbatches=0, batch_size=8)
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
-    layout, _ = state_layout(training_program(run), mesh)
+    layout, create = state_layout(training_program(run), mesh)
     plan = step_choice.plan(training_program(run), jax.devices()[:2], mesh, layout)
-    assert len(plan.devices) == 2 and plan.program.run.train.microbatches >= 1
-    assert (8 // 2) % plan.program.run.train.microbatches == 0
+    chosen = plan.program.run.train.microbatches
+    assert len(plan.devices) == 2 and chosen >= 1 and (8 // 2) % chosen == 0
     assert "2 CPU cores" in plan.note and "no collectives" in plan.note
+    kept = plan.step.memory_analysis().temp_size_in_bytes
+    assert f"{chosen}: {kept / 2**20:.0f} MiB" in plan.note
+    first = plan.step._first_share
+    windows = np.zeros((8, run.model.block_size + 1), np.int32)
+    batch = jax.device_put(windows_batch(windows), sharding.batch_sharding(plan.step.batch_mesh))
+    assert plan.step.compile(create(), batch).shares.compiled[0] is first
     assert (
         step_choice.plan(training_program(make_run(batch_size=7)), jax.devices()[:2], mesh, layout).devices
         == jax.devices()[:1]

@@ -60,13 +60,11 @@ def test_where_the_compiler_refuses_one_microbatch_the_counts_are_bisected():
 @pytest.mark.slow  # XLA's analysis against the rule's model; the rule itself is tested quick above
 def test_temporaries_shrink_as_the_interpolation_assumes():
     """The rule's model, fixed + activations / m, checked against XLA's analysis of a real
-    step: the prediction for a middle count from the two ends is within a tenth. A step
-    compiled only to be measured (no LLVM optimisation) has the same temporaries, to the byte."""
+    step: the prediction for a middle count from the two ends is within a tenth."""
     program = training_program(resolve(small_run_config(batch_size=12), vocab_size=96))
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
     layout, _ = state_layout(program, mesh)
     temp = {m: choice.step_temp_bytes(program, mesh, layout, m) for m in (1, 3, 12)}
-    assert choice.step_temp_bytes(program, mesh, layout, 3, measure_only=True) == temp[3]
     assert temp[1] > temp[3] > temp[12]
     activations = (temp[1] - temp[12]) / (1 - 1 / 12)
     predicted = temp[1] - activations + activations / 3
@@ -85,10 +83,6 @@ def test_an_explicit_setting_is_kept_and_zero_is_filled():
     assert filled.model is program.model and filled.optimizer is program.optimizer  # built once, not again
     assert line == f"train.microbatches=0 -> {chosen} ({why})" and "budget" in why
     assert compiled is not None  # the chosen step was compiled while choosing: the trainer reuses it
-    # The CPU's per-core plan only measures (each core compiles its own program), so it compiles
-    # without LLVM's optimisations: XLA assigns the buffers before LLVM, the same bytes.
-    measured = choice.step_temp_bytes(auto, mesh, layout, chosen, measure_only=True)
-    assert measured == choice.temp_bytes(compiled)
     one_way = sharding.make_mesh(MeshConfig(data=8, fsdp=1, tensor=1))  # 8 rows over 8 devices
     one_way_layout, _ = state_layout(auto, one_way)
     filled = choice.fill_microbatches(auto, one_way, one_way_layout)
@@ -96,31 +90,34 @@ def test_an_explicit_setting_is_kept_and_zero_is_filled():
 
 
 def test_a_measured_choice_is_remembered_for_the_next_run_of_the_same_config(tmp_path, monkeypatch):
-    """The per-core plan's measuring (a tracing and a compile or two) is done once per config,
-    machine, code and JAX: the next run reads the count and its reasons back, and compiles nothing."""
+    """A choice measured by the caller's candidates (the per-core plan's: a tracing and a compile
+    or two) is made once per config, machine, code and JAX: the next run reads the count and its
+    reasons back, and compiles nothing to choose."""
     monkeypatch.setattr(choice, "choices_dir", lambda: tmp_path)
     mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=1))
     program = training_program(resolve(small_run_config(batch_size=8, microbatches=0), vocab_size=96))
     layout, _ = state_layout(program, mesh)
     compiles = []
-    measure = choice.compile_step
-    monkeypatch.setattr(choice, "compile_step", lambda *args, **kwargs: compiles.append(1) or measure(*args, **kwargs))
 
-    first = choice.fill_microbatches(program, mesh, layout, measure_only=True)
+    def candidate(of):
+        return lambda m: compiles.append(m) or choice.compile_step(of.with_train(microbatches=m), mesh, layout)
+
+    first = choice.fill_microbatches(program, mesh, layout, candidate=candidate(program))
     assert compiles and "remembered" not in first.why and len(list(tmp_path.glob("*.json"))) == 1
+    assert first.compiled is not None  # the chosen candidate, kept for the step
     compiles.clear()
-    again = choice.fill_microbatches(program, mesh, layout, measure_only=True)
-    assert compiles == [] and again.program.run == first.program.run
+    again = choice.fill_microbatches(program, mesh, layout, candidate=candidate(program))
+    assert compiles == [] and again.program.run == first.program.run and again.compiled is None
     assert again.why == f"{first.why}; remembered from an earlier run's measuring"
 
     other = program.with_train(batch_size=4)  # any field differing: measured anew, remembered apart
-    choice.fill_microbatches(other, mesh, layout, measure_only=True)
+    choice.fill_microbatches(other, mesh, layout, candidate=candidate(other))
     assert compiles and len(list(tmp_path.glob("*.json"))) == 2
 
     compiles.clear()
     for memo in tmp_path.glob("*.json"):
         memo.write_text('{"microbatches": 3')  # cut short: read as never written, measured again
-    damaged = choice.fill_microbatches(program, mesh, layout, measure_only=True)
+    damaged = choice.fill_microbatches(program, mesh, layout, candidate=candidate(program))
     assert compiles and damaged.program.run == first.program.run and "remembered" not in damaged.why
 
     monkeypatch.setattr(choice, "choices_dir", lambda: None)  # the compilation cache off: nothing kept

@@ -105,6 +105,7 @@ class CoreParallelStep:
         update = partial(add_and_apply, optimizer=program.optimizer, layer_grad_norms=t.log_layer_grad_norms)
         self._apply = jax.jit(update, donate_argnums=0)
         self._lowered: tuple | None = None  # (the shares' programs, the update), traced
+        self._first_share = None  # the first core's program (or the one over the cores), compiled
         self._compiled_apply = None
         self._steps_run = 0
 
@@ -112,7 +113,8 @@ class CoreParallelStep:
         """(params, key, step, batch, the whole batch's weight or None): what the shares read."""
         weight = None
         if "weights" in batch:  # the whole batch on the first core, counted there
-            weight = self._whole_batch_weight(state.rng, state.step, jax.device_put(batch, self.devices[0]))
+            count = jax.eval_shape if is_shapes(batch) else self._whole_batch_weight
+            weight = count(state.rng, state.step, placed(batch, SingleDeviceSharding(self.devices[0])))
         return state.params, state.rng, state.step, batch, weight
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
@@ -129,7 +131,9 @@ class CoreParallelStep:
         return self.shares.eval_losses(params, make_batch, count)
 
     def trace(self, state: TrainState, batch: dict) -> CoreParallelStep:
-        """Trace the shares' programs and the update to StableHLO; returns self."""
+        """Trace the shares' programs and the update to StableHLO; returns self. `state` and
+        `batch` may be their shapes alone (mesh_step.state_layout's, batch_layout's): what the
+        programs are compiled for is the same."""
         if self._lowered is None:
             inputs = self._share_inputs(state, batch)
             home = SingleDeviceSharding(self.devices[0])
@@ -141,15 +145,26 @@ class CoreParallelStep:
         """Compile the shares' programs and the update ahead of time, all at once (XLA compiles
         without the GIL), unless already; returns self."""
         if self._compiled_apply is None:
-            shares, update = self.trace(state, batch)._lowered
-            with ThreadPoolExecutor(len(shares) + 1) as pool:
-                *compiled, self._compiled_apply = pool.map(lambda program: program.compile(), [*shares, update])
-            self.shares.compiled = compiled
+            (first, *others), update = self.trace(state, batch)._lowered
+            if self._first_share is None:
+                others.insert(0, first)
+            with ThreadPoolExecutor(len(others) + 1) as pool:
+                *compiled, self._compiled_apply = pool.map(lambda program: program.compile(), [*others, update])
+            self.shares.compiled = compiled if self._first_share is None else [self._first_share, *compiled]
+        return self
+
+    def compile_first_share(self, state: TrainState, batch: dict) -> CoreParallelStep:
+        """Compile the first core's program alone (with OneProgramOverCores, the one program),
+        unless already; returns self. Its memory analysis is what decides whether the step fits
+        the CPU's cache (step_choice.plan), and `compile` then compiles only the rest."""
+        if self._first_share is None and self._compiled_apply is None:
+            self._first_share = self.trace(state, batch)._lowered[0][0].compile()
         return self
 
     def memory_analysis(self):
-        """XLA's memory analysis of a compiled share program, one core's (after `compile`)."""
-        return self.shares.compiled[0].memory_analysis()
+        """XLA's memory analysis of a compiled share program, one core's (after `compile` or
+        `compile_first_share`)."""
+        return (self._first_share or self.shares.compiled[0]).memory_analysis()
 
     def cost_analysis(self) -> dict:
         """XLA's cost analysis of a compiled share program (after `compile`): its FLOPs and
@@ -182,10 +197,10 @@ class ProgramPerCore:
         """Per core: its copy of (params, key, step), its rows, its index, the batch's weight."""
         inputs = []
         for i, device in enumerate(self.devices):
-            rows = {name: core_rows(array, device) for name, array in batch.items()}
+            rows = {name: core_rows(array, device, len(self.devices)) for name, array in batch.items()}
             # every core's copy on its device alone, the first's too (no copy there): its state's
             # mesh sharding would give its program other input types and a second tracing
-            mine = jax.device_put((params, key, step, weight), device)
+            mine = placed((params, key, step, weight), SingleDeviceSharding(device))
             inputs.append((*mine[:3], rows, self._core_ids[i], mine[3]))
         return inputs
 
@@ -227,7 +242,7 @@ class OneProgramOverCores:
     def _inputs(self, params, key, step, batch, weight) -> tuple:
         """(params, key, step) and the batch's weight copied to every core; the batch as it is
         (its rows already split over the cores)."""
-        params, key, step, weight = jax.device_put((params, key, step, weight), self._everywhere)
+        params, key, step, weight = placed((params, key, step, weight), self._everywhere)
         return params, key, step, batch, weight
 
     def lower(self, *inputs) -> list:
@@ -267,9 +282,25 @@ def with_core_axis(fn):
     return on_one_core
 
 
-def core_rows(array: jax.Array, device) -> jax.Array:
-    """The rows of a batch array sharded over the cores that live on `device`."""
+def core_rows(array: jax.Array, device, cores: int) -> jax.Array:
+    """The rows of a batch array split over `cores` cores that live on `device` (for shapes
+    alone, their shapes there)."""
+    if isinstance(array, jax.ShapeDtypeStruct):
+        shape = (array.shape[0] // cores, *array.shape[1:])
+        return jax.ShapeDtypeStruct(shape, array.dtype, sharding=SingleDeviceSharding(device))
     return next(shard.data for shard in array.addressable_shards if shard.device == device)
+
+
+def is_shapes(tree) -> bool:
+    """Whether `tree` holds shapes alone (jax.ShapeDtypeStruct), as lowering before any array exists does."""
+    return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def placed(tree, where):
+    """`tree` put on `where` (a sharding); shapes alone are given `where` as their sharding."""
+    if is_shapes(tree):
+        return jax.tree.map(lambda s: s.update(sharding=where), tree)
+    return jax.device_put(tree, where)
 
 
 def share_of_this_core(share):

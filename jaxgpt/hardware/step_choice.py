@@ -25,13 +25,13 @@ accumulator) plus activations that shrink as 1/microbatches. An accelerator's co
 refuse the first outright (out of memory), which leaves nothing to interpolate from: then the
 counts in between are bisected, one compile each.
 
-Where the candidates are only measured (the CPU's per-core `plan`: each core then compiles the
-program it runs, jaxgpt/hardware/core_parallel.py), they are compiled without LLVM's
-optimisations, a quarter to a third faster: XLA assigns every buffer before LLVM sees the
-program, so the temporaries are the optimised step's to the byte (tests/test_microbatches.py).
-That choice is also remembered beside the compiled programs (`choice_file`): a second run
-of the same config on the same machine, code and JAX skips the measuring, which is tracing the
-step once more (most of a second of a short run's start with its programs cached).
+What is measured is what runs: over a mesh, the step itself; on the CPU's cores (`plan`), the
+first core's program of the step (jaxgpt/hardware/core_parallel.py), which holds all of a core's
+temporaries (the update after it runs alone, on memory the cores' programs are done with).
+Either way the chosen count's program is kept, and compiling the step compiles only the rest: a
+fresh start compiles nothing twice. The per-core choice is also remembered beside the compiled
+programs (`choice_file`): a second run of the same config on the same machine, code and JAX
+skips the measuring where it measured more than the count it chose.
 """
 
 from __future__ import annotations
@@ -92,7 +92,8 @@ def choose_step(program: TrainingProgram, mesh, layout, device_bytes: int | None
     if len(cores) > 1:
         chosen = plan(program, cores, mesh, layout)
         if len(chosen.devices) > 1:
-            return ChosenStep(chosen.program, CoreParallelStep(chosen.program, chosen.devices), chosen.note)
+            step = chosen.step or CoreParallelStep(chosen.program, chosen.devices)
+            return ChosenStep(chosen.program, step, chosen.note)
     tuned = fill_microbatches(program, mesh, layout, device_bytes)
     check_batch_fits_mesh(tuned.program.run, mesh)
     return ChosenStep(tuned.program, MeshStep(tuned.program, mesh, layout, tuned.compiled), tuned.note)
@@ -123,20 +124,27 @@ class CorePlan:
     program: TrainingProgram  # train.microbatches filled in: per core, passes over its rows
     devices: list  # the cores' CPU devices; one means the plain one-device step
     note: str | None  # what was chosen, for the start-up lines
+    step: CoreParallelStep | None = None  # the step, when choosing compiled its first core's program
 
 
 def plan(program: TrainingProgram, devices: list, mesh, layout) -> CorePlan:
     """How a one-device CPU run on `mesh` (the first of `devices`, its state laid out as
     `layout`) uses `devices`, one per core: as many cores as share the batch evenly, each with
-    the fewest microbatches whose program fits the CPU's cache (fill_microbatches, applied to
-    one core's rows on the same one device)."""
+    the fewest microbatches whose program fits the CPU's cache (fill_microbatches: each count
+    measured by compiling the first core's program of the step, which the step then keeps)."""
     run = program.run
     n = cores_sharing_the_batch(run, len(devices))
     if n == 1:
         return CorePlan(program, devices[:1], None)
+
+    def first_core_compiled(m: int) -> CoreParallelStep:
+        candidate = program.with_train(microbatches=m)
+        step = CoreParallelStep(candidate, devices[:n])
+        return step.compile_first_share(layout, batch_layout(candidate, step.batch_mesh))
+
     per_core = program.with_train(batch_size=run.train.batch_size // n)
     started = time.perf_counter()
-    tuned = fill_microbatches(per_core, mesh, layout, measure_only=True)
+    tuned = fill_microbatches(per_core, mesh, layout, candidate=first_core_compiled)
     microbatches = tuned.program.run.train.microbatches
     note = (
         f"{n} CPU cores, each running the step on {run.train.batch_size // n} of the {run.train.batch_size} rows "
@@ -145,14 +153,13 @@ def plan(program: TrainingProgram, devices: list, mesh, layout) -> CorePlan:
     )
     if tuned.why:
         note += f"; microbatches per core {microbatches} ({tuned.why}) [{time.perf_counter() - started:.1f} s]"
-    return CorePlan(program.with_train(microbatches=microbatches), devices[:n], note)
+    return CorePlan(program.with_train(microbatches=microbatches), devices[:n], note, tuned.compiled)
 
 
 # Microbatches
 
 FALLBACK_CPU_CACHE = 8 * 2**20  # when the OS reports no cache sizes (some VMs)
 ACCELERATOR_HEADROOM = 0.9  # leave XLA's allocator a tenth of the device's memory
-MEASURE_ONLY = {"xla_backend_optimization_level": 0}  # LLVM's level: buffers are assigned before it
 
 
 def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
@@ -160,13 +167,11 @@ def microbatch_choices(batch_size: int, data_parallel: int) -> list[int]:
     return [m for m in range(1, batch_size + 1) if batch_size % m == 0 and (batch_size // m) % data_parallel == 0]
 
 
-def compile_step(program: TrainingProgram, mesh, layout, measure_only: bool = False):
+def compile_step(program: TrainingProgram, mesh, layout):
     """The program's train step, compiled ahead of time for its state (`layout`) and batch;
-    raises memory.OutOfMemory where the compiler refuses it. `measure_only`: for its memory
-    analysis, never to run (a CPU program compiled without LLVM's optimisations)."""
+    raises memory.OutOfMemory where the compiler refuses it."""
     with memory.refusals_as_out_of_memory():
-        lowered = jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh))
-        return lowered.compile(MEASURE_ONLY if measure_only else None)
+        return jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh)).compile()
 
 
 def temp_bytes(compiled) -> int:
@@ -175,8 +180,8 @@ def temp_bytes(compiled) -> int:
     return int(analysis.temp_size_in_bytes) if analysis is not None else 0
 
 
-def step_temp_bytes(program: TrainingProgram, mesh, layout, microbatches: int, measure_only: bool = False) -> int:
-    return temp_bytes(compile_step(program.with_train(microbatches=microbatches), mesh, layout, measure_only))
+def step_temp_bytes(program: TrainingProgram, mesh, layout, microbatches: int) -> int:
+    return temp_bytes(compile_step(program.with_train(microbatches=microbatches), mesh, layout))
 
 
 def memory_budget(mesh, layout, device_bytes: int | None = None) -> tuple[int, str]:
@@ -227,23 +232,23 @@ def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[in
 class Tuned(NamedTuple):
     program: TrainingProgram  # with train.microbatches filled in
     note: str | None  # what was chosen and why; None when the config chose
-    compiled: object | None  # the chosen step, when choosing compiled it: no need to compile it again
+    compiled: object | None  # the chosen candidate as choosing compiled it: no need to compile it again
     why: str | None = None  # the measurements and budget behind the choice, when the machine chose
 
 
-def fill_microbatches(
-    program: TrainingProgram, mesh, layout, device_bytes: int | None = None, measure_only: bool = False
-) -> Tuned:
+def fill_microbatches(program: TrainingProgram, mesh, layout, device_bytes: int | None = None, candidate=None) -> Tuned:
     """`program` with train.microbatches chosen when it is 0 (`device_bytes` as memory_budget's).
-    `layout`: the state's on `mesh`, the same for every microbatch count. `measure_only`: the
-    caller compiles the step it runs itself (none is returned)."""
+    `layout`: the state's on `mesh`, the same for every microbatch count. Each count is measured
+    by compiling the step over `mesh` (`compile_step`), or by `candidate(m)` where the caller runs
+    another step (the per-core plan): anything compiled with a `memory_analysis`. The chosen
+    count's is returned to be run; a caller's choice (a `candidate`) is also remembered."""
     if program.run.train.microbatches:
         return Tuned(program, None, None)
     choices = microbatch_choices(program.run.train.batch_size, sharding.data_parallel_size(mesh))
     if len(choices) <= 1:  # one way to split (or none: check_batch_fits_mesh then says why)
         return Tuned(program.with_train(microbatches=choices[0] if choices else 1), None, None)
     budget, source = memory_budget(mesh, layout, device_bytes)
-    memo = choice_file(repr(program.run), mesh, budget) if measure_only else None
+    memo = choice_file(repr(program.run), mesh, budget) if candidate else None
     if memo is not None and (known := recall(memo, choices)):
         chosen, why = known
         why += "; remembered from an earlier run's measuring"
@@ -252,7 +257,7 @@ def fill_microbatches(
 
     def measure(m: int) -> float:
         try:
-            compiled[m] = compile_step(program.with_train(microbatches=m), mesh, layout, measure_only)
+            compiled[m] = candidate(m) if candidate else compile_step(program.with_train(microbatches=m), mesh, layout)
         except memory.OutOfMemory:
             return math.inf
         return temp_bytes(compiled[m])
@@ -266,7 +271,7 @@ def fill_microbatches(
     return Tuned(
         program.with_train(microbatches=chosen),
         f"train.microbatches=0 -> {chosen} ({why})",
-        None if measure_only else compiled.get(chosen),
+        compiled.get(chosen),
         why,
     )
 
