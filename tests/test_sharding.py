@@ -9,10 +9,14 @@ import numpy as np
 import pytest
 from conftest import layout_run_config, run_script, train_losses, trained
 
+from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MeshConfig
+from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
+from jaxgpt.hardware.mesh_step import state_layout
 from jaxgpt.job.trainer import Trainer, train_and_evaluate
+from jaxgpt.training.program import training_program
 
 LAYOUTS = {"data=8": dict(data=8), "fsdp=8": dict(data=1, fsdp=8), "2x2x2": dict(data=2, fsdp=2, tensor=2)}
 
@@ -66,6 +70,23 @@ def test_parameters_are_placed_by_the_rules():
     adam_mu = state.opt_state[1][0].mu  # the moments follow their parameters
     assert adam_mu["block_0"]["mlp"]["up"]["kernel"].sharding.spec == P("fsdp", "tensor")
     assert state.step.sharding.spec == P()
+
+
+def test_a_state_compiled_ahead_is_the_state_created_on_demand():
+    """The trainer's initialisation compiles in the background from the moment its layout is
+    known (`compile_ahead`): the state it creates is the on-demand one, bit for bit, laid out alike."""
+    run = resolve(layout_run_config(dict(data=2, fsdp=2, tensor=2)), vocab_size=96)
+    program = training_program(run)
+    mesh = sharding.make_mesh(run.mesh, jax.devices()[:8])
+    layout, create = state_layout(program, mesh)
+    ahead_layout, ahead = state_layout(program, mesh, compile_ahead=True)
+    assert ahead_layout == layout
+    on_demand, compiled_ahead = create(), ahead()
+    for x, y in zip(jax.tree.leaves(on_demand), jax.tree.leaves(compiled_ahead), strict=True):
+        assert x.sharding == y.sharding
+        if jax.dtypes.issubdtype(x.dtype, jax.dtypes.prng_key):
+            x, y = jax.random.key_data(x), jax.random.key_data(y)
+        np.testing.assert_array_equal(np.asarray(x), np.asarray(y))
 
 
 def test_value_embeddings_are_split_as_the_values_heads():

@@ -7,6 +7,8 @@ per CPU core (core_parallel.py); step_choice.py chooses between them.
 
 from __future__ import annotations
 
+import threading
+from concurrent.futures import Future
 from functools import partial
 
 import jax
@@ -17,14 +19,16 @@ from jaxgpt.training.program import TrainingProgram
 from jaxgpt.training.train_step import TrainState, seed_key_data
 
 
-def state_layout(program: TrainingProgram, mesh):
+def state_layout(program: TrainingProgram, mesh, compile_ahead: bool = False):
     """The train state's shapes, dtypes and shardings (nothing allocated), and the function
-    that creates it: the compiled initialisation (`.func`) applied to the seed's key data.
+    that creates it: the compiled initialisation applied to the seed's key data.
 
     The model's initialisation is traced once, here: the program that creates the state replays
     that trace with the shardings its shapes gave, instead of tracing the model again (a Flax
     initialisation is slow to trace: for a 2-layer model on a 2-core Zen 3, about 40% of the
-    time its training step's tracing takes)."""
+    time its training step's tracing takes). `compile_ahead` (for a caller sure to create the
+    state, the trainer): its compile starts now, in the background (`compiled_in_background`),
+    beside the step's."""
     key_data = seed_key_data(program.run.train.seed)
     traced = jax.jit(program.create_state).trace(key_data)
     layout = sharding.laid_out(traced.out_info, mesh)
@@ -33,7 +37,28 @@ def state_layout(program: TrainingProgram, mesh):
     def create_state(key_data):
         return traced(key_data)  # the traced program's operations, bound again
 
-    return layout, partial(jax.jit(create_state, out_shardings=shardings), key_data)
+    creating = jax.jit(create_state, out_shardings=shardings)
+    if not compile_ahead:
+        return layout, partial(creating, key_data)
+    compiled = compiled_in_background(creating.lower(key_data))
+    return layout, lambda: compiled.result()(key_data)
+
+
+def compiled_in_background(lowered) -> Future:
+    """`lowered.compile()` in a thread of its own: XLA compiles without holding the GIL, so the
+    programs the caller compiles next compile beside it (the model's initialisation, as costly
+    to compile as a small model's step, beside the step). A daemon thread: a run stopped before
+    it needs the program does not wait for it at exit."""
+    future: Future = Future()
+
+    def compile_it():
+        try:
+            future.set_result(lowered.compile())
+        except BaseException as error:  # raised where the result is asked for
+            future.set_exception(error)
+
+    threading.Thread(target=compile_it, daemon=True, name="jaxgpt-compile").start()
+    return future
 
 
 def jit_train_step(program: TrainingProgram, mesh, layout):

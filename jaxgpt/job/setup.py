@@ -91,7 +91,8 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
     check_init_from_run(run, dataset.tokenizer)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    layout, create = state_layout(program, mesh)  # computed once, passed on to every stage that needs it
+    # computed once, passed on to every stage that needs it; the state's program compiles from here on
+    layout, create = state_layout(program, mesh, compile_ahead=True)
     memory.check_fits(run, mesh, layout)
     return ResolvedRun(run, program, dataset, notes, mesh, layout, create)
 
