@@ -73,13 +73,15 @@ def test_parameters_are_placed_by_the_rules():
 
 
 def test_a_state_compiled_ahead_is_the_state_created_on_demand():
-    """The trainer's initialisation compiles in the background from the moment its layout is
-    known (`compile_ahead`): the state it creates is the on-demand one, bit for bit, laid out alike."""
+    """The trainer's initialisation compiles in the background while the step is chosen and
+    compiled (`compile_in_background`): the state it creates is the on-demand one, bit for bit,
+    laid out alike."""
     run = resolve(layout_run_config(dict(data=2, fsdp=2, tensor=2)), vocab_size=96)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, jax.devices()[:8])
     layout, create = state_layout(program, mesh)
-    ahead_layout, ahead = state_layout(program, mesh, compile_ahead=True)
+    ahead_layout, ahead = state_layout(program, mesh)
+    ahead.compile_in_background()
     assert ahead_layout == layout
     on_demand, compiled_ahead = create(), ahead()
     for x, y in zip(jax.tree.leaves(on_demand), jax.tree.leaves(compiled_ahead), strict=True):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import threading
 from concurrent.futures import Future
-from functools import partial
 
 import jax
 
@@ -19,16 +18,14 @@ from jaxgpt.training.program import TrainingProgram
 from jaxgpt.training.train_step import TrainState, seed_key_data
 
 
-def state_layout(program: TrainingProgram, mesh, compile_ahead: bool = False):
-    """The train state's shapes, dtypes and shardings (nothing allocated), and the function
-    that creates it: the compiled initialisation applied to the seed's key data.
+def state_layout(program: TrainingProgram, mesh):
+    """The train state's shapes, dtypes and shardings (nothing allocated), and what creates it
+    (`InitialState`): the compiled initialisation applied to the seed's key data.
 
     The model's initialisation is traced once, here: the program that creates the state replays
     that trace with the shardings its shapes gave, instead of tracing the model again (a Flax
     initialisation is slow to trace: for a 2-layer model on a 2-core Zen 3, about 40% of the
-    time its training step's tracing takes). `compile_ahead` (for a caller sure to create the
-    state, the trainer): its compile starts now, in the background (`compiled_in_background`),
-    beside the step's."""
+    time its training step's tracing takes)."""
     key_data = seed_key_data(program.run.train.seed)
     traced = jax.jit(program.create_state).trace(key_data)
     layout = sharding.laid_out(traced.out_info, mesh)
@@ -37,18 +34,40 @@ def state_layout(program: TrainingProgram, mesh, compile_ahead: bool = False):
     def create_state(key_data):
         return traced(key_data)  # the traced program's operations, bound again
 
-    creating = jax.jit(create_state, out_shardings=shardings)
-    if not compile_ahead:
-        return layout, partial(creating, key_data)
-    compiled = compiled_in_background(creating.lower(key_data))
-    return layout, lambda: compiled.result()(key_data)
+    return layout, InitialState(jax.jit(create_state, out_shardings=shardings), key_data)
+
+
+class InitialState:
+    """Step 0's train state, created when called: the jitted initialisation (`creating`) applied
+    to the seed's key data. `compile_in_background` starts its compile ahead of the call."""
+
+    def __init__(self, creating, key_data):
+        self._creating, self._key_data = creating, key_data
+        self._compiled: Future | None = None
+
+    def lower(self):
+        """The initialisation lowered for this seed's key data (an argument, not a constant: every
+        seed lowers to the same program)."""
+        return self._creating.lower(self._key_data)
+
+    def compile_in_background(self) -> None:
+        """Start compiling the initialisation on a thread of its own (`compiled_in_background`),
+        for a caller sure to create the state (the trainer, once its workdir is its own): the
+        step's programs then compile beside it."""
+        if self._compiled is None:
+            self._compiled = compiled_in_background(self.lower())
+
+    def __call__(self) -> TrainState:
+        return (self._compiled.result() if self._compiled else self._creating)(self._key_data)
 
 
 def compiled_in_background(lowered) -> Future:
-    """`lowered.compile()` in a thread of its own: XLA compiles without holding the GIL, so the
+    """`lowered.compile()` on a thread of its own: XLA compiles without holding the GIL, so the
     programs the caller compiles next compile beside it (the model's initialisation, as costly
-    to compile as a small model's step, beside the step). A daemon thread: a run stopped before
-    it needs the program does not wait for it at exit."""
+    to compile as a small model's step, beside the step). Not a daemon thread: a process that
+    ends while XLA still compiles on a daemon thread aborts at the interpreter's exit (the
+    thread, forced out of XLA's C++, "terminate called ... exception not rethrown"), so an exit
+    waits for the compile; Ctrl-C's exit skips the interpreter's (jaxgpt/commands/interrupt.py)."""
     future: Future = Future()
 
     def compile_it():
@@ -57,7 +76,7 @@ def compiled_in_background(lowered) -> Future:
         except BaseException as error:  # raised where the result is asked for
             future.set_exception(error)
 
-    threading.Thread(target=compile_it, daemon=True, name="jaxgpt-compile").start()
+    threading.Thread(target=compile_it, name="jaxgpt-compile").start()
     return future
 
 

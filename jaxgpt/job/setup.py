@@ -91,8 +91,7 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> 
     check_init_from_run(run, dataset.tokenizer)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
-    # computed once, passed on to every stage that needs it; the state's program compiles from here on
-    layout, create = state_layout(program, mesh, compile_ahead=True)
+    layout, create = state_layout(program, mesh)  # computed once, passed on to every stage that needs it
     memory.check_fits(run, mesh, layout)
     return ResolvedRun(run, program, dataset, notes, mesh, layout, create)
 
@@ -140,6 +139,8 @@ class PlacedRun:
 def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     """Stage 3: the run on this machine's devices."""
     mesh = resolved.mesh
+    # The workdir is the run's now: the state will be created, and its program compiles beside the step's
+    resolved.create.compile_in_background()
     program, step, note = choose_step(resolved.program, mesh, resolved.layout)
     if note:
         say(note)
