@@ -1,6 +1,7 @@
 """Data parallelism over CPU cores without collectives: the same update as one device, and no
 program with anything to wait in."""
 
+import dataclasses
 from functools import partial
 
 import jax
@@ -13,7 +14,7 @@ from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainC
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import core_parallel, runtime, step_choice
 from jaxgpt.hardware.core_parallel import CoreParallelStep
-from jaxgpt.hardware.mesh_step import MeshStep, state_layout
+from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, state_layout
 from jaxgpt.model.transformer import GPT
 from jaxgpt.training.batch import windows_batch
 from jaxgpt.training.optimizer import make_optimizer
@@ -225,12 +226,15 @@ def test_the_cores_sharing_the_batch_share_it_evenly(batch_size, microbatches, c
     assert step_choice.cores_sharing_the_batch(run, cores) == expected
 
 
-def test_plan_picks_microbatches_per_core_and_says_so(monkeypatch):
-    """Each count is measured by compiling the first core's program; the chosen one's is kept in
-    the step (the figure the note gives is its temporaries), so compiling the step compiles only
-    the other cores' programs and the update."""
+@pytest.mark.parametrize("source", ["builtin:python-docs", "builtin:dates"])  # windows; packed, weighted examples
+def test_plan_picks_microbatches_per_core_and_says_so(source, monkeypatch):
+    """Each count is measured by compiling the first core's program (for the batch's shapes before
+    any batch exists, its weights too); the chosen one's is kept in the step (the figure the note
+    gives is its temporaries), so compiling the step compiles only the other cores' programs and
+    the update."""
     monkeypatch.setattr(step_choice, "choices_dir", lambda: None)  # measured here, not remembered
     run = make_run(microbatches=0, batch_size=8)
+    run = dataclasses.replace(run, data=dataclasses.replace(run.data, source=source))
     mesh = sharding.make_mesh(MeshConfig(1, 1, 1))
     layout, create = state_layout(training_program(run), mesh)
     plan = step_choice.plan(training_program(run), jax.devices()[:2], mesh, layout)
@@ -240,8 +244,8 @@ def test_plan_picks_microbatches_per_core_and_says_so(monkeypatch):
     kept = plan.step.memory_analysis().temp_size_in_bytes
     assert f"{chosen}: {kept / 2**20:.0f} MiB" in plan.note
     first = plan.step._first_share
-    windows = np.zeros((8, run.model.block_size + 1), np.int32)
-    batch = jax.device_put(windows_batch(windows), sharding.batch_sharding(plan.step.batch_mesh))
+    shapes = batch_layout(plan.program, plan.step.batch_mesh)
+    batch = {name: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding) for name, s in shapes.items()}
     assert plan.step.compile(create(), batch).shares.compiled[0] is first
     assert (
         step_choice.plan(training_program(make_run(batch_size=7)), jax.devices()[:2], mesh, layout).devices

@@ -113,7 +113,7 @@ class CoreParallelStep:
         """(params, key, step, batch, the whole batch's weight or None): what the shares read."""
         weight = None
         if "weights" in batch:  # the whole batch on the first core, counted there
-            count = jax.eval_shape if is_shapes(batch) else self._whole_batch_weight
+            count = partial(jax.eval_shape, self._whole_batch_weight) if is_shapes(batch) else self._whole_batch_weight
             weight = count(state.rng, state.step, placed(batch, SingleDeviceSharding(self.devices[0])))
         return state.params, state.rng, state.step, batch, weight
 
