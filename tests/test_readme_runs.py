@@ -57,7 +57,8 @@ def test_the_speedrun_reaches_the_first_runs_bits_per_byte_in_400_steps(tmp_path
 
 @pytest.mark.slow
 def test_the_preflight_table_is_what_check_prints(tmp_path):
-    """Every number in the README's check table except times and this machine's memory."""
+    """Every number in the README's check table except times and this machine's memory, and
+    every row's verdict (PASS, INFO): the healthy config's check, run as a user runs it."""
     quoted = quoted_block("prints a table").splitlines()
     env = os.environ | {"PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
     env.pop("XLA_FLAGS")
@@ -70,6 +71,8 @@ def test_the_preflight_table_is_what_check_prints(tmp_path):
     )
     assert result.returncode == 0, result.stderr[-2000:]
     printed = result.stdout.splitlines()
+    verdicts = [line.split(None, 2)[:2] for line in printed if line[:4] in ("PASS", "INFO", "FAIL")]
+    assert verdicts == [line.split(None, 2)[:2] for line in quoted], printed
     # Where 100 steps of overfitting end depends on the CPU: near zero, rounding differences
     # between matmul kernels are amplified (0.014 and 0.043 measured on two slices of one VM
     # type). The README says so; here that end only has to be near zero.

@@ -150,11 +150,9 @@ def test_microbatches_left_to_the_machine_are_chosen_against_the_slices_memory(v
     chip, since the softmax's division moved after its einsum, one microbatch needs 5.6 MB and
     more microbatches cannot shrink it)."""
     config = small_run(block_size=512)
-    config.train.batch_size = 256
-    one = tpu.compile_train_step(run_on(config, 8), v5e_8)
-    assert one.microbatches == 1
-    config.train.microbatches = 0
-    assert tpu.compile_train_step(run_on(config, 8), v5e_8, tpu.target("tpu-v5e-8")).microbatches == 1
+    config.train.update(batch_size=256, microbatches=0)
+    one = tpu.compile_train_step(run_on(config, 8), v5e_8, tpu.target("tpu-v5e-8"))
+    assert one.microbatches == 1 and one.fits(tpu.target("tpu-v5e-8"))  # the whole chip: one is enough
     cut = (one.inputs_bytes + one.temporaries_bytes / 2) / step_choice.ACCELERATOR_HEADROOM
     small_chip = dataclasses.replace(tpu.target("tpu-v5e-8"), hbm_bytes=int(cut))
     chosen = tpu.compile_train_step(run_on(config, 8), v5e_8, small_chip)

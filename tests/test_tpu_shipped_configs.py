@@ -11,10 +11,12 @@ A config whose blocks are unrolled (scan_layers off) compiles one copy of the sa
 layer, so compile time grows with depth while nothing new is lowered: those are compiled with two
 of their layers (LAYERS_COMPILED), every other field as shipped. shakespeare_char's six layers with
 dropout took 198 s of a Zen 4 core (dropout's threefry bits most of it), finetune_gpt2's twelve
-86 s. Their memory is no question at two layers or at all of them (GPT-2 small's float32 weights,
-gradients and Adam moments come to 2 GB of a v5e chip's 16, beside one 1,024-token sequence a
-chip); the memory that decides a config's fit, GPT-2 124M's on a v5e-8, is compiled in full by
-the guide's command."""
+86 s. Dropout's bits also make libtpu's compile grow with the tensors: shakespeare_char is compiled
+with one row a chip (ROWS_PER_CHIP), the same program at another batch size (one layer on a Zen 3:
+128.8 s at its eight rows a chip, 12.5 s at one). Their memory is no question at two layers or at
+all of them, nor at shakespeare_char's batch (GPT-2 small's float32 weights, gradients and Adam
+moments come to 2 GB of a v5e chip's 16, beside one 1,024-token sequence a chip); the memory that
+decides a config's fit, GPT-2 124M's on a v5e-8, is compiled in full by the guide's command."""
 
 import importlib
 from functools import partial
@@ -52,11 +54,13 @@ GENERATIONS = {
 README_CHECK = "python -m jaxgpt check --config configs/gpt2_124m.py --target tpu-v5e-8"
 # Unrolled configs compiled with two layers: the same block, lowered once, in a third of the time.
 LAYERS_COMPILED = {"shakespeare_char": 2, "finetune_gpt2": 2}
+# Configs with dropout compiled for a smaller batch: one row on each of the slice's 8 chips.
+ROWS_PER_CHIP = {"shakespeare_char": 1}
 
 
 def test_every_shipped_config_is_compiled_and_both_generations_are_compiled_for():
     assert set(GENERATIONS) == set(SHIPPED), "give each new config in configs/ its TPU generation here"
-    assert set(LAYERS_COMPILED) <= set(SHIPPED)
+    assert set(LAYERS_COMPILED) <= set(SHIPPED) and set(ROWS_PER_CHIP) <= set(SHIPPED)
     assert {g for names in GENERATIONS.values() for g in names} == {V5E, V6E}
     assert README_CHECK.endswith(V5E) and "gpt2_124m" in README_CHECK
     assert README_CHECK in SHORTENED  # tests/test_readme.py runs it and reads "fits tpu-v5e-8"
@@ -74,6 +78,9 @@ def test_every_shipped_config_compiles_for_a_tpu_slice(config_name, name, gpt2_b
     if config_name in LAYERS_COMPILED:
         assert not config.model.scan_layers and config.model.n_layer > LAYERS_COMPILED[config_name]
         config.model.n_layer = LAYERS_COMPILED[config_name]
+    if config_name in ROWS_PER_CHIP:
+        assert config.model.dropout > 0 and not config.train.microbatches
+        config.train.batch_size = 8 * ROWS_PER_CHIP[config_name]
     target = tpu.target(name)
     devices = tpu.compile_only_devices(target)
     rows = config.train.batch_size // (config.train.microbatches or 1)

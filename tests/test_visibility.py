@@ -214,31 +214,21 @@ def test_attention_map_command_draws_one_panel_per_head(trained, tmp_path):
 CHECK_FAST = ["--config", "configs/tiny.py", "--config.model.n_layer=2", "--overfit_steps=60"]
 
 
-@pytest.mark.slow
-def test_check_passes_a_healthy_config():
-    result = run_script("jaxgpt", "check", *CHECK_FAST, devices=2)
-    assert result.returncode == 0, result.stdout + result.stderr
-    rows = {line.split()[1]: line.split()[0] for line in result.stdout.splitlines() if line[:4] in ("PASS", "INFO")}
-    assert rows == {
-        "initial": "PASS",
-        "gradients": "PASS",
-        "overfit": "PASS",
-        "size": "INFO",
-        "memory": "PASS",
-        "kv": "INFO",
-        "why": "INFO",
-    }
-
-
-def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row():
+def test_the_checks_pass_a_healthy_init_and_fail_a_too_large_one_in_its_row(tmp_path):
     """The checks behind `jaxgpt check`, called in-process (the command's own output and exit
-    status: the two slow tests beside this one)."""
+    status: the slow test below on a 2-device mesh, and the README's table, each row's verdict
+    and numbers, in tests/test_readme_runs.py), on a text no run has prepared yet: the check
+    prepares it as training would (it once read the config's data section unresolved and failed
+    there, on any machine where the data was not yet prepared)."""
     from jaxgpt.commands.preflight import run_checks
 
-    healthy = {row.name: row.passed for row in run_checks(small_run_config(), overfit_steps=5)}
+    book = tmp_path / "book.txt"
+    book.write_text("It was the best of times, it was the worst of times. " * 200)
+    config = small_run_config()
+    config.data.source = f"text:{book}"
+    healthy = {row.name: row.passed for row in run_checks(config, overfit_steps=5)}
     assert healthy["initial loss"] is True and healthy["gradients"] is True and healthy["memory"] is True
     assert healthy["kv cache"] is None and healthy["why sqrt(d_k)"] is None  # information only
-    config = small_run_config()
     config.model.init_std = 1.0  # logits of std ~ sqrt(d_model): the loss starts far above ln V
     failing = {row.name: row.passed for row in run_checks(config, overfit_steps=5)}
     assert failing["initial loss"] is False

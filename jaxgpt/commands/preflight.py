@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxgpt import data, sharding
 from jaxgpt.config import with_train
-from jaxgpt.config_files import resolve
+from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
 from jaxgpt.model.transformer import active_params, count_params, describe_parameters, flops_per_token
@@ -49,8 +49,9 @@ class Row:
 
 def run_checks(config, overfit_steps: int) -> list[Row]:
     """Every check, in the order of the table, on the config's model, data and mesh."""
-    dataset = data.prepare(config.data, progress=False)
-    run = resolve(config, vocab_size=dataset.tokenizer.vocab_size)
+    run = resolve(config)  # checked before the data is prepared, as training checks it
+    dataset = data.prepare(run.data, progress=False)
+    run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)
     data.check_batches_fit(dataset, run)
     from jaxgpt.hardware import runtime
     from jaxgpt.hardware.mesh_step import state_layout

@@ -145,12 +145,12 @@ class CoreParallelStep:
         """Compile the shares' programs and the update ahead of time, all at once (XLA compiles
         without the GIL), unless already; returns self."""
         if self._compiled_apply is None:
-            (first, *others), update = self.trace(state, batch)._lowered
-            if self._first_share is None:
-                others.insert(0, first)
-            with ThreadPoolExecutor(len(others) + 1) as pool:
-                *compiled, self._compiled_apply = pool.map(lambda program: program.compile(), [*others, update])
-            self.shares.compiled = compiled if self._first_share is None else [self._first_share, *compiled]
+            shares, update = self.trace(state, batch)._lowered
+            kept = [] if self._first_share is None else [self._first_share]  # compile_first_share's
+            pending = [*shares[len(kept) :], update]
+            with ThreadPoolExecutor(len(pending)) as pool:
+                *compiled, self._compiled_apply = pool.map(lambda program: program.compile(), pending)
+            self.shares.compiled = kept + compiled
         return self
 
     def compile_first_share(self, state: TrainState, batch: dict) -> CoreParallelStep:
