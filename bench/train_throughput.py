@@ -11,7 +11,9 @@ mesh train.py builds), timed on synthetic batches already on the devices: this m
 loading (a host thread prefetches batches during training). Median of `--repeats` timings of
 `--steps` steps after 3 warmup steps. MFU = flops_per_token (6N + 12LdT, jaxgpt/model/transformer.py) x
 tokens/s / peak, the peak being the CPU's measured float32 matmul rate or the accelerator's
-datasheet bfloat16 peak. Prints one JSON line.
+datasheet bfloat16 peak. host_cpu_ms is the CPU time of the host's thread a step (time.thread_time):
+Python's dispatching and placing of arrays, which on a CPU runs on the cores the step needs.
+Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -101,13 +103,14 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     for i in range(3):
         state, metrics = compiled(state, batches[i % 4])
     jax.block_until_ready(metrics)
-    times = []
+    times, host_times = [], []
     for _ in range(repeats):
-        start = time.perf_counter()
+        start, host_start = time.perf_counter(), time.thread_time()
         for i in range(steps):
             state, metrics = compiled(state, batches[i % 4])
         jax.block_until_ready(metrics)
         times.append((time.perf_counter() - start) / steps)
+        host_times.append((time.thread_time() - host_start) / steps)
     step_sec = statistics.median(times)
     tokens_per_sec = batch * seq / step_sec
     devices = prepared.mesh.devices.flatten().tolist()
@@ -119,6 +122,9 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
         "device_kind": devices[0].device_kind,
         "params": count_params(state.params),
         "step_ms": 1000 * step_sec,
+        # the CPU the host's thread spent a step dispatching and placing arrays (and waiting,
+        # where JAX's runtime spins), on cores the step shares on a CPU
+        "host_cpu_ms": 1000 * statistics.median(host_times),
         "tokens_per_sec": tokens_per_sec,
         "mfu": flops_per_token(run.model, seq) * tokens_per_sec / peak,
         "peak_flops": peak,

@@ -22,6 +22,7 @@ def test_train_throughput_times_the_step_train_py_runs():
     tokens = 12 * 128  # configs/tiny.py: batch_size 12, block_size 128
     assert result["tokens_per_sec"] * result["step_ms"] / 1000 == pytest.approx(tokens, rel=1e-9)
     assert result["cores"] == 2 and result["microbatches"] >= 1 and 0 < result["mfu"] < 1  # the per-core step
+    assert 0 < result["host_cpu_ms"] <= result["step_ms"]  # one thread's CPU time, within the wall time
 
 
 def test_nanogpt_data_writes_the_split_train_py_trains_on(tmp_path):

@@ -54,7 +54,7 @@ def core_parallel_run(run: RunConfig, windows: list, cores: int, steps_metrics: 
     `steps_metrics` when given."""
     devices = jax.devices()[:cores]
     state = jax.device_put(jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), devices[0])
-    step = CoreParallelStep(training_program(run), devices)
+    step = CoreParallelStep(training_program(run), devices, state)
     losses = []
     for w in windows:
         batch = jax.device_put(windows_batch(w), sharding.batch_sharding(step.batch_mesh))
@@ -114,7 +114,7 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
     program = training_program(run)
     devices = jax.devices()[:2]
     layout, create = state_layout(program, sharding.data_mesh(devices[:1]))
-    step = CoreParallelStep(program, devices)
+    step = CoreParallelStep(program, devices, layout)
     step.trace(create(), jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh)))
     assert len(step._lowered[0]) == 2 and len(traced) == 1
 
@@ -181,7 +181,7 @@ def test_no_program_holds_a_collective():
     run = make_run(2)
     devices = jax.devices()[:2]
     state = jax.device_put(jax.jit(partial(create_train_state, run.model, make_optimizer(run.train), 0))(), devices[0])
-    step = CoreParallelStep(training_program(run), devices)
+    step = CoreParallelStep(training_program(run), devices, state)
     batch = jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh))
     texts = step.program_texts(state, batch)
     assert len(texts) == 3  # two cores' gradient programs and the update

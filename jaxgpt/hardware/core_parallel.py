@@ -11,6 +11,14 @@ their shares, and the host joins them:
     each core: its share of (loss, gradient)        (`train_step.gradients`, its microbatches)
     results --copy-->  the first core; added there in a fixed order, then the optimizer
 
+What crosses between cores is one flat array each way: the parameters raveled on the first core
+(`flat_inputs`), each core's gradient raveled where it was computed (`flat_core_gradients`).
+The host's Python puts every array on its core, at tens of microseconds a leaf, on the cores the
+step runs on: a leaf per parameter (52 for configs/tiny.py) took the host 10-16 ms of CPU a step
+at tiny's T=64 shape on a 2-core Zen 3, one flat array 3-4 ms, and train.py's tokens/s rose by
+7% (the median of 12 interleaved pairs; docs/benchmarks.md). The ravel and its inverse are
+copies inside XLA: for tiny, 3.8 MiB more of the step's temporaries.
+
 The state lives on the first core, in exactly the layout of a one-device run, so checkpoints
 do not depend on the core count. No thread ever waits for another inside XLA: a starved core
 only makes the step slower. The update equals the one-device step's up to float32 summation
@@ -38,12 +46,13 @@ from functools import partial
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from jaxgpt import sharding
 from jaxgpt.training.batch import as_batch, rows_of
 from jaxgpt.training.program import TrainingProgram
-from jaxgpt.training.train_step import TrainState, apply_gradients, batch_weight, gradients
+from jaxgpt.training.train_step import TrainState, apply_gradients, batch_weight, gradients, trained_and_fixed
 
 
 def core_gradients(params, key, step, rows, core, weight=None, *, model, microbatches: int, batch_rows: int):
@@ -60,6 +69,28 @@ def core_gradients(params, key, step, rows, core, weight=None, *, model, microba
     )  # fmt: skip
 
 
+def flat_inputs(params, key, step) -> tuple:
+    """What every core's program reads alike, as single arrays: the parameters raveled into one
+    (jax.flatten_util.ravel_pytree), the key as its data, the step."""
+    return ravel_pytree(params)[0], jax.random.key_data(key), step
+
+
+def flat_core_gradients(flat_params, key_data, step, rows, core, weight=None, *, share, unravel_params):
+    """`share` (core_gradients) reading `flat_inputs`' arrays, its gradient raveled into one
+    array. The key is the run's (train_step.run_keys), of JAX's default kind."""
+    key = jax.random.wrap_key_data(key_data)
+    measured, grads = share(unravel_params(flat_params), key, step, rows, core, weight)
+    return measured, ravel_pytree(grads)[0]
+
+
+def unravel_for(layout):
+    """ravel_pytree's inverse for trees laid out as `layout` (arrays or their shapes): it holds
+    only the leaves' sizes, shapes and dtypes, so it is taken from an abstract evaluation."""
+    found = []
+    jax.eval_shape(lambda tree: found.append(ravel_pytree(tree)[1]), layout)
+    return found[0]
+
+
 def whole_batch_weight(key, step, batch, *, model):
     """What the whole batch scores (train_step.batch_weight), for a batch with weights: no core
     can count it from its own rows."""
@@ -67,14 +98,15 @@ def whole_batch_weight(key, step, batch, *, model):
 
 
 def add_and_apply(
-    state: TrainState, per_core: list, *, optimizer, layer_grad_norms: bool = False
+    state: TrainState, per_core: list, *, optimizer, unravel_grads, layer_grad_norms: bool = False
 ) -> tuple[TrainState, dict]:
-    """The optimizer step on the sum of the cores' shares (each with a leading axis of one, as
-    both ways of computing them return it), added in core order."""
+    """The optimizer step on the sum of the cores' shares (flat_core_gradients', each with a
+    leading axis of one, as both ways of computing them return it), added in core order."""
     total = per_core[0]
     for result in per_core[1:]:
         total = jax.tree.map(jnp.add, total, result)
-    measured, grads = jax.tree.map(lambda x: x[0], total)
+    measured, flat_grads = jax.tree.map(lambda x: x[0], total)
+    grads = unravel_grads(flat_grads)
     return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
@@ -92,17 +124,26 @@ class CoreParallelStep:
     batch sharded over `devices` (`batch_mesh`): every core's share (ProgramPerCore or
     OneProgramOverCores, as train.one_program_for_cores says), then the update on the first core."""
 
-    def __init__(self, program: TrainingProgram, devices: list):
-        """`program`'s train.batch_size is the whole batch's, split over `devices` in order."""
+    def __init__(self, program: TrainingProgram, devices: list, layout: TrainState):
+        """`program`'s train.batch_size is the whole batch's, split over `devices` in order; its
+        state is laid out as `layout` (mesh_step.state_layout's shapes, or a state)."""
         self.devices = list(devices)
         self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
         t = program.run.train
         share = partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
+        flat_share = partial(flat_core_gradients, share=share, unravel_params=unravel_for(layout.params))
         shares = OneProgramOverCores if t.one_program_for_cores else ProgramPerCore
-        self.shares = shares(share, program.eval_step, self.batch_mesh)
+        self.shares = shares(flat_share, program.eval_step, self.batch_mesh)
         self.what = f"{self.shares.what}, and the update"  # for the line that says it compiled
+        self._flat_inputs = jax.jit(flat_inputs)  # on the first core, where the state is
         self._whole_batch_weight = jax.jit(partial(whole_batch_weight, model=program.model))
-        update = partial(add_and_apply, optimizer=program.optimizer, layer_grad_norms=t.log_layer_grad_norms)
+        grads_layout, _ = trained_and_fixed(program.run.model, layout.params)
+        update = partial(
+            add_and_apply,
+            optimizer=program.optimizer,
+            unravel_grads=unravel_for(grads_layout),
+            layer_grad_norms=t.log_layer_grad_norms,
+        )
         self._apply = jax.jit(update, donate_argnums=0)
         self._lowered: tuple | None = None  # (the shares' programs, the update), traced
         self._first_share = None  # the first core's program (or the one over the cores), compiled
@@ -110,12 +151,14 @@ class CoreParallelStep:
         self._steps_run = 0
 
     def _share_inputs(self, state, batch) -> tuple:
-        """(params, key, step, batch, the whole batch's weight or None): what the shares read."""
+        """(flat params, key data, step, batch, the whole batch's weight or None): what the
+        shares read (flat_inputs), on the first core."""
         weight = None
         if "weights" in batch:  # the whole batch on the first core, counted there
             count = partial(jax.eval_shape, self._whole_batch_weight) if is_shapes(batch) else self._whole_batch_weight
             weight = count(state.rng, state.step, placed(batch, SingleDeviceSharding(self.devices[0])))
-        return state.params, state.rng, state.step, batch, weight
+        flatten = partial(jax.eval_shape, self._flat_inputs) if is_shapes(state) else self._flat_inputs
+        return (*flatten(state.params, state.rng, state.step), batch, weight)
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         per_core = self.shares(*self._share_inputs(state, batch))
@@ -193,14 +236,15 @@ class ProgramPerCore:
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self.compiled: list | None = None  # one per core, in core order
 
-    def _per_core(self, params, key, step, batch, weight) -> list[tuple]:
-        """Per core: its copy of (params, key, step), its rows, its index, the batch's weight."""
+    def _per_core(self, flat_params, key_data, step, batch, weight) -> list[tuple]:
+        """Per core: its copy of (flat params, key data, step), its rows, its index, the batch's
+        weight."""
         inputs = []
         for i, device in enumerate(self.devices):
             rows = {name: core_rows(array, device, len(self.devices)) for name, array in batch.items()}
-            # every core's copy on its device alone, the first's too (no copy there): its state's
+            # every core's copy on its device alone, the first's too (no copy there): the state's
             # mesh sharding would give its program other input types and a second tracing
-            mine = placed((params, key, step, weight), SingleDeviceSharding(device))
+            mine = placed((flat_params, key_data, step, weight), SingleDeviceSharding(device))
             inputs.append((*mine[:3], rows, self._core_ids[i], mine[3]))
         return inputs
 
@@ -239,11 +283,11 @@ class OneProgramOverCores:
         self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]
         self.compiled: list | None = None  # the one program
 
-    def _inputs(self, params, key, step, batch, weight) -> tuple:
-        """(params, key, step) and the batch's weight copied to every core; the batch as it is
-        (its rows already split over the cores)."""
-        params, key, step, weight = placed((params, key, step, weight), self._everywhere)
-        return params, key, step, batch, weight
+    def _inputs(self, flat_params, key_data, step, batch, weight) -> tuple:
+        """(flat params, key data, step) and the batch's weight copied to every core; the batch
+        as it is (its rows already split over the cores)."""
+        flat_params, key_data, step, weight = placed((flat_params, key_data, step, weight), self._everywhere)
+        return flat_params, key_data, step, batch, weight
 
     def lower(self, *inputs) -> list:
         return [self._share.lower(*self._inputs(*inputs))]

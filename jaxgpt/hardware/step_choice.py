@@ -92,7 +92,7 @@ def choose_step(program: TrainingProgram, mesh, layout, device_bytes: int | None
     if len(cores) > 1:
         chosen = plan(program, cores, mesh, layout)
         if len(chosen.devices) > 1:
-            step = chosen.step or CoreParallelStep(chosen.program, chosen.devices)
+            step = chosen.step or CoreParallelStep(chosen.program, chosen.devices, layout)
             return ChosenStep(chosen.program, step, chosen.note)
     tuned = fill_microbatches(program, mesh, layout, device_bytes)
     check_batch_fits_mesh(tuned.program.run, mesh)
@@ -139,7 +139,7 @@ def plan(program: TrainingProgram, devices: list, mesh, layout) -> CorePlan:
 
     def first_core_compiled(m: int) -> CoreParallelStep:
         candidate = program.with_train(microbatches=m)
-        step = CoreParallelStep(candidate, devices[:n])
+        step = CoreParallelStep(candidate, devices[:n], layout)
         return step.compile_first_share(layout, batch_layout(candidate, step.batch_mesh))
 
     per_core = program.with_train(batch_size=run.train.batch_size // n)

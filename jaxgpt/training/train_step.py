@@ -261,6 +261,13 @@ def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]
     return {name: jnp.stack([layer[name][0] for layer in layers]) for name in layers[0]}
 
 
+def trained_and_fixed(config: ModelConfig, params) -> tuple:
+    """(what the step differentiates, what it keeps fixed, or None): the gradient's tree is the
+    first's. An adapted model's gradient is its adapters' alone (lora.split: None at each frozen
+    weight; `apply_gradients`); any other model's is every parameter's. `params` may be shapes."""
+    return lora.split(config, params) if config.lora_rank else (params, None)
+
+
 def gradients(
     params,
     batch,
@@ -295,8 +302,7 @@ def gradients(
     dropout_rng = rng if dropout_rng is None else dropout_rng
     weight = batch_weight(model.config, rng, batch, batch_rows) if weight is None else weight
 
-    # An adapted model's gradient is its adapters' alone (None at each frozen weight; `apply_gradients`)
-    trained, fixed = lora.split(model.config, params) if model.config.lora_rank else (params, None)
+    trained, fixed = trained_and_fixed(model.config, params)
 
     def measured_and_grads(piece, ids, piece_dropout):
         def objective(t):
