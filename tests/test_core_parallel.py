@@ -102,7 +102,9 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
     for all of them, with the state laid out as train.py lays it out (on the first core's
     one-device mesh): each tracing costs as much as compiling from the cache (docs/benchmarks.md,
     "Start-up"), and a second one came from the first core's inputs keeping that mesh's sharding.
-    The function's Python body runs once per tracing."""
+    The function's Python body runs once per tracing. What crosses between the cores is one
+    array each way (core_parallel's docstring says why): the parameters reach a core's program
+    raveled into one, and its gradient leaves it as one."""
     traced, original = [], core_parallel.core_gradients
 
     def counted(*args, **kwargs):
@@ -117,6 +119,10 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
     step = CoreParallelStep(program, devices, layout)
     step.trace(create(), jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh)))
     assert len(step._lowered[0]) == 2 and len(traced) == 1
+    parameters = sum(x.size for x in jax.tree.leaves(layout.params))
+    for share in step._lowered[0]:
+        assert share.args_info[0][0].shape == (parameters,)  # (flat params, key data, step, rows, core, weight)
+        assert share.out_info[1].shape == (1, parameters)  # (measured, gradient), with the core axis
 
 
 def test_one_program_over_the_cores_is_compiled_once_and_gives_the_per_core_steps():
