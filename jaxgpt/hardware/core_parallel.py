@@ -155,10 +155,10 @@ class CoreParallelStep:
         shares read (flat_inputs), on the first core."""
         weight = None
         if "weights" in batch:  # the whole batch on the first core, counted there
-            count = partial(jax.eval_shape, self._whole_batch_weight) if is_shapes(batch) else self._whole_batch_weight
-            weight = count(state.rng, state.step, placed(batch, SingleDeviceSharding(self.devices[0])))
-        flatten = partial(jax.eval_shape, self._flat_inputs) if is_shapes(state) else self._flat_inputs
-        return (*flatten(state.params, state.rng, state.step), batch, weight)
+            weight = run_or_shape(self._whole_batch_weight, batch)(
+                state.rng, state.step, placed(batch, SingleDeviceSharding(self.devices[0]))
+            )
+        return (*run_or_shape(self._flat_inputs, state)(state.params, state.rng, state.step), batch, weight)
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         per_core = self.shares(*self._share_inputs(state, batch))
@@ -338,6 +338,11 @@ def core_rows(array: jax.Array, device, cores: int) -> jax.Array:
 def is_shapes(tree) -> bool:
     """Whether `tree` holds shapes alone (jax.ShapeDtypeStruct), as lowering before any array exists does."""
     return any(isinstance(x, jax.ShapeDtypeStruct) for x in jax.tree.leaves(tree))
+
+
+def run_or_shape(fn, tree):
+    """`fn`, or its abstract evaluation (jax.eval_shape) where `tree` holds shapes alone."""
+    return partial(jax.eval_shape, fn) if is_shapes(tree) else fn
 
 
 def placed(tree, where):
