@@ -76,7 +76,7 @@ def core_parallel_run(run: RunConfig, windows: list, cores: int, steps_metrics: 
         (4, 1, True),
     ],
 )
-def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches, one_program):
+def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches, one_program, monkeypatch):
     """The mean of per-core mean gradients over equal shares is the batch mean: losses and
     gradient norms differ by float32 summation order only (~1e-7 relative). Adam divides each
     gradient by its own running scale, so where a gradient is near zero that noise can be
@@ -84,7 +84,10 @@ def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches, one_
     difference measured was 2.5e-6; the bound is 1e-5, a three-hundredth of one step. A wrong
     weighting of the shares (a sum instead of a mean, a share left out) moves the loss by
     percent and the parameters by ~lr. Both ways of computing the cores' shares (a program per
-    core, one program over them) are held to it."""
+    core, one program over them) are held to it. The cores exchange the parameters and gradients
+    packed: this model's matrices are all below the size that travels alone, so the threshold is
+    lowered to have both kinds of leaf cross (core_parallel.packed)."""
+    monkeypatch.setattr(core_parallel, "TRAVELS_ALONE", 2**10)  # 32 x 96 and wider alone, the rest raveled
     run = make_run(microbatches, one_program=one_program)
     windows = batches(5)
     want, want_losses = one_device_run(make_run(1), windows)
@@ -102,9 +105,9 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
     for all of them, with the state laid out as train.py lays it out (on the first core's
     one-device mesh): each tracing costs as much as compiling from the cache (docs/benchmarks.md,
     "Start-up"), and a second one came from the first core's inputs keeping that mesh's sharding.
-    The function's Python body runs once per tracing. What crosses between the cores is one
-    array each way (core_parallel's docstring says why): the parameters reach a core's program
-    raveled into one, and its gradient leaves it as one."""
+    The function's Python body runs once per tracing. What crosses between the cores is few
+    arrays each way (core_parallel's docstring says why): a core's program reads the parameters'
+    matrices as they are and the rest raveled into one array, and its gradient leaves it the same way."""
     traced, original = [], core_parallel.core_gradients
 
     def counted(*args, **kwargs):
@@ -112,17 +115,39 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
         return original(*args, **kwargs)
 
     monkeypatch.setattr(core_parallel, "core_gradients", counted)  # before the step jits it
-    run = make_run()
+    run = make_run(model=MODEL.replace(d_model=64))  # 64 wide: the MLP's and qkv's matrices travel alone
     program = training_program(run)
     devices = jax.devices()[:2]
     layout, create = state_layout(program, sharding.data_mesh(devices[:1]))
     step = CoreParallelStep(program, devices, layout)
     step.trace(create(), jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh)))
     assert len(step._lowered[0]) == 2 and len(traced) == 1
-    parameters = sum(x.size for x in jax.tree.leaves(layout.params))
+    leaves = jax.tree.leaves(layout.params)
+    matrices = [x.shape for x in leaves if x.size >= core_parallel.TRAVELS_ALONE]
+    rest = sum(x.size for x in leaves if x.size < core_parallel.TRAVELS_ALONE)
+    assert 0 < len(matrices) < len(leaves) and rest > 0  # both ways are taken by this model
     for share in step._lowered[0]:
-        assert share.args_info[0][0].shape == (parameters,)  # (flat params, key data, step, rows, core, weight)
-        assert share.out_info[1].shape == (1, parameters)  # (measured, gradient), with the core axis
+        (alone, raveled), *_ = share.args_info[0]  # (packed params, key data, step, rows, core, weight)
+        assert [a.shape for a in alone] == matrices and raveled.shape == (rest,)
+        alone, raveled = share.out_info[1]  # (measured, packed gradient), each with the core axis
+        assert [a.shape for a in alone] == [(1, *m) for m in matrices] and raveled.shape == (1, rest)
+
+
+def test_packing_between_the_cores_gives_back_the_tree():
+    """A Packing of a layout unpacks what it packs, for any tree of that layout, frozen leaves
+    (None) and all: every leaf comes back bit for bit, in its place."""
+    tree = {
+        "big": jnp.arange(core_parallel.TRAVELS_ALONE, dtype=jnp.float32).reshape(64, -1),
+        "small": {"bias": jnp.linspace(-1, 1, 7), "scale": jnp.ones((3, 2))},
+        "frozen": None,
+        "bigger": -jnp.arange(2 * core_parallel.TRAVELS_ALONE, dtype=jnp.float32),
+    }
+    packing = core_parallel.Packing(jax.eval_shape(lambda: tree))
+    alone, raveled = packing.pack(tree)
+    assert len(alone) == 2 and raveled.shape == (7 + 6,)
+    back = packing.unpack((alone, raveled))
+    assert jax.tree.structure(back) == jax.tree.structure(tree)
+    jax.tree.map(np.testing.assert_array_equal, back, tree)
 
 
 def test_one_program_over_the_cores_is_compiled_once_and_gives_the_per_core_steps():

@@ -33,10 +33,24 @@ def test_the_fewest_fitting_microbatches_are_chosen_from_two_compiles():
     choices = [1, 2, 3, 4, 6, 12]
     # 2 + 120/m <= 32 first holds at m = 4 (2 + 30 = 32; m = 3 gives 42)
     assert choice.choose_microbatches(choices, 32, temp_bytes)[0] == 4
-    assert compiled == [1, 12]
+    assert compiled == [1, 12, 4]  # the ends, then the count the model predicts to fit, to confirm it
     compiled.clear()
     assert choice.choose_microbatches(choices, 200, temp_bytes)[0] == 1 and compiled == [1]
     assert choice.choose_microbatches(choices, 1, temp_bytes)[0] == 12  # nothing fits: the least memory
+
+
+def test_a_count_predicted_to_fit_that_does_not_gives_way_to_the_next():
+    """The interpolation's model is close, not exact (moe_tiny's step on a 32 MiB cache: 2
+    microbatches predicted at 30.2 MiB, compiled at 32.8): the count it predicts is compiled and
+    measured, and where it is over budget the next count predicted to fit is tried."""
+    compiled = []
+
+    def temp_bytes(m):  # the model's 2 + 120/m, but 4 microbatches cost 3 more than it says
+        compiled.append(m)
+        return 2.0 + 120.0 / m + (3.0 if m == 4 else 0.0)
+
+    chosen, measured = choice.choose_microbatches([1, 2, 3, 4, 6, 12], 32, temp_bytes)
+    assert chosen == 6 and compiled == [1, 12, 4, 6] and measured[4] == 35.0
 
 
 def test_where_the_compiler_refuses_one_microbatch_the_counts_are_bisected():

@@ -11,13 +11,18 @@ their shares, and the host joins them:
     each core: its share of (loss, gradient)        (`train_step.gradients`, its microbatches)
     results --copy-->  the first core; added there in a fixed order, then the optimizer
 
-What crosses between cores is one flat array each way: the parameters raveled on the first core
-(`flat_inputs`), each core's gradient raveled where it was computed (`flat_core_gradients`).
-The host's Python puts every array on its core, at tens of microseconds a leaf, on the cores the
-step runs on: a leaf per parameter (52 for configs/tiny.py) took the host 10-16 ms of CPU a step
-at tiny's T=64 shape on a 2-core Zen 3, one flat array 3-4 ms, and train.py's tokens/s rose by
-7% (the median of 12 interleaved pairs; docs/benchmarks.md). The ravel and its inverse are
-copies inside XLA: for tiny, 3.8 MiB more of the step's temporaries.
+What crosses between cores is few arrays each way (`Packing`): every leaf of 32 KiB or more
+(the matrices) as it is, the small ones (biases, norms' scales) raveled into one array; the
+parameters packed on the first core (`shared_inputs`), each core's gradient packed where it was
+computed (`packed_core_gradients`). The host's Python puts every array on its core, at tens of
+microseconds a leaf, on the cores the step runs on: a leaf per parameter (52 for configs/tiny.py)
+took the host 10-16 ms of CPU a step at tiny's T=64 shape on a 2-core Zen 3, one flat array 3-4
+ms, and train.py's tokens/s rose by 7% (the median of 12 interleaved pairs). But a raveled leaf
+is copied inside every core's program, in and out, and the copies count in the temporaries that
+decide the microbatches: with every leaf raveled, moe_tiny's 9 MiB of expert matrices added 17
+MiB to a core's temporaries and its step took 1.3 times as long on a Zen 4 (docs/benchmarks.md).
+The matrices are few (18 of tiny's 52 leaves) and hold nearly all the bytes, so they travel
+alone and only the small leaves are copied.
 
 The state lives on the first core, in exactly the layout of a one-device run, so checkpoints
 do not depend on the core count. No thread ever waits for another inside XLA: a starved core
@@ -40,6 +45,7 @@ Which programs compute the shares is the run's choice (`train.one_program_for_co
 
 from __future__ import annotations
 
+import math
 from concurrent.futures import ThreadPoolExecutor
 from functools import partial
 
@@ -69,26 +75,49 @@ def core_gradients(params, key, step, rows, core, weight=None, *, model, microba
     )  # fmt: skip
 
 
-def flat_inputs(params, key, step) -> tuple:
-    """What every core's program reads alike, as single arrays: the parameters raveled into one
-    (jax.flatten_util.ravel_pytree), the key as its data, the step."""
-    return ravel_pytree(params)[0], jax.random.key_data(key), step
+# A leaf of at least this many elements (32 KiB of float32) travels between the cores as it is;
+# smaller ones are raveled together (the module's docstring says why).
+TRAVELS_ALONE = 2**13
 
 
-def flat_core_gradients(flat_params, key_data, step, rows, core, weight=None, *, share, unravel_params):
-    """`share` (core_gradients) reading `flat_inputs`' arrays, its gradient raveled into one
-    array. The key is the run's (train_step.run_keys), of JAX's default kind."""
+class Packing:
+    """How trees laid out as `layout` (arrays or their shapes) cross between the cores: `pack`
+    gives (the leaves of TRAVELS_ALONE elements or more, as they are; the others raveled into
+    one array, jax.flatten_util.ravel_pytree), `unpack` the tree back. Which leaf goes which way
+    is decided here, once, from the layout."""
+
+    def __init__(self, layout):
+        leaves, self._treedef = jax.tree.flatten(layout)
+        self._alone = [math.prod(x.shape) >= TRAVELS_ALONE for x in leaves]
+        found = []  # ravel_pytree's inverse holds only sizes, shapes and dtypes: an abstract evaluation gives it
+        jax.eval_shape(lambda small: found.append(ravel_pytree(small)[1]), self._small(leaves))
+        self._unravel_small = found[0]
+
+    def _small(self, leaves: list) -> list:
+        return [x for x, alone in zip(leaves, self._alone, strict=True) if not alone]
+
+    def pack(self, tree) -> tuple[list, jax.Array]:
+        leaves = jax.tree.leaves(tree)
+        return [x for x, alone in zip(leaves, self._alone, strict=True) if alone], ravel_pytree(self._small(leaves))[0]
+
+    def unpack(self, pack: tuple[list, jax.Array]):
+        big, small = iter(pack[0]), iter(self._unravel_small(pack[1]))
+        return self._treedef.unflatten([next(big) if alone else next(small) for alone in self._alone])
+
+
+def shared_inputs(params, key, step, *, pack) -> tuple:
+    """What every core's program reads alike, as few arrays: the parameters packed (`pack`,
+    Packing.pack), the key as its data, the step."""
+    return pack(params), jax.random.key_data(key), step
+
+
+def packed_core_gradients(params_pack, key_data, step, rows, core, weight=None, *, share, params, grads):
+    """`share` (core_gradients) reading `shared_inputs`' arrays, its gradient packed: `params`
+    and `grads` are the two trees' Packings. The key is the run's (train_step.run_keys), of
+    JAX's default kind."""
     key = jax.random.wrap_key_data(key_data)
-    measured, grads = share(unravel_params(flat_params), key, step, rows, core, weight)
-    return measured, ravel_pytree(grads)[0]
-
-
-def unravel_for(layout):
-    """ravel_pytree's inverse for trees laid out as `layout` (arrays or their shapes): it holds
-    only the leaves' sizes, shapes and dtypes, so it is taken from an abstract evaluation."""
-    found = []
-    jax.eval_shape(lambda tree: found.append(ravel_pytree(tree)[1]), layout)
-    return found[0]
+    measured, gradient = share(params.unpack(params_pack), key, step, rows, core, weight)
+    return measured, grads.pack(gradient)
 
 
 def whole_batch_weight(key, step, batch, *, model):
@@ -98,16 +127,16 @@ def whole_batch_weight(key, step, batch, *, model):
 
 
 def add_and_apply(
-    state: TrainState, per_core: list, *, optimizer, unravel_grads, layer_grad_norms: bool = False
+    state: TrainState, per_core: list, *, optimizer, grads: Packing, layer_grad_norms: bool = False
 ) -> tuple[TrainState, dict]:
-    """The optimizer step on the sum of the cores' shares (flat_core_gradients', each with a
+    """The optimizer step on the sum of the cores' shares (packed_core_gradients', each with a
     leading axis of one, as both ways of computing them return it), added in core order."""
     total = per_core[0]
     for result in per_core[1:]:
         total = jax.tree.map(jnp.add, total, result)
-    measured, flat_grads = jax.tree.map(lambda x: x[0], total)
-    grads = unravel_grads(flat_grads)
-    return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
+    measured, grads_pack = jax.tree.map(lambda x: x[0], total)
+    gradient = grads.unpack(grads_pack)
+    return apply_gradients(state, measured, gradient, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
 # Every so many steps the host waits, asleep, until the cores have finished the step. Left to run
@@ -131,19 +160,15 @@ class CoreParallelStep:
         self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
         t = program.run.train
         share = partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
-        flat_share = partial(flat_core_gradients, share=share, unravel_params=unravel_for(layout.params))
+        params, grads = Packing(layout.params), Packing(trained_and_fixed(program.run.model, layout.params)[0])
+        packed_share = partial(packed_core_gradients, share=share, params=params, grads=grads)
         shares = OneProgramOverCores if t.one_program_for_cores else ProgramPerCore
-        self.shares = shares(flat_share, program.eval_step, self.batch_mesh)
+        self.shares = shares(packed_share, program.eval_step, self.batch_mesh)
         self.what = f"{self.shares.what}, and the update"  # for the line that says it compiled
-        self._flat_inputs = jax.jit(flat_inputs)  # on the first core, where the state is
+        self._shared_inputs = jax.jit(partial(shared_inputs, pack=params.pack))  # on the first core, where the state is
         self._whole_batch_weight = jax.jit(partial(whole_batch_weight, model=program.model))
-        grads_layout, _ = trained_and_fixed(program.run.model, layout.params)
-        update = partial(
-            add_and_apply,
-            optimizer=program.optimizer,
-            unravel_grads=unravel_for(grads_layout),
-            layer_grad_norms=t.log_layer_grad_norms,
-        )
+        layer_norms = t.log_layer_grad_norms
+        update = partial(add_and_apply, optimizer=program.optimizer, grads=grads, layer_grad_norms=layer_norms)
         self._apply = jax.jit(update, donate_argnums=0)
         self._lowered: tuple | None = None  # (the shares' programs, the update), traced
         self._first_share = None  # the first core's program (or the one over the cores), compiled
@@ -151,14 +176,14 @@ class CoreParallelStep:
         self._steps_run = 0
 
     def _share_inputs(self, state, batch) -> tuple:
-        """(flat params, key data, step, batch, the whole batch's weight or None): what the
-        shares read (flat_inputs), on the first core."""
+        """(packed params, key data, step, batch, the whole batch's weight or None): what the
+        shares read (shared_inputs), on the first core."""
         weight = None
         if "weights" in batch:  # the whole batch on the first core, counted there
             weight = run_or_shape(self._whole_batch_weight, batch)(
                 state.rng, state.step, placed(batch, SingleDeviceSharding(self.devices[0]))
             )
-        return (*run_or_shape(self._flat_inputs, state)(state.params, state.rng, state.step), batch, weight)
+        return (*run_or_shape(self._shared_inputs, state)(state.params, state.rng, state.step), batch, weight)
 
     def __call__(self, state: TrainState, batch: dict) -> tuple[TrainState, dict]:
         per_core = self.shares(*self._share_inputs(state, batch))
@@ -236,15 +261,15 @@ class ProgramPerCore:
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self.compiled: list | None = None  # one per core, in core order
 
-    def _per_core(self, flat_params, key_data, step, batch, weight) -> list[tuple]:
-        """Per core: its copy of (flat params, key data, step), its rows, its index, the batch's
+    def _per_core(self, params_pack, key_data, step, batch, weight) -> list[tuple]:
+        """Per core: its copy of (packed params, key data, step), its rows, its index, the batch's
         weight."""
         inputs = []
         for i, device in enumerate(self.devices):
             rows = {name: core_rows(array, device, len(self.devices)) for name, array in batch.items()}
             # every core's copy on its device alone, the first's too (no copy there): the state's
             # mesh sharding would give its program other input types and a second tracing
-            mine = placed((flat_params, key_data, step, weight), SingleDeviceSharding(device))
+            mine = placed((params_pack, key_data, step, weight), SingleDeviceSharding(device))
             inputs.append((*mine[:3], rows, self._core_ids[i], mine[3]))
         return inputs
 
@@ -283,11 +308,11 @@ class OneProgramOverCores:
         self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]
         self.compiled: list | None = None  # the one program
 
-    def _inputs(self, flat_params, key_data, step, batch, weight) -> tuple:
-        """(flat params, key data, step) and the batch's weight copied to every core; the batch
+    def _inputs(self, params_pack, key_data, step, batch, weight) -> tuple:
+        """(packed params, key data, step) and the batch's weight copied to every core; the batch
         as it is (its rows already split over the cores)."""
-        flat_params, key_data, step, weight = placed((flat_params, key_data, step, weight), self._everywhere)
-        return flat_params, key_data, step, batch, weight
+        params_pack, key_data, step, weight = placed((params_pack, key_data, step, weight), self._everywhere)
+        return params_pack, key_data, step, batch, weight
 
     def lower(self, *inputs) -> list:
         return [self._share.lower(*self._inputs(*inputs))]

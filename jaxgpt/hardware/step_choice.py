@@ -21,7 +21,8 @@ compiled train step keeps its temporary buffers within a budget:
 The temporaries come from XLA's own memory analysis of the compiled step, not a formula. The
 first candidate compiled is one microbatch; when that is over budget the largest split is
 compiled too, and the rest are interpolated: temporaries are a fixed part (gradients, their
-accumulator) plus activations that shrink as 1/microbatches. An accelerator's compiler may
+accumulator) plus activations that shrink as 1/microbatches; the count that predicts is compiled
+to confirm it (the run keeps it), and the next taken where it does not fit. An accelerator's compiler may
 refuse the first outright (out of memory), which leaves nothing to interpolate from: then the
 counts in between are bisected, one compile each.
 
@@ -203,9 +204,9 @@ def memory_budget(mesh, layout, device_bytes: int | None = None) -> tuple[int, s
 def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[int, dict[int, int]]:
     """The fewest microbatches whose temporaries fit `budget`, and the temporaries measured
     ({microbatches: bytes}). `temp_bytes(m)` compiles; it is called for the first choice and,
-    if that does not fit, for the last; the others are interpolated as fixed + activations / m,
-    or bisected where the first gave no figure (inf: the compiler refused it). With nothing
-    fitting, the most microbatches (the least memory)."""
+    if that does not fit, for the last; the others are interpolated as fixed + activations / m
+    (and the count chosen so is measured too), or bisected where the first gave no figure (inf:
+    the compiler refused it). With nothing fitting, the most microbatches (the least memory)."""
     measured = {choices[0]: temp_bytes(choices[0])}
     if measured[choices[0]] <= budget or len(choices) == 1:
         return choices[0], measured
@@ -220,12 +221,16 @@ def choose_microbatches(choices: list[int], budget: int, temp_bytes) -> tuple[in
             measured[choices[middle]] = temp_bytes(choices[middle])
             too_few, enough = (too_few, middle) if measured[choices[middle]] <= budget else (middle, enough)
         return choices[enough], measured
-    # temp(m) = fixed + activations / m through the two measured points
+    # temp(m) = fixed + activations / m through the two measured points; a count predicted to fit
+    # is compiled (the run keeps it) and taken only if it does: the model is close, not exact
+    # (moe_tiny's 2 microbatches a core predicted 30.2 MiB against a 32 MiB cache, measured 32.8)
     activations = (measured[first] - measured[last]) / (1 / first - 1 / last)
     fixed = measured[first] - activations / first
     for m in choices[1:-1]:
         if fixed + activations / m <= budget:
-            return m, measured
+            measured[m] = temp_bytes(m)
+            if measured[m] <= budget:
+                return m, measured
     return last, measured
 
 
