@@ -55,6 +55,11 @@ def test_a_short_run_from_the_command_line(tmp_path):
             ["--config", "configs/tiny.py", "--config.model.n_layr=2"],
             "unknown config key model.n_layr; did you mean model.n_layer?",
         ),
+        (
+            ["--config", "configs/tiny.py", "--config.train.steps=9", "--config.train.qqq=2"],
+            "unknown config key train.qqq; check its spelling",  # no key close enough to suggest
+        ),
+        (["--config", "configs/tiny.py", "--config.workdir=runs/x"], "--workdir is a flag of its own"),
         (["--config", "configs/tiny.py", "--config.train.steps=many"], "--config.train.steps=many"),
         (["--config", "configs/tiny.py", "--config.data.tokenizer=wordpiece"], "unknown tokenizer 'wordpiece'"),
         (["--config", "configs/tiny.py", "--config.data.source=s3:bucket"], "unknown data.source 's3:bucket'"),

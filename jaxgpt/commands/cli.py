@@ -54,7 +54,7 @@ def parse_flags(
     try:
         words = flag_values(argv)[1:]
     except (AttributeError, KeyError) as error:  # ml_collections: an override names no key
-        fail(_unknown_key_message(argv, str(error)))
+        fail(_unknown_key_message(argv, str(error), flag_values))
     except flags.UnrecognizedFlagError as error:
         given = error.flagvalue.partition("=")[2] or _flag_value(argv, error.flagvalue) or "VALUE"
         hint = _config_key_for(error.flagname, given) if "config" in flag_values else None
@@ -266,20 +266,25 @@ def _flag_value(argv: list[str], name: str) -> str | None:
     return None
 
 
-def _unknown_key_message(argv: list[str], text: str) -> str:
-    # ml_collections says: Did you mean "n_layer" instead of "n_layr"? Find the override that
-    # used the bad name to report the full dotted key.
+def _unknown_key_message(argv: list[str], text: str, flag_values) -> str:
+    # ml_collections names the missing key in quotes, and where one is close adds: Did you mean
+    # "n_layer" instead of "n_layr"? Find the override that used the bad name to report the full
+    # dotted key.
     match = re.search(r'Did you mean "(\w+)" instead of "(\w+)"', text)
-    if not match:
-        return f"unknown config key in {' '.join(a for a in argv if a.startswith('--config.'))}; check its spelling"
-    guess, bad = match.groups()
+    guess, bad = match.groups() if match else (None, next(iter(re.findall(r"'(\w+)'", text)), None))
     for arg in argv:
         parts = arg.split("=")[0].removeprefix("--config.").split(".")
         if arg.startswith("--config.") and bad in parts:
             at = parts.index(bad)
-            key, fix = ".".join(parts[: at + 1]), ".".join(parts[:at] + [guess])
-            return f"unknown config key {key}; did you mean {fix}?"
-    return f"unknown config key {bad}; did you mean {guess}?"
+            key = ".".join(parts[: at + 1])
+            if guess:
+                return f"unknown config key {key}; did you mean {'.'.join(parts[:at] + [guess])}?"
+            if at == 0 and bad in flag_values:  # e.g. --config.workdir for --workdir
+                return f"unknown config key {key}: --{bad} is a flag of its own, not a config key (--{bad}=...)"
+            return f"unknown config key {key}; check its spelling (the sections and their keys: jaxgpt/config/)"
+    if guess:
+        return f"unknown config key {bad}; did you mean {guess}?"
+    return f"unknown config key in {' '.join(a for a in argv if a.startswith('--config.'))}; check its spelling"
 
 
 def refuse_an_encoder(model, where, what_it_lacks: str) -> None:
