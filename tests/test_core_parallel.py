@@ -86,7 +86,7 @@ def test_core_parallel_steps_equal_the_one_device_step(cores, microbatches, one_
     percent and the parameters by ~lr. Both ways of computing the cores' shares (a program per
     core, one program over them) are held to it. The cores exchange the parameters and gradients
     packed: this model's matrices are all below the size that travels alone, so the threshold is
-    lowered to have both kinds of leaf cross (core_parallel.packed)."""
+    lowered to have both kinds of leaf cross (core_parallel.Packing)."""
     monkeypatch.setattr(core_parallel, "TRAVELS_ALONE", 2**10)  # 32 x 96 and wider alone, the rest raveled
     run = make_run(microbatches, one_program=one_program)
     windows = batches(5)

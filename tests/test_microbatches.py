@@ -22,7 +22,7 @@ def test_choices_give_every_device_whole_rows(batch, parallel, expected):
     assert choice.microbatch_choices(batch, parallel) == expected
 
 
-def test_the_fewest_fitting_microbatches_are_chosen_from_two_compiles():
+def test_the_fewest_fitting_microbatches_are_chosen_from_the_ends_compiles():
     fixed, activations = 2.0, 120.0
     compiled = []
 

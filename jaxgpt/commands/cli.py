@@ -271,7 +271,8 @@ def _unknown_key_message(argv: list[str], text: str, flag_values) -> str:
     # "n_layer" instead of "n_layr"? Find the override that used the bad name to report the full
     # dotted key.
     match = re.search(r'Did you mean "(\w+)" instead of "(\w+)"', text)
-    guess, bad = match.groups() if match else (None, next(iter(re.findall(r"'(\w+)'", text)), None))
+    named = re.search(r"'(\w+)'", text)
+    guess, bad = match.groups() if match else (None, named and named.group(1))
     for arg in argv:
         parts = arg.split("=")[0].removeprefix("--config.").split(".")
         if arg.startswith("--config.") and bad in parts:

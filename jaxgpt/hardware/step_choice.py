@@ -21,10 +21,10 @@ compiled train step keeps its temporary buffers within a budget:
 The temporaries come from XLA's own memory analysis of the compiled step, not a formula. The
 first candidate compiled is one microbatch; when that is over budget the largest split is
 compiled too, and the rest are interpolated: temporaries are a fixed part (gradients, their
-accumulator) plus activations that shrink as 1/microbatches; the count that predicts is compiled
-to confirm it (the run keeps it), and the next taken where it does not fit. An accelerator's compiler may
-refuse the first outright (out of memory), which leaves nothing to interpolate from: then the
-counts in between are bisected, one compile each.
+accumulator) plus activations that shrink as 1/microbatches. The count this predicts to fit is
+compiled to confirm it (the run keeps that program), and the next taken where it does not fit.
+An accelerator's compiler may refuse the first outright (out of memory), which leaves nothing to
+interpolate from: then the counts in between are bisected, one compile each.
 
 What is measured is what runs: over a mesh, the step itself; on the CPU's cores (`plan`), the
 first core's program of the step (jaxgpt/hardware/core_parallel.py), which holds all of a core's
