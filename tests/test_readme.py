@@ -26,7 +26,7 @@ GUIDE = "\n".join((ROOT / page).read_text() for page in GUIDE_PAGES)
 # Commands an offline 2-core CPU cannot run, and why. Every other command is run.
 EXCUSED = {
     r"^pip install": "installs packages: CI's own setup (.ci/run) does this",
-    r"^python3\.11 -m venv |^\. \.venv/bin/activate$": "makes the virtual environment: CI's own setup does this",
+    r"^python3\.11 -m venv |^\. \.venv(-lens)?/bin/activate$": "makes a virtual environment: CI's own setup does this",
     r"pytest": "the test suite itself",
     r"^gcloud ": "needs a TPU slice",
     r"train\.py .*gpt2_124m\.py": "trains GPT-2 small on FineWeb-edu: a Hub download and days of an accelerator",
