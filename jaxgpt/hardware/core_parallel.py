@@ -90,15 +90,19 @@ class Packing:
         leaves, self._treedef = jax.tree.flatten(layout)
         self._alone = [math.prod(x.shape) >= TRAVELS_ALONE for x in leaves]
         found = []  # ravel_pytree's inverse holds only sizes, shapes and dtypes: an abstract evaluation gives it
-        jax.eval_shape(lambda small: found.append(ravel_pytree(small)[1]), self._small(leaves))
+        jax.eval_shape(lambda small: found.append(ravel_pytree(small)[1]), self._split(leaves)[1])
         self._unravel_small = found[0]
 
-    def _small(self, leaves: list) -> list:
-        return [x for x, alone in zip(leaves, self._alone, strict=True) if not alone]
+    def _split(self, leaves: list) -> tuple[list, list]:
+        """(the leaves that travel alone, the small ones), each in tree order."""
+        parts = ([], [])
+        for x, alone in zip(leaves, self._alone, strict=True):
+            parts[0 if alone else 1].append(x)
+        return parts
 
     def pack(self, tree) -> tuple[list, jax.Array]:
-        leaves = jax.tree.leaves(tree)
-        return [x for x, alone in zip(leaves, self._alone, strict=True) if alone], ravel_pytree(self._small(leaves))[0]
+        alone, small = self._split(jax.tree.leaves(tree))
+        return alone, ravel_pytree(small)[0]
 
     def unpack(self, pack: tuple[list, jax.Array]):
         big, small = iter(pack[0]), iter(self._unravel_small(pack[1]))
