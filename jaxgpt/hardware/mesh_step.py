@@ -51,32 +51,32 @@ class InitialState:
         return self._creating.lower(self._key_data)
 
     def compile_in_background(self) -> None:
-        """Start compiling the initialisation on a thread of its own (`compiled_in_background`),
+        """Start compiling the initialisation on a thread of its own (`in_background`),
         for a caller sure to create the state (the trainer, once its workdir is its own): the
         step's programs then compile beside it."""
         if self._compiled is None:
-            self._compiled = compiled_in_background(self.lower())
+            self._compiled = in_background(self.lower().compile)
 
     def __call__(self) -> TrainState:
         return (self._compiled.result() if self._compiled else self._creating)(self._key_data)
 
 
-def compiled_in_background(lowered) -> Future:
-    """`lowered.compile()` on a thread of its own: XLA compiles without holding the GIL, so the
-    programs the caller compiles next compile beside it (the model's initialisation, as costly
-    to compile as a small model's step, beside the step). Not a daemon thread: a process that
-    ends while XLA still compiles on a daemon thread aborts at the interpreter's exit (the
+def in_background(work) -> Future:
+    """`work()` on a thread of its own: XLA compiles without holding the GIL, so the programs
+    the caller compiles next, or its own Python, run beside it (the model's initialisation, as
+    costly to compile as a small model's step, beside the step). Not a daemon thread: a process
+    that ends while XLA still compiles on a daemon thread aborts at the interpreter's exit (the
     thread, forced out of XLA's C++, "terminate called ... exception not rethrown"), so an exit
     waits for the compile; Ctrl-C's exit skips the interpreter's (jaxgpt/commands/interrupt.py)."""
     future: Future = Future()
 
-    def compile_it():
+    def run_it():
         try:
-            future.set_result(lowered.compile())
+            future.set_result(work())
         except BaseException as error:  # raised where the result is asked for
             future.set_exception(error)
 
-    threading.Thread(target=compile_it, name="jaxgpt-compile").start()
+    threading.Thread(target=run_it, name="jaxgpt-compile").start()
     return future
 
 

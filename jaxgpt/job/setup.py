@@ -7,8 +7,9 @@ them in this order, and nothing before the loop happens anywhere else):
                 before a workdir, a state or a batch exists
   opened        the workdir made (an earlier run moved aside for --fresh) and locked
   place_run     the step chosen for the mesh (one program per CPU core, or one over the mesh:
-                jaxgpt/hardware/step_choice.py), with the figures the loop reports against
-                (tokens per step, FLOPs per token, peak)
+                jaxgpt/hardware/step_choice.py) and set compiling, beside the state's
+                initialisation, with the figures the loop reports against (tokens per step,
+                FLOPs per token, peak)
   loop_inputs   what the loop reads beside the step: step 0's state born sharded, the
                 checkpoints opened, the validation set, the questions; the trainer takes them
                 and alone holds the state
@@ -21,7 +22,9 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from pathlib import Path
 from typing import NamedTuple
 
@@ -33,7 +36,7 @@ from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
-from jaxgpt.hardware.mesh_step import state_layout
+from jaxgpt.hardware.mesh_step import batch_layout, in_background, state_layout
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
@@ -117,6 +120,7 @@ class PlacedRun:
     flops_per_token: float
     peak_flops: float  # of all the mesh's devices, what MFU is measured against
     peak_source: str  # where that figure comes from, said once at the start
+    compiling: Future  # the step compiling for the state's and batches' shapes: its seconds
 
     @property
     def run(self) -> RunConfig:
@@ -144,6 +148,16 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     program, step, note = choose_step(resolved.program, mesh, resolved.layout)
     if note:
         say(note)
+
+    def compile_step() -> float:
+        # from shapes alone, as choosing the microbatches compiles (a restored state and the first
+        # batch have the same): the step then compiles beside the state's initialisation and the
+        # data's reading. Where XLA's compiles leave cores idle, a fresh start is shorter (on a
+        # 2-core Zen 4 by 0.7 s of a one-step speedrun's 9 s, docs/benchmarks.md)
+        started = time.perf_counter()
+        step.compile(resolved.layout, batch_layout(program, step.batch_mesh))
+        return time.perf_counter() - started
+
     peak, source = peak_flops(mesh.devices.flatten().tolist())
     run = program.run
     return PlacedRun(
@@ -154,6 +168,7 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
         flops_per_token=flops_per_token(run.model, run.model.block_size, resolved.layout.params),
         peak_flops=peak,
         peak_source=source,
+        compiling=in_background(compile_step),
     )
 
 

@@ -38,6 +38,7 @@ from jaxgpt import data
 from jaxgpt.errors import warn
 from jaxgpt.hardware import runtime
 from jaxgpt.hardware.distributed import is_main_process
+from jaxgpt.hardware.mesh_step import in_background
 from jaxgpt.job import setup
 from jaxgpt.job.metrics import (
     MetricsLog,
@@ -115,6 +116,10 @@ def train_and_evaluate(
 COUNTS = ("exact_matches", "examples")  # added over the batches, not averaged
 
 
+def _validation_batch(validation, index: int, mesh) -> dict:
+    return validation.batch(mesh, index)
+
+
 def mean_losses(batches: list[dict]) -> dict[str, float]:
     """Each loss's mean over the batches: over every token scored, where batches score different
     numbers of tokens ("scored": the masked objective's hidden ones, the answers of text
@@ -172,6 +177,11 @@ class Trainer:
         # memory rather than beside it
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
         self.runaway = RunawayWatch(placed.run.model.vocab_size, self.checkpoints, warn)
+        # evaluation's programs compile beside the step's (one process only: a multi-host
+        # evaluation's collectives must run in the same order in every process)
+        self._evaluation_compiled = None
+        if jax.process_count() == 1:
+            self._evaluation_compiled = in_background(partial(self._score_a_batch_a_device, self.state.params))
 
     @classmethod
     def on_this_machine(cls, resolved: setup.ResolvedRun, workdir: Path, say) -> Trainer:
@@ -289,7 +299,7 @@ class Trainer:
         mean loss on train.eval_batches training batches (each the same every time)."""
         v = self.validation
         losses = partial(self.step.eval_losses, self.state.params)
-        val = losses(lambda i, mesh: v.batch(mesh, i), v.batches)
+        val = losses(partial(_validation_batch, v), v.batches)
         train = losses(
             lambda i, mesh: self.train_batches.batch(self.config, mesh, i, data.EVAL_TRAIN_STREAM),
             self.config.train.eval_batches,
@@ -320,12 +330,22 @@ class Trainer:
         )
         return {"multiple_choice_accuracy": score.accuracy, "multiple_choice_accuracy_norm": score.normalised_accuracy}
 
+    def _score_a_batch_a_device(self, params) -> None:
+        """Compiles evaluate's programs (each core's, or the mesh's) by scoring one validation
+        batch a device with `params` (step 0's) and dropping the losses."""
+        v = self.validation
+        losses = self.step.eval_losses(params, partial(_validation_batch, v), min(v.batches, len(self.step.devices)))
+        jax.block_until_ready(losses)
+
     def _compile(self, batch):
-        """The train step compiled for this state and batch (autotuning may have compiled it)."""
-        started = time.perf_counter()
-        compiled = self.step.compile(self.state, batch)
-        self.say(f"compiled {self.step.what} in {time.perf_counter() - started:.1f} s")
-        return compiled
+        """The train step, compiled (setup.place_run set it compiling from the state's and batch's
+        shapes; autotuning may have compiled it before), and evaluation's programs (__init__ set
+        them compiling); before the first step, which donates step 0's parameters."""
+        if self._evaluation_compiled is not None:
+            self._evaluation_compiled.result()
+        seconds = self.placed.compiling.result()  # raises what compiling raised
+        self.say(f"compiled {self.step.what} in {seconds:.1f} s")
+        return self.step.compile(self.state, batch)  # compiled: the step itself
 
     def _record(self, done: int, losses: list[float], fetched: list[dict], seconds: float, elapsed: float) -> dict:
         record = training_record(
