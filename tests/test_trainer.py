@@ -5,6 +5,7 @@ import json
 import math
 import re
 
+import jax
 import pytest
 from conftest import small_run_config as small_config
 
@@ -183,6 +184,8 @@ def test_a_short_validation_split_is_covered_by_spread_windows():
 
 
 def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logged(trained):
+    """...and the restored run's evaluation traces and compiles nothing: the trainer compiled its
+    programs beside the step's, before the first step (Trainer.__init__, _compile)."""
     workdir = trained[0]
     from jaxgpt.job import setup
     from jaxgpt.job.resume import restore_or_start
@@ -191,14 +194,27 @@ def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logge
     resolved = setup.resolve_run(small_config(), workdir, progress=False, verify_data=False)
     trainer = Trainer.on_this_machine(resolved, workdir, print)
     run, tokenizer = trainer.config, resolved.dataset.tokenizer
+    compiled_while_evaluating = []
+
+    def note(event: str, seconds: float, **kwargs) -> None:
+        if event in ("/jax/core/compile/jaxpr_trace_duration", "/jax/core/compile/backend_compile_duration"):
+            compiled_while_evaluating.append(event)
+
     try:
         start = restore_or_start(
             trainer.checkpoints, trainer.state, run, tokenizer, workdir, main=False, say=print, warn=print
         )
         trainer.state = start.state
-        first, second = trainer.evaluate(), trainer.evaluate()
+        trainer._compile(trainer.batch(start.step))
+        jax.monitoring.register_event_duration_secs_listener(note)
+        try:
+            first = trainer.evaluate()
+        finally:
+            jax.monitoring.unregister_event_duration_listener(note)
+        second = trainer.evaluate()
     finally:
         trainer.checkpoints.close()
+    assert compiled_while_evaluating == []
     logged = read_metrics(workdir)[-1]
     assert start.step == logged["step"]
     assert first == second
