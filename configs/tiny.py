@@ -13,11 +13,11 @@ def get_config():
     config.model.d_model = 128
     config.model.block_size = 128  # room to sample a few lines; the benchmark keeps nanoGPT's 64
     config.model.dropout = 0.0
-    # Keep matmul outputs for the backward pass and recompute the cheap elementwise ones: on a
-    # CPU the step is bound by memory traffic, and this measured faster on every CPU tried
-    # (docs/benchmarks.md). Microbatches are left to the run (train.microbatches=0): it picks
-    # the fewest whose step fits this machine's cache, and prints its choice.
-    config.model.remat = "dots"
+    # No rematerialisation (the base config's remat="none"): at this size a step's activations fit
+    # in the cache, and recomputing GELU's tanh, the softmax's exp and the norms in the backward
+    # pass (remat="dots") cost 3-6% of the step on a Zen 3 and a Zen 4 (docs/benchmarks.md).
+    # Microbatches are left to the run (train.microbatches=0): it picks the fewest whose step
+    # fits this machine's cache, and prints its choice.
     config.train.steps = 2000
     config.train.batch_size = 12
     config.train.lr = 2e-3

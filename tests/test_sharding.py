@@ -41,9 +41,9 @@ def test_every_layout_trains_like_one_device(layout, one_device, tmp_path):
 
 @pytest.mark.slow
 def test_the_cpu_speed_settings_train_like_the_plain_step(one_device, tmp_path):
-    """The opt-in two-device CPU layout (JAX_NUM_CPU_DEVICES=2) with configs/tiny.py's dots
-    rematerialisation and microbatches split across the data axis reorders float32 sums and
-    changes nothing else: the same tolerance as above."""
+    """The opt-in two-device CPU layout (JAX_NUM_CPU_DEVICES=2) with dots rematerialisation and
+    microbatches split across the data axis reorders float32 sums and changes nothing else: the
+    same tolerance as above."""
     c = layout_run_config(dict(data=2), microbatches=2)
     c.model.remat = "dots"
     train_and_evaluate(c, tmp_path, progress=False)
