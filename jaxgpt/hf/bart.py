@@ -9,7 +9,7 @@ import numpy as np
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hf import layers
-from jaxgpt.hf.family import Family, read_sizes, switched_on, written_sizes
+from jaxgpt.hf.family import BaseModel, Family, read_sizes, switched_on, written_sizes
 
 BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding reads row position + 2 of its table
 SIZES = {
@@ -87,7 +87,9 @@ def to_params(c: ModelConfig, w: dict) -> dict:
     return params | {
         "encoder": encoder,
         "wte": {"embedding": w[shared]},
-        "head_bias": w["final_logits_bias"].reshape(-1),
+        "head_bias": (
+            w["final_logits_bias"].reshape(-1) if "final_logits_bias" in w else np.zeros(c.vocab_size, np.float32)
+        ),
     }
 
 
@@ -155,4 +157,7 @@ def check_exportable(c: ModelConfig) -> None:
         )
 
 
-FAMILY = Family("BartForConditionalGeneration", read_config, to_params, to_weights, to_hf_config)
+# BartModel's head is the shared embedding; the task model adds only final_logits_bias, which
+# BartForConditionalGeneration starts at zero where a folder lacks it, as to_params does
+BASE = BaseModel("BartModel", "model.", ("final_logits_bias", "lm_head."), "head", lambda c: ())
+FAMILY = Family("BartForConditionalGeneration", read_config, to_params, to_weights, to_hf_config, BASE)

@@ -8,7 +8,7 @@ import numpy as np
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hf import layers
-from jaxgpt.hf.family import Family, read_sizes, written_sizes
+from jaxgpt.hf.family import BaseModel, Family, read_sizes, written_sizes
 
 SIZES = {
     "vocab_size": "vocab_size", "block_size": "max_position_embeddings", "n_layer": "num_hidden_layers",
@@ -120,4 +120,10 @@ def check_exportable(c: ModelConfig) -> None:
         )
 
 
-FAMILY = Family("BertForMaskedLM", read_config, to_params, to_weights, to_hf_config)
+def masked_token_head(c: ModelConfig) -> tuple[str, ...]:
+    untied = () if c.tie_embeddings else ("cls.predictions.decoder.weight",)
+    return ("cls.predictions.transform.dense.weight", *untied)
+
+
+BASE = BaseModel("BertModel", "bert.", ("cls.",), "masked-token head", masked_token_head)
+FAMILY = Family("BertForMaskedLM", read_config, to_params, to_weights, to_hf_config, BASE)

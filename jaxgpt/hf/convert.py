@@ -1,10 +1,18 @@
 """Converting between a Hugging Face folder and jaxgpt: which family a folder's config.json
 names (or a jaxgpt model exports as), its weights read into jaxgpt's params and written back,
-every weight accounted for and every shape checked against the config."""
+every weight accounted for and every shape checked against the config.
+
+A folder's weights are read under the names its family's task model gives them, whichever
+transformers class saved them: the task model's own (GPT2LMHeadModel's `transformer.h.0...`,
+as save_pretrained writes them) or its base model's (GPT2Model's `h.0...`, as the Hub stores
+GPT-2; BertModel, LlamaModel and the others alike), older names as today's (the original BERT's
+LayerNorm gamma and beta), a tied head absent. A head the model needs and the folder lacks (a
+BertModel has no masked-token head) is one line naming the class that has it."""
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jax
@@ -13,7 +21,7 @@ import numpy as np
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hf import bart, bert, gpt2, llama, mixtral
-from jaxgpt.hf.family import Family, switched_on
+from jaxgpt.hf.family import BaseModel, Family, switched_on
 from jaxgpt.hf.files import (
     ReadWeights,
     local_directory,
@@ -78,14 +86,56 @@ def family_of(c: ModelConfig) -> str:
 
 def check_folder(path_or_name: str) -> None:
     """A local Hugging Face folder checked before any work is done with it (a workdir made, a
-    model compiled): its config.json describes a model jaxgpt converts, and its weight files'
-    headers read. The weights themselves are read, and checked against the config, when loaded."""
+    model compiled): its config.json describes a model jaxgpt converts, its weight files'
+    headers read, and its weights' names hold the head the model needs. The weights themselves
+    are read, and checked against the config, when loaded."""
     directory = Path(path_or_name).expanduser()
     if not directory.is_dir():
         return  # a Hub name: fetched (or refused, offline) when loaded
-    pretrained_config(directory / "config.json")
-    for path in weight_files(directory):
-        read_safetensors(path, header_only=True)
+    config, family = pretrained_config(directory / "config.json")
+    files = weight_files(directory)
+    names = [name for path in files for name in read_safetensors(path, header_only=True)]
+    if files:  # pytorch_model.bin has no header to read: its names are checked when it is loaded
+        _check_head(config, FAMILIES[family], directory, names)
+
+
+def task_model_names(names, base: BaseModel) -> dict[str, str]:
+    """Each stored name -> the name the family's task model gives it: a base model's weights
+    alone (no name under the base's prefix: GPT2Model's `h.0.attn.c_attn.weight`) get the prefix
+    (`transformer.h.0.attn.c_attn.weight`), a task model's keep theirs (so another task's head,
+    a classifier, shows as itself), and the original BERT's LayerNorm gamma and beta become
+    weight and bias."""
+    prefix = "" if _is_task_model(names, base) else base.prefix
+    return {name: re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", prefix + name)) for name in names}
+
+
+def _is_task_model(names, base: BaseModel) -> bool:
+    return any(name.startswith(base.prefix) for name in names)
+
+
+def stored_architecture(directory: Path, family: Family, names) -> str:
+    """The transformers class a folder's weights are of: config.json's `architectures`, else the
+    base model's where no name has the task model's prefix, or the task model's."""
+    named = read_json(directory / "config.json", "").get("architectures")
+    if isinstance(named, list) and named and isinstance(named[0], str):
+        return named[0]
+    return family.architecture if _is_task_model(names, family.base) else family.base.architecture
+
+
+def _check_head(config: ModelConfig, family: Family, directory: Path, stored_names) -> None:
+    """One line where the folder lacks a head the model reads: a BertModel has no masked-token
+    head, a LlamaModel with tie_word_embeddings=false no lm_head."""
+    held = set(task_model_names(stored_names, family.base).values())
+    missing = [name for name in family.base.needs_head(config) if name not in held]
+    if not missing:
+        return
+    untied = "lm_head.weight" in missing
+    raise UserError(
+        f"{directory} holds a {stored_architecture(directory, family, stored_names)}, which has no "
+        f"{family.base.head_name} ({missing[0]})"
+        + (", and config.json's tie_word_embeddings=false says the head is not the token embedding" if untied else "")
+        + f"; jaxgpt needs a {family.architecture}'s weights, its head included"
+    )
 
 
 def pretrained_tokenizer(path_or_name: str, family: str):
@@ -128,12 +178,17 @@ def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
     """(config, params, family) from a Hugging Face directory (or Hub name, online)."""
     directory = local_directory(path_or_name)
     config, family = pretrained_config(directory / "config.json")
-    to_params = FAMILIES[family].params
-    weights = ReadWeights({k: np.asarray(v, np.float32) for k, v in read_weights(directory).items()})
+    stored, of = read_weights(directory), FAMILIES[family]
+    _check_head(config, of, directory, stored)
+    names = task_model_names(stored, of.base)
+    weights = ReadWeights({names[k]: np.asarray(v, np.float32) for k, v in stored.items()})
     try:
-        params = to_params(config, weights)
+        params = of.params(config, weights)
     except KeyError as missing:
-        raise UserError(f"{directory}: weight {missing.args[0]} is missing for a {family} model") from None
+        raise UserError(
+            f"{directory}: weight {missing.args[0]} is missing for a {family} model (its weights read as a "
+            f"{stored_architecture(directory, of, stored)}'s)"
+        ) from None
     except ValueError as error:  # a reshape that does not fit
         raise UserError(f"{directory}: weights do not fit config.json ({error})") from None
     if unread := sorted(name for name in set(weights) - weights.read if not _left_by_design(name, config)):

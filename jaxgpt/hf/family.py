@@ -1,5 +1,6 @@
 """What a Hugging Face family is to jaxgpt: four functions between its files and a jaxgpt model
-(`Family`), and the workbench switches no family's checkpoint has."""
+and the base model inside its task model (`Family`), and the workbench switches no family's
+checkpoint has."""
 
 from __future__ import annotations
 
@@ -9,12 +10,30 @@ from typing import NamedTuple
 from jaxgpt.config import ModelConfig
 
 
+class BaseModel(NamedTuple):
+    """The model inside a family's task model, which the Hub often stores alone: openai-community/
+    gpt2's file holds GPT2Model's weights (`h.0.attn.c_attn.weight`), where GPT2LMHeadModel holds
+    the same under `transformer.`, beside a head of its own that a tied model leaves out."""
+
+    architecture: str  # e.g. "GPT2Model"
+    prefix: str  # its weights' names inside the task model start so: "transformer."
+    head: tuple[str, ...]  # how the task model's own weights (its head's) start: ("lm_head.",)
+    head_name: str  # what that head is, for the line saying it is missing: "language-model head"
+    needs_head: Callable[[ModelConfig], tuple[str, ...]]  # the head's weights a model reads, by name
+
+
 class Family(NamedTuple):
     architecture: str  # the transformers class its config.json names, e.g. "GPT2LMHeadModel"
     config: Callable[[dict], ModelConfig]  # config.json -> the jaxgpt model it describes
     params: Callable[[ModelConfig, dict], dict]  # its weights by name -> jaxgpt's params tree
     weights: Callable[[ModelConfig, dict], dict]  # jaxgpt's params tree -> its weights by name
     hf_config: Callable[[ModelConfig], dict]  # the jaxgpt model -> config.json (model_type is added)
+    base: BaseModel
+
+
+def untied_head(c: ModelConfig) -> tuple[str, ...]:
+    """A decoder's head weights: its own lm_head, unless it reads out through the embedding."""
+    return () if c.tie_embeddings else ("lm_head.weight",)
 
 
 # Switches and ablations GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).

@@ -6,7 +6,7 @@ from __future__ import annotations
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hf import layers
-from jaxgpt.hf.family import Family, read_sizes, written_sizes
+from jaxgpt.hf.family import BaseModel, Family, read_sizes, untied_head, written_sizes
 
 SIZES = {
     "vocab_size": "vocab_size",
@@ -86,4 +86,5 @@ def to_hf_config(c: ModelConfig) -> dict:
     }
 
 
-FAMILY = Family("GPT2LMHeadModel", read_config, to_params, to_weights, to_hf_config)
+BASE = BaseModel("GPT2Model", "transformer.", ("lm_head.",), "language-model head", untied_head)
+FAMILY = Family("GPT2LMHeadModel", read_config, to_params, to_weights, to_hf_config, BASE)

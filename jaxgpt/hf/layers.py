@@ -14,9 +14,8 @@ ACTIVATION_NAMES = {ours: theirs for theirs, ours in ACTIVATIONS.items() if thei
 
 
 def layer_norm(w: dict, name: str) -> dict:
-    """A LayerNorm's two weights, under today's names or the original BERT's gamma and beta."""
-    scale = w[f"{name}.weight"] if f"{name}.weight" in w else w[f"{name}.gamma"]
-    return {"scale": scale, "bias": w[f"{name}.bias"] if f"{name}.bias" in w else w[f"{name}.beta"]}
+    """A LayerNorm's two weights (the original BERT's gamma and beta are renamed before: convert.py)."""
+    return {"scale": w[f"{name}.weight"], "bias": w[f"{name}.bias"]}
 
 
 def dense(w: dict, name: str, shape: tuple[int, ...] | None = None) -> dict:

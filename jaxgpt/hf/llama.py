@@ -12,7 +12,7 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig, RopeScaling
 from jaxgpt.errors import UserError
-from jaxgpt.hf.family import Family, read_sizes, written_sizes
+from jaxgpt.hf.family import BaseModel, Family, read_sizes, untied_head, written_sizes
 
 SIZES = {
     "vocab_size": "vocab_size", "block_size": "max_position_embeddings", "n_layer": "num_hidden_layers",
@@ -223,6 +223,17 @@ def rope_parameters(c: ModelConfig) -> dict:
     return rope
 
 
-LLAMA = Family("LlamaForCausalLM", read_config, to_params, to_weights, to_hf_config)
-MISTRAL = Family("MistralForCausalLM", read_config, to_params, to_weights, partial(to_hf_config, family="mistral"))
-QWEN2 = Family("Qwen2ForCausalLM", read_qwen2_config, to_params, to_weights, partial(to_hf_config, family="qwen2"))
+def base_model(name: str) -> BaseModel:
+    """LlamaModel and its kin: `model.` in the task model, beside lm_head unless tied."""
+    return BaseModel(name, "model.", ("lm_head.",), "language-model head", untied_head)
+
+
+LLAMA = Family("LlamaForCausalLM", read_config, to_params, to_weights, to_hf_config, base_model("LlamaModel"))
+MISTRAL = Family(
+    "MistralForCausalLM", read_config, to_params, to_weights, partial(to_hf_config, family="mistral"),
+    base_model("MistralModel"),
+)  # fmt: skip
+QWEN2 = Family(
+    "Qwen2ForCausalLM", read_qwen2_config, to_params, to_weights, partial(to_hf_config, family="qwen2"),
+    base_model("Qwen2Model"),
+)  # fmt: skip

@@ -104,4 +104,5 @@ FAMILY = Family(
     partial(llama.to_params, feed_forward=experts),
     partial(llama.to_weights, feed_forward_weights=expert_weights),
     to_hf_config,
+    llama.base_model("MixtralModel"),
 )
