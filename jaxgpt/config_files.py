@@ -132,11 +132,18 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     return with_tokenizer_vocab(run, vocab_size) if vocab_size else run
 
 
+def tokens_needed(model: ModelConfig, vocab_size: int) -> int:
+    """The token rows `model` needs for a tokenizer of `vocab_size` ids: one more for the masked
+    objective's own mask token, the last id, where the model names none (jaxgpt/training/masked.py;
+    BERT's [MASK] is one of its tokenizer's ids)."""
+    return vocab_size + (model.objective == "masked" and model.mask_token is None)
+
+
 def with_tokenizer_vocab(run: RunConfig, vocab_size: int) -> RunConfig:
-    """`run` with the tokenizer's `vocab_size` where its config left model.vocab_size unset (one
-    more for the masked objective's mask token, jaxgpt/training/masked.py); a configured size smaller
-    than that is an error."""
-    needed = vocab_size + (run.model.objective == "masked")
+    """`run` with the tokenizer's `vocab_size` where its config left model.vocab_size unset (and
+    the masked objective's own mask token: tokens_needed); a configured size smaller than that
+    is an error."""
+    needed = tokens_needed(run.model, vocab_size)
     if run.model.vocab_size == VOCAB_FROM_TOKENIZER:
         return dataclasses.replace(run, model=run.model.replace(vocab_size=needed))
     if run.model.vocab_size < needed:

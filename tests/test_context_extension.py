@@ -12,7 +12,7 @@ from jaxgpt.config import RopeScaling
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest
-from jaxgpt.job.resume import architecture_mismatches, start_from_pretrained
+from jaxgpt.job.pretrained import architecture_mismatches, start_from_pretrained
 from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.training.program import training_program
 
@@ -34,12 +34,24 @@ def extended(source, block_size=64, **model):
     return config
 
 
+# A context extension is asked for on purpose (the command line's --config.model.X; from Python,
+# train_and_evaluate's overrides): a config's other values are the weights' (tests/test_pretrained.py)
+YARN = (
+    "model.block_size",
+    "model.rope_scaling.kind",
+    "model.rope_scaling.factor",
+    "model.rope_scaling.original_block_size",
+)
+
+
 def test_the_extended_run_starts_from_the_weights_and_records_where_they_came_from(rope_run, tmp_path, capsys):
     """YaRN at 2x, in a workdir of its own; config.json says where its weights came from."""
     config = extended(rope_run, rope_scaling=dict(kind="yarn", factor=2.0, original_block_size=32))
     workdir = tmp_path / "extended"
-    train_and_evaluate(config, workdir)
-    assert f"initialised from {rope_run} (step 10)" in capsys.readouterr().out
+    train_and_evaluate(config, workdir, overrides=YARN)
+    printed = capsys.readouterr().out
+    assert f"initialised from {rope_run} (step 10)" in printed
+    assert "extending context: block_size 32 -> 64; rope_scaling None -> yarn x2" in printed
     saved = json.loads((workdir / "config.json").read_text())
     assert saved["train"]["init_from"] == str(rope_run)
     assert saved["model"]["block_size"] == 64 and saved["model"]["rope_scaling"]["kind"] == "yarn"
@@ -86,8 +98,8 @@ def test_a_learned_position_run_cannot_be_extended(trained_small_run, tmp_path):
     config = small_run_config(steps=2)
     config.model.block_size = 64
     config.train.init_from = str(trained_small_run)
-    with pytest.raises(UserError, match="model.block_size=64 but the weights have 32 .learned positions"):
-        train_and_evaluate(config, tmp_path / "longer", progress=False)
+    with pytest.raises(UserError, match=r"block_size=64, but .* have block_size=32 \(learned positions have a row"):
+        train_and_evaluate(config, tmp_path / "longer", progress=False, overrides=("model.block_size",))
     assert not (tmp_path / "longer").exists()  # refused before a workdir (or its lock), a state or a compile
 
 

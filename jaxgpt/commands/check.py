@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
     from jaxgpt.hardware import runtime  # after flag parsing: --help and bad flags need no JAX
 
     runtime.configure(warn=warn)
-    rows = run_checks(f.config, f.overfit_steps)
+    rows = run_checks(f.config, f.overfit_steps, cli.config_overrides(argv))
     print_table(rows)
     failed = [r.name for r in rows if r.passed is False]
     if failed:

@@ -245,6 +245,12 @@ def _a_run(workdir: Path) -> bool:
     )
 
 
+def config_overrides(argv: list[str]) -> tuple[str, ...]:
+    """The config keys the command line sets (--config.model.rope_theta=2e6 -> model.rope_theta):
+    the values given on purpose, where a run starting from weights takes the rest from them."""
+    return tuple(arg.removeprefix("--config.").split("=")[0] for arg in argv if arg.startswith("--config."))
+
+
 def _without_flag(argv: list[str], name: str) -> list[str]:
     out, skip = [], False
     for arg in argv:

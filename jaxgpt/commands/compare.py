@@ -237,8 +237,17 @@ def plot(runs: dict[str, list[Path]], out: Path, vary: list[tuple[str, list[str]
     return save_png(figure, out)
 
 
-def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *, progress: bool, say=print):
-    """Run (or resume) every variant x seed under `out`; write and return the summary."""
+def on_purpose(vary: list[tuple[str, list[str]]], overrides) -> tuple[str, ...]:
+    """The config keys a comparison sets on purpose: those it varies, and the command line's."""
+    return (*overrides, *(key for key, _ in vary))
+
+
+def compare(
+    config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *, progress: bool, say=print, overrides=()
+):
+    """Run (or resume) every variant x seed under `out`; write and return the summary. The keys
+    varied are set on purpose, as `overrides` (the command line's) are: a run starting from
+    weights takes the rest of its model from them (jaxgpt/job/pretrained.py)."""
     import jax
 
     from jaxgpt.config import run_config_from_dict
@@ -255,7 +264,7 @@ def compare(config, vary: list[tuple[str, list[str]]], seeds: int, out: Path, *,
         run_config.train.seed = config.train.seed + seed
         workdir = out / name / f"seed{seed}"
         say(f"[{n}/{total}] {name}, seed {run_config.train.seed}: {workdir}")
-        train_and_evaluate(run_config, workdir, progress=progress)
+        train_and_evaluate(run_config, workdir, progress=progress, overrides=on_purpose(vary, overrides))
         records = read_metrics(workdir)
         final = [r for r in records if "val_loss" in r][-1]
         loss_key, bpb_key = scored_key(records, "val_loss"), scored_key(records, "val_bpb")
@@ -308,9 +317,10 @@ def main(argv: list[str] | None = None) -> None:
     runtime.configure(warn=warn)
     from jaxgpt.job.setup import check_runnable
 
+    overrides = cli.config_overrides(argv)
     for variant in variants(vary):  # every variant checked as train.py would, before the first run
-        check_runnable(with_values(config, variant))
-    _, table = compare(config, vary, f.seeds, out, progress=not f.quiet)
+        check_runnable(with_values(config, variant), overrides=on_purpose(vary, overrides))
+    _, table = compare(config, vary, f.seeds, out, progress=not f.quiet, overrides=overrides)
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'loss.png'}")
 

@@ -30,7 +30,7 @@ import numpy as np
 
 from jaxgpt import data, sharding
 from jaxgpt.config import with_train
-from jaxgpt.config_files import resolve, with_tokenizer_vocab
+from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
 from jaxgpt.model.transformer import active_params, count_params, describe_parameters, flops_per_token
@@ -47,11 +47,16 @@ class Row:
     detail: str
 
 
-def run_checks(config, overfit_steps: int) -> list[Row]:
-    """Every check, in the order of the table, on the config's model, data and mesh."""
-    run = resolve(config)  # checked before the data is prepared, as training checks it
+def run_checks(config, overfit_steps: int, overrides=()) -> list[Row]:
+    """Every check, in the order of the table, on the config's model, data and mesh (a run
+    starting from weights: their model, as training reads it, `overrides` set on purpose)."""
+    from jaxgpt.job.pretrained import values_set, with_source_architecture
+    from jaxgpt.job.setup import with_vocabulary
+
+    given = values_set(config, overrides)
+    run = with_source_architecture(resolve(config), given)  # checked before the data is prepared, as training
     dataset = data.prepare(run.data, progress=False)
-    run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)
+    run = with_vocabulary(run, dataset.tokenizer)
     data.check_batches_fit(dataset, run)
     from jaxgpt.hardware import runtime
     from jaxgpt.hardware.mesh_step import state_layout

@@ -14,7 +14,8 @@ from pathlib import Path
 import ml_collections
 
 from jaxgpt.config_files import base_config
-from jaxgpt.errors import UserError, warn_once
+from jaxgpt.errors import UserError
+from jaxgpt.job.checkpoint import recorded_config
 
 
 def get_config(where: str) -> ml_collections.ConfigDict:
@@ -32,28 +33,6 @@ def get_config(where: str) -> ml_collections.ConfigDict:
             "record is checked against them), which writes config.json anew"
         ) from None
     return config_of(sections)
-
-
-def recorded_config(workdir: Path) -> dict:
-    """The configuration a run's newest readable checkpoint records, for a workdir that lost
-    its config.json: the run resumes with it, and training writes config.json anew."""
-    from jaxgpt.job.checkpoint import Checkpoints
-
-    checkpoints = Checkpoints(workdir / "checkpoints", read_only=True)
-    try:
-        for step in reversed(checkpoints.steps()):
-            try:
-                record = checkpoints.read_record(step)
-            except Exception:  # a damaged record: the one before may do
-                continue
-            warn_once(f"{workdir} has no config.json; using the configuration its checkpoint of step {step} records")
-            return {section: dict(values) for section, values in record["config"].items()}
-    finally:
-        checkpoints.close()
-    raise UserError(
-        f"{workdir} has no config.json and no checkpoint whose record can be read; pass --config with the config "
-        "file the run was trained with (and its overrides)"
-    )
 
 
 def config_of(sections: dict) -> ml_collections.ConfigDict:

@@ -79,6 +79,7 @@ def main(argv: list[str] | None = None) -> None:
         stop_at=f.stop_at,
         from_step=f.from_step,
         verify_data=f.verify_data,
+        overrides=cli.config_overrides(argv),
     )
     if last.get("stopped") == "SIGINT":  # stopped cleanly, but at the user's Ctrl-C: as a shell expects
         sys.exit(INTERRUPTED)

@@ -30,7 +30,7 @@ import orbax.checkpoint as ocp
 from jax.experimental import multihost_utils
 
 from jaxgpt.config import MeshConfig, run_config_from_dict
-from jaxgpt.errors import UserError
+from jaxgpt.errors import UserError, warn_once
 from jaxgpt.job.workdir import unused_sibling
 from jaxgpt.model.transformer import init_params
 from jaxgpt.sharding import laid_out, make_mesh
@@ -313,6 +313,26 @@ def _not_a_leftover_read(record: logging.LogRecord) -> bool:
 
 
 logging.getLogger("asyncio").addFilter(_not_a_leftover_read)
+
+
+def recorded_config(workdir: Path) -> dict:
+    """The configuration a run's newest readable checkpoint records, for a workdir that lost
+    its config.json: the run resumes with it, and training writes config.json anew."""
+    checkpoints = Checkpoints(workdir / "checkpoints", read_only=True)
+    try:
+        for step in reversed(checkpoints.steps()):
+            try:
+                record = checkpoints.read_record(step)
+            except Exception:  # a damaged record: the one before may do
+                continue
+            warn_once(f"{workdir} has no config.json; using the configuration its checkpoint of step {step} records")
+            return {section: dict(values) for section, values in record["config"].items()}
+    finally:
+        checkpoints.close()
+    raise UserError(
+        f"{workdir} has no config.json and no checkpoint whose record can be read; pass --config with the config "
+        "file the run was trained with (and its overrides)"
+    )
 
 
 def load_latest(workdir: Path, mesh=None, warn=print, step: int | None = None):

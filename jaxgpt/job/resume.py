@@ -9,51 +9,16 @@ to the restored step so the resumed run's lines are written once.
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 from pathlib import Path
 
-import jax
-
-from jaxgpt.config import ModelConfig, RunConfig, run_config_from_dict
+from jaxgpt.config import RunConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.job import workdir as run_dir
-from jaxgpt.job.checkpoint import Checkpoints, load_latest
+from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import metrics_lines
-from jaxgpt.tokenizers import base_tokenizer, load_tokenizer
+from jaxgpt.job.pretrained import EXTENSIBLE_FIELDS, start_from_pretrained
 from jaxgpt.training.optimizer import learning_rate_schedule
-
-# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout).
-ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "block_size",
-    "n_layer",
-    "n_head",
-    "n_kv_head",
-    "d_model",
-    "mlp_hidden",
-    "activation",
-    "norm",
-    "norm_position",
-    "norm_eps",
-    "position",
-    "rope_theta",
-    "rope_scaling",
-    "bias",
-    "qkv_bias",
-    "tie_embeddings",
-    "qk_norm",
-    "x0_mix",
-    "value_embeddings",
-    "qkv_projections",
-    "scale_embeddings",
-    "embedding_norm",
-    "head_transform",
-    "logits_bias",
-    "encoder_layers",
-    "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
-)
-
 
 # What a resumed run may change: how long it runs (raising steps also moves the end of the
 # cosine schedule), the learning-rate schedule and clipping (the optimizer state does not
@@ -206,108 +171,6 @@ def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | No
         f"train settings move the schedule. To continue a finished decay at min_lr instead, add "
         f"--config.train.decay_steps={saved.decay_steps or saved.steps}"
     )
-
-
-# How positions are read rather than what is stored: a context is extended by changing them
-EXTENSIBLE_FIELDS = ("rope_theta", "rope_scaling")
-
-
-def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig, grows: bool = False) -> list[str]:
-    """The fields in which `theirs`' weights do not describe `ours`' model. block_size may
-    differ wherever no parameter has its length (every position kind but learned), and RoPE's
-    base and scaling may change: together, that is how a trained context is extended. With
-    `grows`, ours may have more tokens: special tokens a fine-tuning adds (`grow_vocabulary`)."""
-    fields = [
-        f
-        for f in ARCHITECTURE_FIELDS
-        if f not in EXTENSIBLE_FIELDS
-        and not (f == "block_size" and ours.position != "learned")
-        and not (f == "vocab_size" and grows and ours.vocab_size > theirs.vocab_size)
-    ]
-    return [
-        f"model.{f}={_architecture(ours, f)!r} but the weights have {_architecture(theirs, f)!r}"
-        + (" (learned positions have a row per position)" if f == "block_size" else "")
-        for f in fields
-        if _architecture(ours, f) != _architecture(theirs, f)
-    ]
-
-
-def _architecture(config: ModelConfig, field: str):
-    """The value of `field` that the weights depend on: for model.moe, what makes the experts
-    (how many, how many a token uses, shared ones, their width, which blocks hold them)."""
-    if field != "moe" or config.moe is None:
-        return getattr(config, field)
-    m = config.moe
-    return {k: getattr(m, k) for k in ("experts", "top_k", "shared_experts", "expert_hidden", "every")}
-
-
-def refuse_unless_fits(source: str, ours: ModelConfig, theirs: ModelConfig, grows: bool = False) -> None:
-    if differ := architecture_mismatches(ours, theirs, grows):
-        raise UserError(f"train.init_from={source!r} does not fit this config: {'; '.join(differ)}")
-
-
-def check_init_from_run(run: RunConfig, tokenizer=None) -> None:
-    """Before any slow work (a compile, a workdir): refuse a jaxgpt run's weights that cannot fit
-    this model, or whose tokenizer gives text other ids than `tokenizer` (this run's), read from
-    what is saved beside them, and a Hugging Face folder whose config.json or weight files cannot
-    be read (jaxgpt.hf.check_folder). The weights' values are checked when they are loaded."""
-    source = run.train.init_from
-    if not source:
-        return
-    saved = Path(source) / "config.json"
-    if saved.is_file() and (saved.parent / "checkpoints").is_dir():
-        if tokenizer is not None and (saved.parent / "tokenizer.json").is_file():
-            refuse_another_tokenizer(source, load_tokenizer(saved.parent / "tokenizer.json"), tokenizer)
-        theirs = run_config_from_dict(json.loads(saved.read_text())).model
-        refuse_unless_fits(source, run.model, theirs, grows=run.data.chat)
-    elif not (Path(source) / "checkpoints").is_dir():
-        from jaxgpt.hf import check_folder
-
-        check_folder(source)
-
-
-def refuse_another_tokenizer(source: str, theirs, ours) -> None:
-    """One line where two tokenizers give text other ids (special tokens added after either aside)."""
-    if base_tokenizer(theirs).to_dict() != base_tokenizer(ours).to_dict():
-        raise UserError(
-            f"train.init_from={source!r}: that run's tokenizer is not this one's, so its embeddings mean other "
-            f"tokens; use its tokenizer, data.tokenizer={source}"
-        )
-
-
-def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
-    """`state` with its random parameters replaced by the weights `source` names: a workdir
-    of a jaxgpt run (its newest checkpoint), or Hugging Face weights. The optimizer's zero
-    moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
-    from jaxgpt.model.transformer import grow_vocabulary, stack_blocks, unstack_blocks
-
-    if (Path(source) / "checkpoints").is_dir():
-        run, params, their_tokenizer, step = load_latest(Path(source))
-        pretrained, origin = run.model, f"{source} (step {step})"
-        if tokenizer is not None:
-            refuse_another_tokenizer(source, their_tokenizer, tokenizer)
-    else:
-        from jaxgpt.hf import load_pretrained
-
-        pretrained, params, _ = load_pretrained(source)
-        origin = source
-    ours = config.model
-    grows = config.data.chat  # the chat template's tokens, added after the weights' vocabulary
-    refuse_unless_fits(source, ours, pretrained, grows)
-    if ours.vocab_size > pretrained.vocab_size:
-        params = grow_vocabulary(pretrained, params, ours.vocab_size)
-        origin += f", {ours.vocab_size - pretrained.vocab_size} token rows added"
-    if pretrained.scan_layers and not ours.scan_layers:
-        params = unstack_blocks(params)
-    elif ours.scan_layers and not pretrained.scan_layers:
-        params = stack_blocks(params, ours.n_layer)
-    if ours.lora_rank and not pretrained.lora_rank:  # the base's weights, and the adapters as initialised
-        from jaxgpt.model.lora import with_fresh_adapters
-
-        params = with_fresh_adapters(params, state.params)
-        origin += f", low-rank adapters of rank {ours.lora_rank} beside {', '.join(ours.adapted)}"
-    shardings = jax.tree.map(lambda a: a.sharding, state.params)
-    return state.replace(params=jax.device_put(params, shardings)), origin
 
 
 def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:

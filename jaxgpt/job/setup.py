@@ -1,7 +1,8 @@
 """Everything a run does before its first step, as stages read top to bottom (the trainer calls
 them in this order, and nothing before the loop happens anywhere else):
 
-  resolve_run   the config checked and resolved once: its data prepared, vocab_size filled in,
+  resolve_run   the config checked and resolved once (a run starting from weights given their
+                model: jaxgpt/job/pretrained.py): its data prepared, vocab_size filled in,
                 its training program built (jaxgpt/training/program.py: model, optimizer, schedule), and
                 the run checked against the data and this machine's memory from shapes alone,
                 before a workdir, a state or a batch exists
@@ -42,7 +43,13 @@ from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import check_sinks_available
-from jaxgpt.job.resume import check_init_from_run
+from jaxgpt.job.pretrained import (
+    check_init_from_run,
+    resumed_model,
+    values_set,
+    with_source_architecture,
+    with_source_vocabulary,
+)
 from jaxgpt.lab import multiple_choice
 from jaxgpt.model.kernels import kernel_fallback
 from jaxgpt.model.transformer import describe_parameters, flops_per_token
@@ -74,24 +81,38 @@ class ResolvedRun:
     create: Callable[[], TrainState]  # the compiled initialisation that makes that state
 
 
-def check_runnable(config, notes: list[str] | None = None) -> RunConfig:
-    """The run `config` describes, if it can train here: a valid config, its logging sinks
+def check_runnable(config, notes: list[str] | None = None, overrides=(), workdir: Path | None = None) -> RunConfig:
+    """The run `config` describes, if it can train here: a valid config (starting from weights,
+    their model, as jaxgpt/job/pretrained.py says: `overrides` are the config keys set on
+    purpose, and a `workdir` that continues such a run keeps its own), its logging sinks
     installed, its attention kernel available on this backend; else one UserError line."""
     run = config if isinstance(config, RunConfig) else resolve(config, notes=notes)
+    continued = resumed_model(workdir, run.train.init_from) if workdir is not None else None
+    given = values_set(config if not isinstance(config, RunConfig) else run.to_dict(), overrides)
+    run = with_source_architecture(run, given, notes, continued)
     check_sinks_available(run.train.wandb_project)
     kernel_fallback(run.model.attention, jax.default_backend(), training=True)
     return run
 
 
-def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool) -> ResolvedRun:
+def with_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
+    """`run` with model.vocab_size the tokenizer's (a character corpus's), or where it starts
+    from weights, their rows, which the tokenizer must fill."""
+    if run.train.init_from:
+        return with_source_vocabulary(run, tokenizer)
+    return with_tokenizer_vocab(run, tokenizer.vocab_size)
+
+
+def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool, overrides=(), fresh=False) -> ResolvedRun:
     """Stage 1: the run, checked and resolved, and its prepared data."""
     run_dir.check_not_under_a_file(workdir)  # before the slow work, not after it
     notes: list[str] = []
-    run = check_runnable(config, notes)  # every check that needs no data, before the slow work
+    continuing = None if fresh else workdir
+    run = check_runnable(config, notes, overrides, continuing)  # every check that needs no data, before the slow work
     dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
-    run = with_tokenizer_vocab(run, dataset.tokenizer.vocab_size)  # the data's (a character corpus)
+    run = with_vocabulary(run, dataset.tokenizer)
     data.check_batches_fit(dataset, run)
-    check_init_from_run(run, dataset.tokenizer)
+    check_init_from_run(run)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     layout, create = state_layout(program, mesh)  # computed once, passed on to every stage that needs it

@@ -77,6 +77,7 @@ def train_and_evaluate(
     stop_at: int | None = None,
     from_step: int | None = None,
     verify_data: bool = False,
+    overrides: tuple[str, ...] = (),
 ) -> dict:
     """Train the model `config` describes (a ConfigDict, nested dict or RunConfig) in
     `workdir`, resuming from its checkpoints if it has any. Returns the last metrics record.
@@ -89,11 +90,16 @@ def train_and_evaluate(
         later checkpoints are moved aside to `<step>.abandoned`, never deleted.
     verify_data: check the prepared token file's checksum even when it is large
         (`data.prepare` always checks its size, and the checksum of small files).
+    overrides: the config keys set on purpose ("model.rope_theta"; train.py passes its
+        command line's --config.X): a run starting from weights (train.init_from) takes their
+        model, and only these may move it (jaxgpt/job/pretrained.py).
     """
     runtime.enable_compilation_cache()  # as train.py does: a notebook's second run skips compilation
     setup.check_stops(stop_at, from_step)
     workdir = Path(workdir)
-    resolved = setup.resolve_run(config, workdir, progress=progress, verify_data=verify_data)
+    resolved = setup.resolve_run(
+        config, workdir, progress=progress, verify_data=verify_data, overrides=overrides, fresh=fresh
+    )
     main = is_main_process()  # in a multi-process run, process 0 prints and writes the run's files
     say = tqdm.write if progress and main else (lambda message: None)
     for note in resolved.notes:
