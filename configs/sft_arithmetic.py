@@ -27,6 +27,6 @@ def get_config():
     config.train.min_lr = 2e-4
     config.train.warmup_steps = 50
     config.train.eval_every = 250
-    config.train.eval_batches = 80  # every held-out conversation (2,037, about 1.7 a row), so the accuracy is all of them
+    config.train.eval_batches = 80  # every held-out conversation (2,037, about 1.7 a row): the accuracy is of all
     config.train.checkpoint_every = 500
     return config
