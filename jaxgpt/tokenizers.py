@@ -1,12 +1,19 @@
 """Text <-> token ids: characters, bytes, a tiktoken BPE, or a byte-level BPE trained on your own
 text (`train_bpe`; `jaxgpt tokenizer` writes one, data.tokenizer=DIR reads it).
 
-Every tokenizer serialises to a small dict (`to_dict`), saved as `tokenizer.json` in a run's
-workdir, so sampling rebuilds exactly the tokenizer training used.
+Every tokenizer serialises to a small dict (`to_dict`) that names it — a checkpoint records
+it, a resume compares it — and, with `whole`, to everything needed to rebuild it where its
+source is not: the vocabulary file itself (a Hugging Face tokenizer.json, a tiktoken BPE) with
+its SHA-256. A run's `tokenizer.json` holds the whole form, so sampling rebuilds exactly the
+tokenizer training used, offline, after the folder it came from was moved, deleted or
+overwritten: a reader that finds the source changed or gone says so in one line and uses the
+run's copy.
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import json
 import os
 import re
@@ -16,7 +23,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.errors import UserError
+from jaxgpt.errors import UserError, warn_once
 
 TIKTOKEN_ENCODINGS = ("gpt2", "r50k_base", "cl100k_base", "o200k_base")
 TOKENIZERS = ("char", "byte", *TIKTOKEN_ENCODINGS)
@@ -56,7 +63,7 @@ class CharTokenizer:
     def token_bytes(self) -> np.ndarray:
         return np.array([len(ch.encode("utf-8")) for ch in self.chars], np.int64)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, whole: bool = False) -> dict:
         return {"name": "char", "chars": self.chars}
 
 
@@ -76,7 +83,7 @@ class ByteTokenizer:
     def token_bytes(self) -> np.ndarray:
         return np.ones(256, np.int64)
 
-    def to_dict(self) -> dict:
+    def to_dict(self, whole: bool = False) -> dict:
         return {"name": "byte"}
 
 
@@ -112,12 +119,14 @@ def _within(seconds: float, work):
 
 class TiktokenTokenizer:
     """A tiktoken BPE (`gpt2` is GPT-2's 50,257-token vocabulary). Special tokens in the text
-    are encoded as ordinary text; documents are separated by the end-of-text token."""
+    are encoded as ordinary text; documents are separated by the end-of-text token. Its whole
+    form keeps the BPE (its pattern, special tokens and merges, as a .tiktoken file holds them),
+    so a run reads its text where tiktoken's download and cache are not."""
 
-    def __init__(self, name: str, timeout: float = DOWNLOAD_TIMEOUT_SEC):
+    def __init__(self, name: str, timeout: float = DOWNLOAD_TIMEOUT_SEC, encoding=None):
         self.name = name
         try:
-            self._encoding = _within(timeout, partial(_get_encoding, name))
+            self._encoding = encoding or _within(timeout, partial(_get_encoding, name))
         except (OSError, ValueError, TimeoutError) as error:  # requests' ConnectionError is an OSError
             what = f"timed out after {timeout:.0f} s" if isinstance(error, TimeoutError) else type(error).__name__
             cache = os.environ.get("TIKTOKEN_CACHE_DIR", "(unset)")
@@ -128,6 +137,36 @@ class TiktokenTokenizer:
             ) from None
         self.eot_id = self._encoding.eot_token
         self.vocab_size = self._encoding.n_vocab
+        self._kept: dict | None = None
+
+    @classmethod
+    def from_kept(cls, kept: dict) -> TiktokenTokenizer:
+        """The BPE a run kept (`to_dict(whole=True)`), checked against its SHA-256."""
+        import tiktoken
+
+        check_kept(kept, _tiktoken_digest(kept), f"the kept '{kept['name']}' BPE")
+        ranks = {
+            base64.b64decode(token): int(rank) for token, rank in (line.split() for line in kept["ranks"].splitlines())
+        }
+        encoding = tiktoken.Encoding(
+            kept["name"], pat_str=kept["pattern"], mergeable_ranks=ranks, special_tokens=kept["special_tokens"]
+        )
+        return cls(kept["name"], encoding=encoding)
+
+    def kept(self) -> dict:
+        """The BPE as tiktoken builds it: the split pattern (tiktoken keeps it in `_pat_str`; a
+        test rebuilds the encoding from it), the special tokens and each token's bytes by rank."""
+        if self._kept is None:
+            e = self._encoding
+            specials = {token: e.encode_single_token(token) for token in sorted(e.special_tokens_set)}
+            ranks = "".join(
+                f"{base64.b64encode(e.decode_single_token_bytes(i)).decode()} {i}\n"
+                for i in range(e.n_vocab)
+                if i not in specials.values()
+            )
+            kept = {"name": self.name, "pattern": e._pat_str, "special_tokens": specials, "ranks": ranks}
+            self._kept = kept | {"sha256": _tiktoken_digest(kept)}
+        return self._kept
 
     def encode(self, text: str) -> list[int]:
         return self._encoding.encode_ordinary(text)
@@ -146,8 +185,23 @@ class TiktokenTokenizer:
                     pass
         return out
 
-    def to_dict(self) -> dict:
-        return {"name": self.name}
+    def to_dict(self, whole: bool = False) -> dict:
+        kept = self.kept()
+        return kept if whole else {"name": self.name, "sha256": kept["sha256"]}
+
+
+def _tiktoken_digest(kept: dict) -> str:
+    parts = {key: kept[key] for key in ("name", "pattern", "special_tokens", "ranks")}
+    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()
+
+
+def check_kept(kept: dict, digest: str, what: str) -> None:
+    """One line where a run's copy of its vocabulary is not the one it recorded (damaged, edited)."""
+    if digest != kept.get("sha256"):
+        raise UserError(
+            f"{what} in this run's tokenizer.json has SHA-256 {digest[:16]}..., not the "
+            f"{str(kept.get('sha256'))[:16]}... it recorded: the file is damaged or was edited; restore it from a copy"
+        )
 
 
 HUGGING_FACE_TOKENIZER_FILES = ("config.json", "tokenizer_config.json")  # beside tokenizer.json: its end token, rows
@@ -157,22 +211,51 @@ class HuggingFaceTokenizer:
     """A pretrained checkpoint's own tokenizer.json (e.g. Llama's), read with `tokenizers`: its
     end-of-text id is the checkpoint's (config.json's eos_token_id, else tokenizer_config.json's
     eos_token), and its ids span the checkpoint's embedding (config.json's vocab_size, which
-    may be padded past the tokenizer's own count, as Qwen2's is)."""
+    may be padded past the tokenizer's own count, as Qwen2's is). Named by its folder and the
+    file's SHA-256; its whole form carries the file, and the two numbers read beside it."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, kept: dict | None = None):
+        """The folder's tokenizer.json, or with `kept` (a record of one: to_dict) that file as
+        the record holds it, with the end-of-text id and rows the record says."""
         try:
             from tokenizers import Tokenizer
         except ImportError:
             raise UserError("reading tokenizer.json needs `tokenizers`: pip install -r requirements.txt") from None
         path = Path(directory) / "tokenizer.json"
-        if not path.exists():
+        if kept is None and not path.exists():
             raise UserError(f"{directory} has no tokenizer.json; this checkpoint's text cannot be encoded")
         self.name, self.directory = "huggingface", str(directory)
-        self._tokenizer = Tokenizer.from_file(str(path))
+        self._text = kept["tokenizer_json"] if kept else path.read_text(encoding="utf-8")
+        self.sha256 = hashlib.sha256(self._text.encode("utf-8")).hexdigest()
+        self._tokenizer = Tokenizer.from_str(self._text)
+        if kept:
+            self.eot_id, self.vocab_size = kept["eot_id"], kept["vocab_size"]
+            return
         model, settings = (_json_or_empty(Path(directory) / name) for name in HUGGING_FACE_TOKENIZER_FILES)
         self.eot_id = self._end_of_text(model.get("eos_token_id"), settings)
         rows = model.get("vocab_size")
         self.vocab_size = max(self._tokenizer.get_vocab_size(), rows if isinstance(rows, int) else 0)
+
+    @classmethod
+    def from_record(cls, record: dict) -> HuggingFaceTokenizer:
+        """The tokenizer a run recorded: its folder's file where it is still the one the run
+        used, else the run's copy (the whole record), saying so in one line."""
+        source = Path(record["directory"]) / "tokenizer.json"
+        if "sha256" not in record:  # recorded before runs kept their tokenizer: the folder's file, as it is now
+            return cls(Path(record["directory"]))
+        now = hashlib.sha256(source.read_bytes()).hexdigest() if source.is_file() else None
+        if now == record["sha256"] or "tokenizer_json" not in record:
+            if now != record["sha256"]:
+                raise UserError(
+                    f"{source} {'has changed' if now else 'is gone'} since this run was made, and the run's record "
+                    "holds no copy of the file it used; put that file back, or read the run through its own "
+                    "tokenizer.json (its workdir keeps a copy)"
+                )
+            return cls(Path(record["directory"]), kept=record | {"tokenizer_json": source.read_text(encoding="utf-8")})
+        tokenizer = cls(Path(record["directory"]), kept=record)
+        check_kept(record, tokenizer.sha256, "the kept tokenizer.json")
+        using_the_runs_copy(source, changed=now is not None)
+        return tokenizer
 
     def _end_of_text(self, eos, tokenizer_config: dict) -> int | None:
         if isinstance(eos, list):  # several ends (Llama 3.1's instruct models): the first is the text's own
@@ -203,8 +286,12 @@ class HuggingFaceTokenizer:
                 out[i] = _byte_level_bytes(token) if byte_level else _piece_bytes(token)
         return out
 
-    def to_dict(self) -> dict:
-        return {"name": "huggingface", "directory": self.directory}
+    def to_dict(self, whole: bool = False) -> dict:
+        named = {
+            "name": "huggingface", "directory": self.directory, "sha256": self.sha256, "eot_id": self.eot_id,
+            "vocab_size": self.vocab_size,
+        }  # fmt: skip
+        return named | {"tokenizer_json": self._text} if whole else named
 
 
 def _json_or_empty(path: Path) -> dict:
@@ -296,7 +383,7 @@ class TrainedBPE:
         """The `tokenizers` library's tokenizer.json (its merges and byte-level alphabet)."""
         return self._tokenizer.to_str()
 
-    def to_dict(self) -> dict:
+    def to_dict(self, whole: bool = False) -> dict:
         return {"name": "bpe", "tokenizer": json.loads(self.tokenizer_json())}
 
 
@@ -359,8 +446,8 @@ class WithSpecialTokens:
         """The base's bytes per id; a special token stands for no text."""
         return np.concatenate([self.base.token_bytes(), np.zeros(len(self.specials), np.int64)])
 
-    def to_dict(self) -> dict:
-        return {"name": "special", "base": self.base.to_dict(), "specials": list(self.specials)}
+    def to_dict(self, whole: bool = False) -> dict:
+        return {"name": "special", "base": self.base.to_dict(whole), "specials": list(self.specials)}
 
 
 def base_tokenizer(tokenizer):
@@ -418,10 +505,14 @@ def make_tokenizer(name: str, corpus: str | None = None):
 
 
 def tokenizer_from_dict(d: dict):
+    """The tokenizer a record names (to_dict): from its own copy of the vocabulary where it
+    holds one (a tiktoken BPE's, always: tiktoken's name fixes the file), else from its source."""
     if d.get("name") == "char":
         return CharTokenizer(d["chars"])
     if d.get("name") == "huggingface":
-        return HuggingFaceTokenizer(Path(d["directory"]))
+        return HuggingFaceTokenizer.from_record(d)
+    if d.get("name") in TIKTOKEN_ENCODINGS and "ranks" in d:
+        return TiktokenTokenizer.from_kept(d)
     if d.get("name") == "bpe":
         return TrainedBPE(json.dumps(d["tokenizer"]))
     if d.get("name") == "special":
@@ -429,8 +520,29 @@ def tokenizer_from_dict(d: dict):
     return make_tokenizer(d.get("name", "?"))
 
 
+def using_the_runs_copy(source: Path, changed: bool) -> None:
+    """The one line a reader of a run says where the file its tokenizer came from has changed
+    since, or is gone: it reads the run's own copy instead."""
+    what = "has changed" if changed else "is gone"
+    warn_once(f"{source} {what} since this run was made; using the run's own copy of the tokenizer it was trained with")
+
+
+def same_tokenizer(recorded: dict, current: dict) -> bool:
+    """Whether two records (to_dict) name one tokenizer. A record written before runs kept their
+    tokenizer's files holds fewer keys (a Hugging Face folder's path, a tiktoken name alone):
+    those it has must agree."""
+    if recorded.keys() - current.keys():
+        return False
+    return all(
+        same_tokenizer(value, current[key]) if key == "base" else value == current[key]
+        for key, value in recorded.items()
+    )
+
+
 def save_tokenizer(tokenizer, path: Path) -> None:
-    Path(path).write_text(json.dumps(tokenizer.to_dict(), ensure_ascii=False))
+    """The tokenizer whole (its vocabulary file too): what a run's or a prepared corpus's
+    folder needs to encode and decode its text wherever the source is."""
+    Path(path).write_text(json.dumps(tokenizer.to_dict(whole=True), ensure_ascii=False))
 
 
 def load_tokenizer(path: Path):

@@ -57,6 +57,43 @@ def test_rerunning_a_finished_run_changes_nothing(straight, capsys):
     assert (straight / "metrics.jsonl").read_text() == before
 
 
+@pytest.mark.parametrize("kind", ["huggingface", "bpe"])
+def test_a_run_keeps_its_tokenizer_when_the_folder_it_came_from_changes_or_goes(kind, tmp_path, capsys):
+    """A run tokenized by a folder's tokenizer.json (a Hugging Face one, a BPE `jaxgpt tokenizer`
+    trained) stopped at step 2, the folder then trained again on other text: the resume says so
+    in one line and continues with the run's own copy, to the losses of the straight run (the
+    corpus is not tokenized anew with the other vocabulary); with the folder gone, sampling reads
+    the run's copy too."""
+    from test_tokenizers import hugging_face_folder
+
+    from jaxgpt.tokenizers import make_tokenizer, train_bpe
+
+    def tokenizer_folder(text: str):
+        if kind == "huggingface":
+            return hugging_face_folder(tmp_path / "tok", text, 300)
+        (tmp_path / "tok").mkdir(exist_ok=True)
+        (tmp_path / "tok" / "tokenizer.json").write_text(train_bpe([text], 300).tokenizer_json())
+        return tmp_path / "tok"
+
+    folder = tokenizer_folder(Path(__file__).read_text())
+    config = small_run_config(steps=4, eval_every=2, checkpoint_every=2, log_every=1)
+    config.data.tokenizer = str(folder)
+    train_and_evaluate(config, tmp_path / "straight", progress=False)
+    train_and_evaluate(config, tmp_path / "resumed", progress=False, stop_at=2)
+    _, _, before, _ = load_latest(tmp_path / "resumed")
+    tokenizer_folder("some other text, another vocabulary entirely " * 50)
+    text = "def test_resume(tmp_path):"
+    assert make_tokenizer(str(folder)).encode(text) != before.encode(text)  # the folder now tokenizes otherwise
+    capsys.readouterr()
+    train_and_evaluate(config, tmp_path / "resumed", progress=False)
+    said = f"warning: {folder / 'tokenizer.json'} has changed since this run was made"
+    assert capsys.readouterr().err.count(said) == 1
+    assert_same_run(tmp_path / "resumed", tmp_path / "straight")
+    shutil.rmtree(folder)
+    _, _, after, _ = load_latest(tmp_path / "resumed")
+    assert after.encode(text) == before.encode(text)
+
+
 def test_cadence_fields_may_change_on_resume(tmp_path):
     train_and_evaluate(small_run_config(steps=10), tmp_path, progress=False)
     train_and_evaluate(

@@ -70,3 +70,90 @@ def test_saved_tokenizer_loads_identically(tok, tmp_path):
     save_tokenizer(tok, tmp_path / "tokenizer.json")
     loaded = load_tokenizer(tmp_path / "tokenizer.json")
     assert loaded.to_dict() == tok.to_dict() and loaded.encode(TEXT) == tok.encode(TEXT)
+
+
+# ------------------------------------------------- what a run keeps of its tokenizer (its whole form)
+
+
+def test_a_kept_gpt2_bpe_reads_text_where_tiktoken_has_no_file(gpt2_bpe, tmp_path):
+    """The whole form of tiktoken's GPT-2 BPE (its split pattern, special token and merges)
+    rebuilds the same encoding in a fresh process whose tiktoken cache is empty, offline: every
+    id of a text with contractions, digits, spaces and non-ASCII letters, which the pattern splits."""
+    import json
+
+    from conftest import run_script
+
+    text = "Don't split 12345 numbers   oddly: naïve café, ünïcödé and <|endoftext|> as text.\n\tdef f(x): return x"
+    save_tokenizer(make_tokenizer("gpt2"), tmp_path / "tokenizer.json")
+    read = (
+        "import json, sys; from jaxgpt.tokenizers import load_tokenizer, make_tokenizer; "
+        f"kept = load_tokenizer({str(tmp_path / 'tokenizer.json')!r}); text = json.loads(sys.argv[1]); "
+        "print(json.dumps([kept.encode(text), kept.decode(kept.encode(text)), kept.vocab_size, kept.eot_id])); "
+        "make_tokenizer('gpt2')"  # the cache really is empty: this one fails
+    )
+    empty = {"TIKTOKEN_CACHE_DIR": str(tmp_path / "empty")}
+    result = run_script("-c", read, json.dumps(text), env=empty)
+    assert json.loads(result.stdout) == [make_tokenizer("gpt2").encode(text), text, 50257, 50256]
+    assert result.returncode == 1 and "could not load its 'gpt2' BPE file" in result.stderr
+
+
+def test_a_kept_vocabulary_that_was_edited_is_one_line(gpt2_bpe, tmp_path):
+    import json
+
+    save_tokenizer(make_tokenizer("gpt2"), tmp_path / "tokenizer.json")
+    saved = json.loads((tmp_path / "tokenizer.json").read_text())
+    saved["ranks"] = saved["ranks"].replace(" 1000\n", " 1001\n", 1)
+    (tmp_path / "tokenizer.json").write_text(json.dumps(saved))
+    with pytest.raises(UserError, match="the kept 'gpt2' BPE in this run's tokenizer.json has SHA-256 .* damaged"):
+        load_tokenizer(tmp_path / "tokenizer.json")
+
+
+def hugging_face_folder(folder, text: str, vocab_size: int):
+    """A Hugging Face tokenizer folder: a byte-level BPE trained on `text`, with its config."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    folder.mkdir(parents=True, exist_ok=True)
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=["</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator([text], trainer)
+    bpe.save(str(folder / "tokenizer.json"))
+    (folder / "tokenizer_config.json").write_text('{"eos_token": "</s>"}')
+    return folder
+
+
+def test_a_hugging_face_tokenizer_is_read_from_the_runs_copy_once_its_folder_changes_or_goes(tmp_path, capsys):
+    folder = hugging_face_folder(tmp_path / "tok", "the cat sat on the mat. " * 20, 300)
+    tokenizer = make_tokenizer(str(folder))
+    (tmp_path / "run").mkdir()
+    save_tokenizer(tokenizer, tmp_path / "run" / "tokenizer.json")
+    ids = tokenizer.encode("the cat sat")
+    assert load_tokenizer(tmp_path / "run" / "tokenizer.json").encode("the cat sat") == ids
+    assert capsys.readouterr().err == ""  # the folder unchanged: nothing to say
+    hugging_face_folder(folder, "completely other words, another vocabulary " * 20, 280)
+    assert make_tokenizer(str(folder)).encode("the cat sat") != ids  # the folder now tokenizes otherwise
+    for step in ("changed", "gone"):
+        if step == "gone":
+            folder.rename(tmp_path / "moved")
+        kept = load_tokenizer(tmp_path / "run" / "tokenizer.json")
+        assert kept.encode("the cat sat") == ids and (kept.eot_id, kept.vocab_size) == (0, tokenizer.vocab_size)
+        said = "has changed" if step == "changed" else "is gone"
+        assert capsys.readouterr().err == (
+            f"warning: {folder / 'tokenizer.json'} {said} since this run was made; using the run's own copy of the "
+            "tokenizer it was trained with\n"
+        )
+
+
+def test_records_written_before_runs_kept_their_tokenizers_name_the_same_tokenizer(tmp_path):
+    """A checkpoint of an older run names a Hugging Face folder by its path and a tiktoken BPE by
+    its name alone: it still resumes, and still refuses another folder."""
+    from jaxgpt.tokenizers import same_tokenizer
+
+    folder = hugging_face_folder(tmp_path / "tok", "the cat sat on the mat. " * 20, 300)
+    now = make_tokenizer(str(folder)).to_dict()
+    assert same_tokenizer({"name": "huggingface", "directory": str(folder)}, now)
+    assert not same_tokenizer({"name": "huggingface", "directory": str(tmp_path / "other")}, now)
+    assert same_tokenizer({"name": "gpt2"}, {"name": "gpt2", "sha256": "0" * 64})
+    assert not same_tokenizer(now | {"sha256": "0" * 64}, now)

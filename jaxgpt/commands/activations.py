@@ -33,12 +33,10 @@ def main(argv: list[str] | None = None) -> None:
     config, params, tokenizer, source = inspected.load_model(f)
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)[None]
     tokens, inputs = ids, {}
-    if config.encoder_layers:  # the prompt is the source, as trained (with its end); the decoder reads its start
-        from jaxgpt.data.pairs import source_ids
-        from jaxgpt.tokenizers import separator_id
-
-        ids = np.asarray([source_ids(tokenizer, f.prompt)])[:, : config.block_size]
-        tokens, inputs = np.asarray([[separator_id(tokenizer)]], np.int32), {"sources": ids}
+    if config.encoder_layers:  # the prompt is the source, as trained (with its ends); the decoder reads its start
+        asked = inspected.answering(tokenizer, f.init_from)
+        ids = np.asarray([asked.source(f.prompt)])[:, : config.block_size]
+        tokens, inputs = np.asarray([asked.start], np.int32), {"sources": ids}
     shapes = site_shapes(config, tokens, **inputs)
     if not f.names:
         print(f"{len(shapes)} sites ({source}, {ids.shape[1]} tokens); --names picks some to print and save")

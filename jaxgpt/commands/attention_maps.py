@@ -118,29 +118,27 @@ def encoder_decoder_maps(config: ModelConfig, params, source: np.ndarray, decode
     return {group: np.stack([np.asarray(cache[name][0]) for name in in_group]) for group, in_group in names.items()}
 
 
-def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, tokenizer) -> None:
-    """attention-maps on an encoder–decoder run: the prompt is a source, answered greedily
-    with the caches; its cross-attention is drawn (answer positions down, source tokens
-    across) in --out, the encoder's and the decoder's self-attention beside it."""
+def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, tokenizer, asked) -> None:
+    """attention-maps on an encoder–decoder (a run, or BART's weights): the prompt is a source,
+    answered greedily with the caches as `asked` (sampling.Answering) frames it; its
+    cross-attention is drawn (answer positions down, source tokens across) in --out, the
+    encoder's and the decoder's self-attention beside it."""
     import jax
     import jax.numpy as jnp
 
-    from jaxgpt.data.pairs import source_ids
     from jaxgpt.model.sampling import SamplingConfig, encode, generate
-    from jaxgpt.tokenizers import separator_id
 
-    source = np.asarray(source_ids(tokenizer, f.prompt))
+    source = np.asarray(asked.source(f.prompt))
     if len(source) > config.block_size:
-        raise UserError(f"the source is {len(source)} tokens with its end; give at most {config.block_size}")
-    stop = separator_id(tokenizer)
+        raise UserError(f"the source is {len(source)} tokens with its ends; give at most {config.block_size}")
     memory = encode(config, params, jnp.asarray(source)[None])
-    greedy, start = SamplingConfig(temperature=0.0), jnp.asarray([[stop]], jnp.int32)
+    greedy, start = SamplingConfig(temperature=0.0), jnp.asarray([asked.start], jnp.int32)
     made = generate(
-        config, params, start, jax.random.key(0), max_new_tokens=config.block_size - 1, sampling=greedy, eot_id=stop,
-        memory=memory,
+        config, params, start, jax.random.key(0), max_new_tokens=config.block_size - len(asked.start),
+        sampling=greedy, eot_id=asked.stop, memory=memory,
     )[0].tolist()  # fmt: skip
-    answer = made[: made.index(stop)] if stop in made else made
-    decoder_input = np.asarray([stop, *answer])
+    answer = made[: made.index(asked.stop)] if asked.stop in made else made
+    decoder_input = np.asarray([*asked.start, *answer])
     maps = encoder_decoder_maps(config, params, source, decoder_input)
 
     def texts(ids) -> list[str]:
@@ -149,7 +147,7 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
     def labels(ids) -> list[str]:
         return tick_labels(token_texts(tokenizer, ids))
 
-    out = Path(f.out) if f.out else Path(f.workdir) / "attention.png"
+    out = Path(f.out) if f.out else Path(f.workdir or ".") / "attention.png"
     written = [draw(maps["cross"], labels(decoder_input), 0, out, key_labels=labels(source), kind="cross ")]
     for side, ids in (("encoder", source), ("decoder", decoder_input)):
         written.append(draw(maps[side], labels(ids), 0, _beside(out, side), kind=f"{side} "))
@@ -178,7 +176,7 @@ def main(argv: list[str] | None = None) -> None:
         raise UserError("--html shows attention weights; drop --scores for it (the PNG draws the scores)")
     config, params, tokenizer, source = inspected.load_model(f)
     if config.encoder_layers:
-        return _draw_encoder_decoder(f, config, params, tokenizer)
+        return _draw_encoder_decoder(f, config, params, tokenizer, inspected.answering(tokenizer, f.init_from))
     if f.layer is not None and not 0 <= f.layer < config.n_layer:
         raise UserError(f"--layer {f.layer} is out of range; the model has layers 0 to {config.n_layer - 1}")
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)

@@ -310,19 +310,7 @@ def refuse_an_encoder_decoder(model, where, what_it_lacks: str) -> None:
     if model.encoder_layers:
         raise UserError(
             f"{where} is an encoder–decoder (model.encoder_layers={model.encoder_layers}), whose decoder answers a "
-            f"source: {what_it_lacks}; sample.py --prompt SOURCE, evaluate and attention-maps --workdir take it"
-        )
-
-
-def refuse_a_pretrained_encoder_decoder(model, source: str) -> None:
-    """One line where a command is given a Hugging Face encoder–decoder (BART) by --init_from:
-    the commands answer sources with a run trained on pairs here, whose tokenizer says where a
-    source ends and its answer starts."""
-    if model.encoder_layers:
-        raise UserError(
-            f"{source} is an encoder–decoder (BART): the commands answer sources with a model trained on pairs by "
-            "train.py (--workdir); load this one in Python with jaxgpt.hf.load_pretrained and decode with "
-            "jaxgpt.model.sampling.encode and generate"
+            f"source: {what_it_lacks}; sample.py --prompt SOURCE, attention-maps and activations take it"
         )
 
 

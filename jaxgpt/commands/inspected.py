@@ -61,7 +61,6 @@ def load(workdir: Path | None, init_from: str | None = None, step: int | None = 
                 "--step and --init choose a checkpoint of a --workdir run; --init_from weights have neither"
             )
         config, params, family = load_pretrained(init_from)
-        cli.refuse_a_pretrained_encoder_decoder(config, init_from)
         return config, params, pretrained_tokenizer(init_from, family), init_from
     if init:
         import jax
@@ -81,6 +80,19 @@ def load(workdir: Path | None, init_from: str | None = None, step: int | None = 
 
     run, params, tokenizer, step = load_latest(workdir, step=step)
     return run.model, params, tokenizer, f"step {step}"
+
+
+def answering(tokenizer, init_from: str | None = None):
+    """How the commands ask an encoder–decoder a source: as a run trained on pairs here was
+    taught (its separator), or as BART's folder says (its config.json's tokens)."""
+    if init_from:
+        from jaxgpt.hf.bart import answering as asking_bart
+        from jaxgpt.hf.files import local_directory, read_json
+
+        return asking_bart(read_json(local_directory(init_from) / "config.json", ""), tokenizer)
+    from jaxgpt.data.pairs import answering as asking_a_run
+
+    return asking_a_run(tokenizer)
 
 
 def prompt_ids(tokenizer, prompt: str, config: ModelConfig) -> np.ndarray:

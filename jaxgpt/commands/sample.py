@@ -81,19 +81,25 @@ def main(argv: list[str] | None = None) -> None:
 
         check_content(prompt, "the prompt")
         ids, stop = prompt_ids(tokenizer, [{"role": "user", "content": prompt}]), end_of_turn(tokenizer)
+    elif model_config.encoder_layers:  # the encoder reads the prompt as a source; the decoder answers it
+        from jaxgpt.commands.inspected import answering
+        from jaxgpt.model.sampling import encode
+
+        if not prompt:
+            cli.fail(f"{f.workdir or f.init_from} is an encoder–decoder; give the source to answer with --prompt")
+        asked = answering(tokenizer, f.init_from)
+        source = asked.source(prompt)
+        if len(source) > model_config.block_size:
+            cli.fail(f"the source is {len(source)} tokens with its ends; give at most {model_config.block_size}")
+        sources = jnp.asarray([source] * f.num_samples, jnp.int32)
+        memory = encode(model_config, params, sources)
+        ids, stop = list(asked.start), asked.stop
     elif pairs:  # a run trained on text pairs answers the prompt as a source, and stops at its end
         from jaxgpt.data.pairs import prompt_ids
 
         if not prompt:
             cli.fail(f"{f.workdir} was trained on text pairs; give the source to answer with --prompt")
         ids, stop = prompt_ids(tokenizer, prompt), separator_id(tokenizer)
-        if model_config.encoder_layers:  # the encoder reads the source; the decoder starts from the separator
-            from jaxgpt.data.pairs import source_ids
-            from jaxgpt.model.sampling import encode
-
-            sources = jnp.asarray([source_ids(tokenizer, prompt)] * f.num_samples, jnp.int32)
-            memory = encode(model_config, params, sources)
-            ids = [stop]
     else:
         ids = tokenizer.encode(prompt) if prompt else [separator_id(tokenizer)]
         stop = tokenizer.eot_id
@@ -105,7 +111,7 @@ def main(argv: list[str] | None = None) -> None:
     sampling = sampling_of(f)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop, memory=memory)
-    shown = f"{prompt.strip()}\t" if pairs else tokenizer.decode(ids[1:]) if chat else prompt
+    shown = f"{prompt.strip()}\t" if pairs or memory is not None else tokenizer.decode(ids[1:]) if chat else prompt
     _print_samples(f, shown, tokenizer, model, params, tokens, jax.random.key(f.seed), **args)
 
 
@@ -143,7 +149,6 @@ def _load(f: flags.FlagValues):
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
     model_config, params, family = load_pretrained(f.init_from)
-    cli.refuse_a_pretrained_encoder_decoder(model_config, f.init_from)
     params = jax.device_put(params, shardings_like(params, mesh))
     return model_config, params, pretrained_tokenizer(f.init_from, family), None
 

@@ -26,10 +26,12 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+from functools import partial
 
 import numpy as np
 
 from jaxgpt.errors import UserError
+from jaxgpt.model.sampling import Answering
 from jaxgpt.tokenizers import separator_id
 from jaxgpt.training.batch import segment_positions
 
@@ -200,6 +202,13 @@ def source_ids(tokenizer, source: str) -> list[int]:
     """What an encoder–decoder trained on pairs encodes: the source and the separator (its
     decoder starts from the separator alone)."""
     return [*tokenizer.encode(source.strip()), separator_id(tokenizer)]
+
+
+def answering(tokenizer) -> Answering:
+    """How an encoder–decoder trained on pairs is asked: the source and the separator encoded,
+    the decoder started from the separator, the answer ended by it."""
+    separator = separator_id(tokenizer)
+    return Answering(partial(source_ids, tokenizer), (separator,), separator)
 
 
 class PackedRow:

@@ -157,7 +157,7 @@ def _encoded(texts: Iterator[str], tokenizer, separator: list[int], dtype) -> It
     texts = itertools.chain(head, texts)
     # "spawn", not fork: forking a process whose JAX runtime threads are running can deadlock.
     context = multiprocessing.get_context("spawn")
-    start = (tokenizer.to_dict(), separator, dtype)
+    start = (tokenizer.to_dict(whole=True), separator, dtype)  # rebuilt in each worker where its source may not be
     with ProcessPoolExecutor(workers, mp_context=context, initializer=_start_worker, initargs=start) as pool:
         in_flight: collections.deque = collections.deque()
         for chunk in iter(lambda: tuple(itertools.islice(texts, 500)), ()):
@@ -197,8 +197,9 @@ def cache_root(config: DataConfig) -> Path:
     return (Path(config.cache_dir) if config.cache_dir else machine_cache_root()) / "data"
 
 
-def _fingerprint(config: DataConfig) -> str:
-    """Names the prepared data: same inputs, same folder; any change, a new one."""
+def _fingerprint(config: DataConfig, tokenizer=None) -> str:
+    """Names the prepared data: same inputs, same folder; any change, a new one. A `tokenizer`
+    given in place of the one data.tokenizer names is named by itself."""
     key = {
         "version": PREPARATION_VERSION,
         "source": config.source,
@@ -215,7 +216,9 @@ def _fingerprint(config: DataConfig) -> str:
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]
     folder = Path(config.tokenizer)
-    if (folder / "tokenizer.json").is_file():  # a tokenizer folder: trained again in the same folder, it tokenizes anew
+    if tokenizer is not None:
+        key["tokenizer_given"] = hashlib.sha256(json.dumps(tokenizer.to_dict(), sort_keys=True).encode()).hexdigest()
+    elif (folder / "tokenizer.json").is_file():  # a tokenizer folder: trained again in place, it tokenizes anew
         key["tokenizer_sha256"] = sha256_of(folder / "tokenizer.json")
         if is_hugging_face_folder(folder):  # its end-of-text id and rows are read from the files beside it
             beside = [folder / name for name in HUGGING_FACE_TOKENIZER_FILES if (folder / name).is_file()]
@@ -224,13 +227,14 @@ def _fingerprint(config: DataConfig) -> str:
 
 
 def prepare(
-    config: DataConfig, progress: bool = True, verify: bool = False, check_in_background: bool = False
+    config: DataConfig, progress: bool = True, verify: bool = False, check_in_background: bool = False, tokenizer=None
 ) -> Dataset:
     """Tokenize the corpus once (or reuse the cached result, checked) and memory-map it.
     `verify` hashes the token files whatever their size; `check_in_background` hashes those
     too large to hash at the start (CHECKSUM_ON_START_BYTES) in a thread (Dataset.damage says
-    what it found), as training does."""
-    folder = cache_folder(config)
+    what it found), as training does. `tokenizer` replaces the one data.tokenizer names (a
+    resumed run's own, where that one changed: jaxgpt/job/resume.py)."""
+    folder = cache_folder(config, tokenizer)
     problem = cache_problem(folder, verify) if folder.exists() else None
     if problem:
         aside = _set_aside(folder)
@@ -239,7 +243,7 @@ def prepare(
     written_now = not folder.exists()  # hashed as written, or by the check below
     if written_now:
         try:
-            built = _build(config, folder, progress)
+            built = _build(config, folder, progress, tokenizer)
         except Exception as error:  # after damage: the source may be gone, the network down, ...
             if not problem:
                 raise
@@ -261,12 +265,11 @@ def prepare(
     return dataset
 
 
-def cache_folder(config: DataConfig) -> Path:
+def cache_folder(config: DataConfig, tokenizer=None) -> Path:
     """Where `config`'s prepared data lives: named by the source, the tokenizer and a hash of
-    everything that changes the tokens."""
+    everything that changes the tokens (`tokenizer`: prepare's)."""
     slug = "".join(ch if ch.isalnum() else "-" for ch in config.source)[:40]
-    tokenizer = Path(config.tokenizer).name or "bpe"  # a tokenizer's name, or its folder's
-    return cache_root(config) / f"{slug}-{tokenizer}-{_fingerprint(config)}"
+    return cache_root(config) / f"{slug}-{Path(config.tokenizer).name or 'bpe'}-{_fingerprint(config, tokenizer)}"
 
 
 def cache_problem(folder: Path, verify: bool = False) -> str | None:
@@ -319,7 +322,7 @@ def _set_aside(folder: Path) -> Path | None:
     return aside
 
 
-def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
+def _build(config: DataConfig, folder: Path, progress: bool, given=None) -> bool:
     """Prepare into a staging folder beside `folder`, a shard at a time, then rename it into
     place, so no half-written cache is ever read. The staging folder's name is fixed: a
     preparation that was killed is continued by the next from its last whole shard, reading
@@ -336,7 +339,7 @@ def _build(config: DataConfig, folder: Path, progress: bool) -> bool:
             return False
         docs, count = read_documents(config, progress)
         try:
-            tokenizer = _staged_tokenizer(config, staging, docs)
+            tokenizer = _staged_tokenizer(config, staging, docs, given)
             dtype = _token_dtype(tokenizer)
             separator = [separator_id(tokenizer)]
             shards = whole_shards(staging, np.dtype(dtype).itemsize)
@@ -372,13 +375,16 @@ def _out_of_space(config: DataConfig, staging: Path) -> UserError:
     )
 
 
-def _staged_tokenizer(config: DataConfig, staging: Path, docs):
-    """The tokenizer, saved in the staging folder first: the character vocabulary of a corpus
-    is read from the corpus once, not again when a preparation resumes."""
+def _staged_tokenizer(config: DataConfig, staging: Path, docs, given=None):
+    """The tokenizer (`given`, or the one data.tokenizer names), saved in the staging folder
+    first: the character vocabulary of a corpus is read from the corpus once, not again when a
+    preparation resumes."""
     path = staging / "tokenizer.json"
     if path.exists():
         return load_tokenizer(path)
-    if config.tokenizer == "char":  # the vocabulary is the corpus's character set
+    if given is not None:
+        tokenizer = given
+    elif config.tokenizer == "char":  # the vocabulary is the corpus's character set
         characters = set("\n")
         for text in document_texts(docs):
             characters.update(without_markers(text) if config.chat else text)

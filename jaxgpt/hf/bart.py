@@ -10,6 +10,7 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hf import layers
 from jaxgpt.hf.family import BaseModel, Family, read_sizes, switched_on, written_sizes
+from jaxgpt.model.sampling import Answering
 
 BART_POSITION_OFFSET = 2  # BartLearnedPositionalEmbedding reads row position + 2 of its table
 SIZES = {
@@ -136,6 +137,26 @@ def to_hf_config(c: ModelConfig) -> dict:
         "activation_dropout": 0.0,
         "forced_eos_token_id": None,
     }
+
+
+def answering(hf: dict, tokenizer) -> Answering:
+    """How BART is asked, as transformers' BartTokenizer and generate do it: the source between
+    <s> and </s> (config.json's bos_token_id and eos_token_id), the decoder started from
+    decoder_start_token_id (and forced_bos_token_id, where set, as bart-large's first token),
+    the answer ended by eos_token_id."""
+    bos, eos, start = hf.get("bos_token_id"), hf.get("eos_token_id"), hf.get("decoder_start_token_id")
+    if not isinstance(eos, int) or not isinstance(start, int):
+        raise UserError(
+            "config.json names no eos_token_id or decoder_start_token_id: the commands cannot tell where BART's "
+            "answers start and end; add them (BART's own: 2 and 2)"
+        )
+    forced = hf.get("forced_bos_token_id")
+    framed = ([bos] if isinstance(bos, int) else [], [eos])
+
+    def source(text: str) -> list[int]:
+        return [*framed[0], *tokenizer.encode(text.strip()), *framed[1]]
+
+    return Answering(source, (start, *([forced] if isinstance(forced, int) else [])), eos)
 
 
 def check_exportable(c: ModelConfig) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import json
 import logging
 import math
 import shutil
@@ -34,7 +35,7 @@ from jaxgpt.errors import UserError, warn_once
 from jaxgpt.job.workdir import unused_sibling
 from jaxgpt.model.transformer import init_params
 from jaxgpt.sharding import laid_out, make_mesh
-from jaxgpt.tokenizers import tokenizer_from_dict
+from jaxgpt.tokenizers import same_tokenizer, tokenizer_from_dict
 
 PRUNED_RETRIES = 3  # listings read again when a reader finds its checkpoints pruned under it
 
@@ -367,4 +368,15 @@ def load_latest(workdir: Path, mesh=None, warn=print, step: int | None = None):
             raise UserError(f"--step {step}: {directory} keeps no checkpoint of step {step}; it keeps {kept}")
     finally:
         checkpoints.close()
-    return layouts["run"], state["params"], tokenizer_from_dict(record["tokenizer"]), step
+    return layouts["run"], state["params"], recorded_tokenizer(Path(workdir), record["tokenizer"]), step
+
+
+def recorded_tokenizer(workdir: Path, recorded: dict):
+    """The tokenizer a checkpoint's record names: read from the run's own tokenizer.json, which
+    keeps its vocabulary whole (jaxgpt/tokenizers.py), where that is the one named, else from
+    the record alone (its source)."""
+    try:
+        saved = json.loads((workdir / "tokenizer.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        saved = None
+    return tokenizer_from_dict(saved if isinstance(saved, dict) and same_tokenizer(recorded, saved) else recorded)

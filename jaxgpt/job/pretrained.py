@@ -32,7 +32,7 @@ from jaxgpt.config import ModelConfig, RunConfig, run_config_from_dict
 from jaxgpt.config_files import tokens_needed
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest, recorded_config
-from jaxgpt.tokenizers import base_tokenizer, load_tokenizer
+from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, same_tokenizer
 
 # The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout):
 # what two sets of weights must agree on for one to continue the other.
@@ -290,7 +290,7 @@ def check_init_from_run(run: RunConfig) -> None:
 
 def refuse_another_tokenizer(source: str, theirs, ours) -> None:
     """One line where two tokenizers give text other ids (special tokens added after either aside)."""
-    if base_tokenizer(theirs).to_dict() != base_tokenizer(ours).to_dict():
+    if not same_tokenizer(base_tokenizer(theirs).to_dict(), base_tokenizer(ours).to_dict()):
         raise UserError(
             f"train.init_from={source!r}: that run's tokenizer is not this one's, so its embeddings mean other "
             f"tokens; use its tokenizer, data.tokenizer={source}"

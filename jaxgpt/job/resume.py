@@ -9,6 +9,7 @@ to the restored step so the resumed run's lines are written once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 from pathlib import Path
 
@@ -18,6 +19,14 @@ from jaxgpt.job import workdir as run_dir
 from jaxgpt.job.checkpoint import Checkpoints
 from jaxgpt.job.metrics import metrics_lines
 from jaxgpt.job.pretrained import EXTENSIBLE_FIELDS, start_from_pretrained
+from jaxgpt.tokenizers import (
+    TOKENIZERS,
+    base_tokenizer,
+    load_tokenizer,
+    make_tokenizer,
+    same_tokenizer,
+    using_the_runs_copy,
+)
 from jaxgpt.training.optimizer import learning_rate_schedule
 
 # What a resumed run may change: how long it runs (raising steps also moves the end of the
@@ -116,7 +125,7 @@ def restore_or_start(
 
     def check_same_run(record: dict) -> None:
         conflicts = resume_conflicts(record["config"], config.to_dict())
-        if record["tokenizer"] != tokenizer.to_dict():
+        if not same_tokenizer(record["tokenizer"], tokenizer.to_dict()):
             conflicts.append("the tokenizer's vocabulary")
         if conflicts:
             extending = all(
@@ -151,6 +160,34 @@ def restore_or_start(
         truncate_metrics(metrics_path, step)
     say(f"resuming from step {step} of {config.train.steps}")
     return StartingPoint(state, step, record.get("elapsed_sec", 0.0), tuple(record.get("pending_losses", [])))
+
+
+def kept_tokenizer(workdir: Path, run: RunConfig):
+    """For a resume: the tokenizer the run was trained with, from its own tokenizer.json, where
+    the folder data.tokenizer names has changed since or is gone (a BPE trained again in place,
+    a Hugging Face folder overwritten or moved), said in one line; None where that folder still
+    gives the same tokenizer (or the tokenizer is named, not a folder), and the corpus is
+    prepared as before. So a resume never tokenizes with another vocabulary."""
+    saved, kept = workdir / "config.json", workdir / "tokenizer.json"
+    checkpoints = workdir / "checkpoints"
+    if run.data.tokenizer in TOKENIZERS or not (saved.is_file() and kept.is_file() and checkpoints.is_dir()):
+        return None
+    try:
+        trained_with = json.loads(saved.read_text())["data"]["tokenizer"]
+    except (ValueError, KeyError, TypeError):  # a damaged config.json: the resume itself says so
+        return None
+    if trained_with != run.data.tokenizer or not any(p.name.isdigit() for p in checkpoints.iterdir()):
+        return None
+    theirs = base_tokenizer(load_tokenizer(kept))
+    source = Path(run.data.tokenizer) / "tokenizer.json"
+    try:
+        today = make_tokenizer(run.data.tokenizer)
+    except UserError:  # the folder is gone, or no longer holds a tokenizer
+        today = None
+    if today is not None and same_tokenizer(theirs.to_dict(), today.to_dict()):
+        return None
+    using_the_runs_copy(source, changed=today is not None)
+    return theirs
 
 
 def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | None:

@@ -50,6 +50,7 @@ from jaxgpt.job.pretrained import (
     with_source_architecture,
     with_source_vocabulary,
 )
+from jaxgpt.job.resume import kept_tokenizer
 from jaxgpt.lab import multiple_choice
 from jaxgpt.model.kernels import kernel_fallback
 from jaxgpt.model.transformer import describe_parameters, flops_per_token
@@ -109,7 +110,8 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool, ove
     notes: list[str] = []
     continuing = None if fresh else workdir
     run = check_runnable(config, notes, overrides, continuing)  # every check that needs no data, before the slow work
-    dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True)
+    kept = None if fresh else kept_tokenizer(workdir, run)  # a resume's own, where its source changed
+    dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True, tokenizer=kept)
     run = with_vocabulary(run, dataset.tokenizer)
     data.check_batches_fit(dataset, run)
     check_init_from_run(run)

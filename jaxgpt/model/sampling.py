@@ -11,8 +11,9 @@ Sampling order is the usual one: temperature, then top-k, then top-p (nucleus; H
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from functools import partial
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -122,6 +123,17 @@ def encode(config: ModelConfig, params, sources: jax.Array) -> jax.Array:
 
 def encoded(memory) -> dict:
     return {} if memory is None else {"memory": memory}
+
+
+class Answering(NamedTuple):
+    """How an encoder–decoder is asked a question: the ids its encoder reads for a source text,
+    the ids its decoder starts from, and the id that ends its answer. A run trained on pairs
+    here frames them with its separator (jaxgpt/data/pairs.py); BART with its own tokens
+    (jaxgpt/hf/bart.py)."""
+
+    source: Callable[[str], list[int]]
+    start: tuple[int, ...]
+    stop: int
 
 
 def _mask_finished(token: jax.Array, finished: jax.Array, eot_id: int | None) -> tuple[jax.Array, jax.Array]:
