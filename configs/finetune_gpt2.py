@@ -10,7 +10,8 @@ def get_config():
     config = base_config()
     config.data.source = "builtin:python-docs"
     config.data.tokenizer = "gpt2"
-    # GPT-2 small exactly: the weights must fit the model.
+    # GPT-2 small's shape, which fine-tuning reads from the weights anyway (jaxgpt/job/pretrained.py):
+    # written here for what compiles this config without them (check --target for a TPU).
     config.model.update(n_layer=12, n_head=12, d_model=768, block_size=1024, dropout=0.0)
     config.train.update(
         init_from="gpt2",

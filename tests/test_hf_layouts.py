@@ -100,7 +100,7 @@ def test_a_base_models_folder_loads_with_the_logits_transformers_reads_from_it(k
 def test_berts_hub_layout_loads_with_the_logits_transformers_reads_from_it(tmp_path):
     """bert-base-uncased's file: BertForPreTraining's weights (the masked-token head beside the
     pooler and the next-sentence head, which masked-token prediction does not use) under the
-    original BERT's names, LayerNorm gamma and beta."""
+    original BERT's names, LayerNorm gamma and beta, with the position-id buffer."""
 
     def as_the_original_bert(weights):
         weights = {
@@ -110,7 +110,8 @@ def test_berts_hub_layout_loads_with_the_logits_transformers_reads_from_it(tmp_p
         rng = np.random.default_rng(0)
         extra = {"bert.pooler.dense.weight": (32, 32), "bert.pooler.dense.bias": (32,),
                  "cls.seq_relationship.weight": (2, 32), "cls.seq_relationship.bias": (2,)}  # fmt: skip
-        return weights | {name: rng.normal(size=shape).astype(np.float32) for name, shape in extra.items()}
+        buffers = {"bert.embeddings.position_ids": np.arange(32, dtype=np.int64)[None]}  # older files hold it
+        return weights | buffers | {name: rng.normal(size=shape).astype(np.float32) for name, shape in extra.items()}
 
     bert_model().save_pretrained(tmp_path)
     rewrite_weights(tmp_path, as_the_original_bert)

@@ -8,7 +8,7 @@ accelerator is never stalled by the host.
 
 A workdir holds everything of a run:
   config.json       the resolved configuration (every field, vocab_size filled in)
-  tokenizer.json    the tokenizer, so sampling needs nothing else
+  tokenizer.json    the tokenizer, whole (its vocabulary file too), so sampling needs nothing else
   metrics.jsonl     one JSON object per logged step (jaxgpt.job.metrics; plot with jaxgpt.commands.plot)
   tensorboard/      the same metrics as TensorBoard event files (train.tensorboard)
   checkpoints/      orbax checkpoints, each with the state and a record of the run
