@@ -120,7 +120,10 @@ def test_the_command_prints_the_tables_and_writes_the_heatmaps(trained_small_run
     out = tmp_path / "patching"
     argv = ["--workdir", str(trained_small_run), "--clean", "a = len(bar); b = len(", "--positions", "6"]
     patch.main([*argv, "--corrupted", "a = len(car); b = len(", "--answer", "b", "--wrong", "c", "--out", str(out)])
-    printed = capsys.readouterr().out.splitlines()
+    captured = capsys.readouterr()
+    printed = captured.out.splitlines()
+    # a 20-step model tells the two prompts apart by about 1e-4: said, and on the pictures
+    assert "the clean and corrupted runs differ by 0.000 in logit difference, under 1 nat" in captured.err
     assert printed[0].startswith("patching (step 20; 22 and 22 tokens): 'b' against 'c' at the last token")
     assert printed[1].endswith("(the last 6 positions: --positions)")
     assert printed[2] == "resid_pre: the residual stream entering each block"
@@ -137,7 +140,22 @@ def test_the_command_prints_the_tables_and_writes_the_heatmaps(trained_small_run
     assert record["restored"]["resid_pre"][0][8] == pytest.approx(1.0, abs=tolerance)  # 'b' -> 'c' is token 8
     page = embedded_data((out / "patching.html").read_text())
     assert [p["name"] for p in page["panels"]] == ["resid_pre", "attn_out", "mlp_out", "head_out"]
+    assert "Warning: the clean and corrupted runs differ by 0.000" in (out / "patching.html").read_text()
     assert (out / "patching.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_a_patching_whose_fractions_measure_noise_is_said():
+    """The documented example that meant nothing (docs/workbench.md until 2026-12: the clean run
+    does not prefer its answer, and the two runs differ by 0.023) gets both lines; the induction
+    example of docs/lab.md section 13 (5.672 against 0.618) none."""
+    from jaxgpt.commands.patch import doubts
+
+    said = doubts(-2.304, -2.327, "b", "c")
+    assert len(said) == 2 and said[0].startswith(
+        "the clean prompt does not prefer 'b' to 'c' (logit difference -2.304)"
+    )
+    assert said[1].startswith("the clean and corrupted runs differ by 0.023 in logit difference, under 1 nat")
+    assert doubts(5.672, 0.618, "p", "y") == [] and len(doubts(5.672, 5.0, "p", "y")) == 1
 
 
 @pytest.mark.parametrize(

@@ -2,8 +2,7 @@
 python -m jaxgpt patch --workdir DIR --clean TEXT --corrupted TEXT --answer TOKEN --wrong TOKEN [--out DIR]
 
 Examples:
-  python -m jaxgpt patch --workdir runs/tiny --clean "a = len(bar); b = len(" \
-      --corrupted "a = len(car); b = len(" --answer b --wrong c
+  python train.py --config configs/induction.py     # docs/lab.md section 13: a model with an induction circuit
   python -m jaxgpt patch --workdir runs/induction --clean kvbrmqxdwpkvbrmqxdw \
       --corrupted kvbrmqxdypkvbrmqxdw --answer p --wrong y --out runs/induction/patching
   python -m jaxgpt patch --init_from gpt2 --clean "When Mary and John went to the store, John gave a drink to" \
@@ -20,11 +19,16 @@ real one, and the clean difference split into what each head and MLP writes (dir
 attribution). Prompts of different lengths are padded (the batch contract's segments); patching
 position p copies the clean run's position p. --out DIR gets patching.png (a heatmap per
 table), patching.html (the same to touch: hover a cell for its value) and patching.json.
+
+Each fraction divides by the clean run's difference less the corrupted run's: where the model
+does not prefer --answer on the clean prompt, or the two runs differ by less than a nat, the
+command says so in a line (and on the pictures), for the fractions then measure noise.
 """
 
 from __future__ import annotations
 
 import json
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -33,11 +37,16 @@ from absl import flags
 from jaxgpt.commands import cli, inspected
 from jaxgpt.commands.attention_maps import tick_labels, token_texts
 from jaxgpt.commands.plot import plt, save_png
-from jaxgpt.errors import UserError
+from jaxgpt.errors import UserError, warn
 from jaxgpt.lab import patching
 from jaxgpt.lab.views import patching_view
 
 CELL = 7  # characters per column of the printed tables
+# Nats of logit difference between the clean and corrupted runs below which the fractions mean
+# little: each is (patched - corrupted) / (clean - corrupted), and a patched run's own difference
+# moves by tenths of a nat for reasons of its own, so a denominator under 1 (a factor of e in the
+# odds) turns those into whole fractions
+MEANINGFUL_GAP = 1.0
 WHAT = {
     "resid_pre": "the residual stream entering each block",
     "attn_out": "what attention writes",
@@ -56,6 +65,24 @@ def one_token(tokenizer, text: str, flag: str) -> int:
     return int(ids[0])
 
 
+def doubts(clean: float, corrupted: float, answer: str, wrong: str) -> list[str]:
+    """What makes a patching's fractions mean little, a line each: a clean run that does not
+    prefer the answer, and runs that barely differ on the metric."""
+    lines = []
+    if clean <= 0:
+        lines.append(
+            f"the clean prompt does not prefer {answer!r} to {wrong!r} (logit difference {clean:.3f}): the model lacks "
+            "the behaviour patching looks for here, so there is nothing of it to locate"
+        )
+    if abs(clean - corrupted) < MEANINGFUL_GAP:
+        lines.append(
+            f"the clean and corrupted runs differ by {abs(clean - corrupted):.3f} in logit difference, under "
+            f"{MEANINGFUL_GAP:g} nat: every fraction divides by it, so they measure noise; choose prompts the model "
+            "tells apart (docs/lab.md section 13 has one)"
+        )
+    return lines
+
+
 def columns(kind: str, labels: list[str], heads: int) -> list[str]:
     return [f"head {h}" for h in range(heads)] if patching.SWEEPS[kind][1] == "head" else labels
 
@@ -71,7 +98,9 @@ def table(name: str, values: np.ndarray, labels: list[str], shown: int) -> list[
 
 
 def draw(tables: dict[str, np.ndarray], labels: dict[str, list[str]], title: str, out: Path) -> Path:
-    """A heatmap per table, one above the other, on one blue-red scale symmetric about 0."""
+    """A heatmap per table, one above the other, on one blue-red scale symmetric about 0: layers
+    down, the prompt's positions (or the heads) across; the title names the two runs' logit
+    differences each fraction is measured between, and any doubt about them."""
     limit = max(1.0, max(float(np.abs(v).max()) for v in tables.values()))
     widest = max(v.shape[1] for v in tables.values())
     heights = [0.3 * v.shape[0] + 0.9 for v in tables.values()]
@@ -89,7 +118,11 @@ def draw(tables: dict[str, np.ndarray], labels: dict[str, list[str]], title: str
         axes.set_title(f"{name}: {WHAT[name]}", fontsize=8)
         axes.set_xticks(range(values.shape[1]), labels[name], fontsize=6)
         axes.set_yticks(range(values.shape[0]), [f"layer {i}" for i in range(values.shape[0])], fontsize=7)
-    figure.suptitle(title, fontsize=9)
+        across = "head" if patching.SWEEPS[name][1] == "head" else "position (the clean prompt's token)"
+        axes.set_xlabel(across, fontsize=7)
+        axes.set_ylabel("layer", fontsize=7)
+    width = int(figure.get_figwidth() * 14)  # characters of a 9-point title a line
+    figure.suptitle("\n".join(textwrap.fill(line, width) for line in title.splitlines()), fontsize=9)
     figure.colorbar(image, ax=grid, label="fraction of the logit difference restored", shrink=0.8)
     return save_png(figure, out)
 
@@ -147,6 +180,9 @@ def main(argv: list[str] | None = None) -> None:
         f"patching ({source}; {len(clean)} and {len(corrupted)} tokens): {f.answer!r} against {f.wrong!r} "
         f"at the last token; logit difference clean {full.clean:.3f}, corrupted {full.corrupted:.3f}"
     )
+    warned = doubts(full.clean, full.corrupted, f.answer, f.wrong)
+    for line in warned:
+        warn(line)
     where_shown = "" if prompts.tokens.shape[1] <= f.positions else f" (the last {f.positions} positions: --positions)"
     print(f"fraction of the difference restored by patching each activation (1: all, 0: none){where_shown}")
     column_labels = {kind: columns(kind, labels, config.n_head) for kind in full.restored}
@@ -157,8 +193,11 @@ def main(argv: list[str] | None = None) -> None:
         dla = patching.direct_logit_attribution(config, params, prompts.tokens[:1], int(prompts.last[0]), answer, wrong)
         print("\n".join(attribution_lines(dla)))
     out = Path(f.out) if f.out else Path(f.workdir or ".") / "patching"
-    title = f"patching ({source}): {f.answer!r} vs {f.wrong!r}"
+    title = f"patching ({source}): {f.answer!r} vs {f.wrong!r}; logit difference clean {full.clean:.3f}, " + (
+        f"corrupted {full.corrupted:.3f}" + ("\nwarning: " + "; ".join(warned) if warned else "")
+    )
     note = f"logit difference clean {full.clean:.3f}, corrupted {full.corrupted:.3f}; a cell: the fraction restored"
+    note = " ".join(f"Warning: {line}." for line in warned) + (" " if warned else "") + note
     written = [draw(full.restored, column_labels, title, out / "patching.png")]
     with cli.writing(out / "patching.html", "a folder"):
         written.append(patching_view(full.restored, column_labels, title=title, note=note).save(out / "patching.html"))
