@@ -3,9 +3,11 @@
 Asked to stop, the loop finishes its step, checkpoints and returns, so rerunning continues.
 Diverged, it stops at the first non-finite loss, gradient norm or parameter, before anything
 non-finite is saved: the newest checkpoint is always one to continue from. A loss can also run
-away while staying finite (too high a learning rate: 3.3 climbing to 148); `RunawayWatch` warns
-at the first evaluation far above the best and stops the run when it stays there, and the best
-checkpoint outlives pruning (jaxgpt/job/checkpoint.py) for it to go back to.
+away while staying finite (too high a learning rate: 3.3 climbing to 148), or be hopeless from
+its first evaluation on (286 where a uniform guess scores ln V = 2.4, falling slowly);
+`RunawayWatch` warns at the first evaluation far above the best, or past warmup more than a nat
+worse than a uniform guess, and stops the run when it stays there, and the best checkpoint
+outlives pruning (jaxgpt/job/checkpoint.py) for it to go back to.
 """
 
 from __future__ import annotations
@@ -87,37 +89,46 @@ RUNAWAY_EVALUATIONS = 3
 
 class RunawayWatch:
     """Follows the validation loss evaluation by evaluation: a warning at each evaluation far
-    above the best (RUNAWAY_NATS, or ln vocab_size), and a UserError once RUNAWAY_EVALUATIONS in
-    a row are, naming the best checkpoint `checkpoints` keeps to go back to. The best is this
-    session's (a resumed run starts watching afresh); the best checkpoint is the run's."""
+    above the best (RUNAWAY_NATS, or ln vocab_size), or after `warmup_steps` more than
+    RUNAWAY_NATS above ln vocab_size (worse than guessing uniformly, however it compares with
+    the best), and a UserError once RUNAWAY_EVALUATIONS in a row are, naming the best
+    checkpoint `checkpoints` keeps to go back to (or a fresh start, where the best is hopeless
+    too). The best is this session's (a resumed run starts watching afresh); the best
+    checkpoint is the run's."""
 
-    def __init__(self, vocab_size: int, checkpoints, warn):
+    def __init__(self, vocab_size: int, checkpoints, warn, warmup_steps: int = 0):
         self.ceiling = math.log(vocab_size)
-        self.checkpoints, self.warn = checkpoints, warn
+        self.checkpoints, self.warn, self.warmup_steps = checkpoints, warn, warmup_steps
         self.best = math.inf
         self.best_step: int | None = None
         self.far: list[int] = []  # the steps of the evaluations in a row far above the best
 
     def evaluated(self, step: int, val_loss: float, lr: float) -> None:
+        hopeless = step > self.warmup_steps and val_loss > self.ceiling + RUNAWAY_NATS
         if val_loss < self.best:
-            self.best, self.best_step, self.far = val_loss, step, []
-            return
-        if val_loss <= min(self.best + RUNAWAY_NATS, self.ceiling):
+            self.best, self.best_step = val_loss, step
+        elif val_loss > min(self.best + RUNAWAY_NATS, self.ceiling):
+            hopeless = True  # far above its best: counted the same way
+        if not hopeless:
             self.far = []
             return
         self.far.append(step)
-        where = f"val loss {val_loss:.4f} at step {step}, against its best {self.best:.4f} at step {self.best_step}"
+        if self.best_step == step:  # a new best, and still worse than a uniform guess
+            uniform = f"ln {math.exp(self.ceiling):.0f} = {self.ceiling:.4f}, a uniform guess's"
+            where = f"val loss {val_loss:.4f} at step {step}, more than {RUNAWAY_NATS:g} nat above {uniform}"
+        else:
+            where = f"val loss {val_loss:.4f} at step {step}, against its best {self.best:.4f} at step {self.best_step}"
         if len(self.far) < RUNAWAY_EVALUATIONS:
             self.warn(
-                f"{where}: the loss may be running away; the run stops if it stays this far above its best for "
+                f"{where}: the loss may be running away; the run stops if it stays this far off for "
                 f"{RUNAWAY_EVALUATIONS} evaluations"
             )
             return
         best = self.checkpoints.best()
         back = (
             f"--from_step {best[0]} (the best checkpoint, val loss {best[1]:.4f}, kept)"
-            if best
-            else "--fresh (no checkpoint was saved at an evaluation)"
+            if best and best[1] <= self.ceiling + RUNAWAY_NATS
+            else "--fresh (no checkpoint was saved at a sound evaluation)"
         )
         raise UserError(
             f"training ran away: {where}, far above it at the last {RUNAWAY_EVALUATIONS} evaluations (steps "

@@ -182,7 +182,8 @@ class Trainer:
         # the state is held here alone (`inputs` is not kept), so a restored state replaces step 0's in
         # memory rather than beside it
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
-        self.runaway = RunawayWatch(placed.run.model.vocab_size, self.checkpoints, warn)
+        run = placed.run
+        self.runaway = RunawayWatch(run.model.vocab_size, self.checkpoints, warn, run.train.warmup_steps)
         # evaluation's programs compile beside the step's (one process only: a multi-host
         # evaluation's collectives must run in the same order in every process)
         self._evaluation_compiled = None
