@@ -396,6 +396,16 @@ def train_bpe(texts, vocab_size: int) -> TrainedBPE:
 
     if vocab_size < 258:
         raise UserError(f"--vocab_size {vocab_size} leaves no room for a merge: 256 bytes and the separator come first")
+    texts = list(texts)
+    # Each merge joins two pieces of the text into one, so a text of n bytes allows at most n - 1
+    # merges (fewer: no merge crosses a word); past that `tokenizers` learns nothing more, and
+    # asked for a billion ids it aborts the process reserving room for them
+    most = 256 + max(0, sum(len(text.encode("utf-8")) for text in texts) - 1) + 1
+    if vocab_size > most:
+        raise UserError(
+            f"--vocab_size {vocab_size:,} is more than this text can give: each merge joins two of its pieces, so "
+            f"its bytes allow at most {most:,} ids (256 bytes, the merges, the separator); choose at most that"
+        )
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()

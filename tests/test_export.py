@@ -96,3 +96,21 @@ def test_a_write_that_fails_part_way_leaves_nothing_behind(trained_small_run, tm
         == f"error: cannot write {tmp_path / 'out'} (No space left on device); free some space or choose another --out"
     )
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_disk_that_fills_while_the_weights_are_written_is_one_line(trained_small_run, tmp_path, monkeypatch, capsys):
+    """safetensors reports a full disk in an exception of its own, not an OSError; on a 64 KiB
+    tmpfs its writer raised exactly this one. Nothing is left behind."""
+    import safetensors.numpy
+    from safetensors import SafetensorError
+
+    def disk_full(tensors, path, metadata=None):
+        raise SafetensorError("Error while serializing: I/O error: No space left on device (os error 28)")
+
+    monkeypatch.setattr(safetensors.numpy, "save_file", disk_full)
+    error = refused(["--workdir", str(trained_small_run), "--out", str(tmp_path / "out")], capsys)
+    assert error == (
+        f"error: cannot write {tmp_path / 'out'} (I/O error: No space left on device (os error 28)); free some space "
+        "or choose another --out"
+    )
+    assert list(tmp_path.iterdir()) == []

@@ -218,3 +218,23 @@ def test_train_py_refuses_an_override_of_the_weights_architecture_in_one_line(ll
         "the architecture from the weights; drop the override (only block_size, rope_theta and rope_scaling may "
         "move, to extend the context)"
     ]
+
+
+def test_sampling_a_model_of_131072_positions_makes_a_page_by_default(llama_32, monkeypatch, capsys):
+    """Without --max_new_tokens, sample writes at most 256 tokens, not the 131,071 its context
+    has room for (minutes of silence on a laptop); asked for more, it makes more."""
+    import jaxgpt.model.sampling
+    from jaxgpt.commands import sample
+
+    folder, _ = llama_32
+    asked = []
+    real = jaxgpt.model.sampling.generate
+
+    def recorded(*args, max_new_tokens, **kwargs):
+        asked.append(max_new_tokens)
+        return real(*args, max_new_tokens=min(max_new_tokens, 300), **kwargs)
+
+    monkeypatch.setattr(jaxgpt.model.sampling, "generate", recorded)
+    sample.main(["--init_from", str(folder), "--prompt", "the cat", "--temperature", "0"])
+    sample.main(["--init_from", str(folder), "--prompt", "the cat", "--temperature", "0", "--max_new_tokens", "300"])
+    assert asked == [256, 300] and capsys.readouterr().out.startswith("the cat")

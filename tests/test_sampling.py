@@ -49,6 +49,22 @@ def test_cached_greedy_equals_argmax_of_the_full_forward(n_kv_head, position):
     np.testing.assert_array_equal(ours, greedy_without_cache(config, params, prompt, 12))
 
 
+@pytest.mark.parametrize("position", ["rope", "alibi", "sinusoidal", "none"])
+def test_a_cache_of_the_slots_a_decode_needs_decodes_what_block_sizes_does(position):
+    """for_decoding: 17 slots for a 5-token prompt and 12 new tokens, not block_size's 64, give
+    the greedy tokens of the full model's argmax (a shorter sum over masked slots); learned
+    positions, whose table has block_size rows, keep their size."""
+    from jaxgpt.model.sampling import for_decoding
+
+    config, params = model(position=position, block_size=64)
+    prompt = jnp.asarray(np.random.default_rng(0).integers(0, 48, (2, 5)), jnp.int32)
+    small = for_decoding(config, 17)
+    assert small.block_size == 17
+    ours = generate(small, params, prompt, jax.random.key(0), max_new_tokens=12, sampling=GREEDY)
+    np.testing.assert_array_equal(ours, greedy_without_cache(config, params, prompt, 12))
+    assert for_decoding(config.replace(position="learned"), 17).block_size == 64
+
+
 def decode_one_by_one(config, params, tokens, prefill):
     """Logits for every position of `tokens`, fed to the KV cache as a `prefill`-token prompt
     and then one token per call."""

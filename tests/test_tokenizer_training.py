@@ -88,8 +88,10 @@ def test_the_command_measures_it_beside_a_character_tokenizer_and_writes_it(book
         (["--vocab_size", "257"], "--vocab_size 257 leaves no room for a merge"),
         (["--text", "no/such.txt"], "no/such.txt: no such file"),
         (["--held_out", "1.5"], "--held_out 1.5 must lie between 0 and 1"),
+        # refused where `tokenizers` used to abort the process (status 134, a Rust backtrace)
+        (["--vocab_size", "1000000000"], "--vocab_size 1,000,000,000 is more than this text can give"),
     ],
-    ids=["no-merges", "no-text", "held-out"],
+    ids=["no-merges", "no-text", "held-out", "more-than-the-text"],
 )
 def test_the_command_refuses_bad_input_in_one_line(book, tmp_path, capsys, flags, message):
     from jaxgpt.commands import tokenizer as command
@@ -222,3 +224,13 @@ def test_prepared_data_is_named_by_the_files_that_decide_a_hugging_face_folders_
     named = cache_folder(trained)
     (tmp_path / "bpe" / "notes.json").write_text("{}")
     assert cache_folder(trained) == named
+
+
+def test_the_most_a_text_can_give_is_a_merge_per_byte_pair():
+    """Two bytes of text allow one merge: 256 + 1 + the separator = 258 ids; 259 is refused."""
+    from jaxgpt.errors import UserError
+    from jaxgpt.tokenizers import train_bpe
+
+    assert train_bpe(["ab"], 258).vocab_size == 258
+    with pytest.raises(UserError, match="allow at most 258 ids"):
+        train_bpe(["ab"], 259)

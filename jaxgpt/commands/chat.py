@@ -10,7 +10,9 @@ ends at its end-of-turn token. The KV cache is kept from turn to turn, so each t
 its own tokens. Where stdin is not a terminal, each line read is a turn and its answer one line
 of output (a line break the model writes shown as \\n, a backslash as \\\\), then the command
 exits. "/reset" starts a new conversation; one that fills the model's context is started afresh,
-with a note on stderr.
+with a note on stderr. A message the model cannot read (longer than its context, or spelling one
+of the template's markers) is refused in one line: on a terminal the conversation goes on, piped
+the command ends (its answers would no longer be a line each).
 """
 
 from __future__ import annotations
@@ -59,15 +61,16 @@ class ChatSession:
         """Start a new conversation: nothing in the cache."""
         self.cache, self.used, self.unfed = None, 0, []
 
-    def turn_ids(self, message: str) -> list[int]:
-        """The tokens this turn feeds: what the cache lacks, the message, the assistant's marker."""
+    def turn_ids(self, message: str, afresh: bool = False) -> list[int]:
+        """The tokens this turn feeds: what the cache lacks, the message, the assistant's marker
+        (`afresh`: as the first turn of a new conversation would)."""
         from jaxgpt.data.conversations import prompt_ids
 
-        first = self.cache is None
+        first = afresh or self.cache is None
         messages = ([{"role": "system", "content": self.system}] if first and self.system else []) + [
             {"role": "user", "content": message}
         ]
-        return self.unfed + prompt_ids(self.tokenizer, messages, first=first)
+        return ([] if afresh else self.unfed) + prompt_ids(self.tokenizer, messages, first=first)
 
     def reply(self, message: str, note=warn) -> Iterator[str]:
         """The answer to `message`, a piece of text at a time as its tokens are made."""
@@ -78,16 +81,16 @@ class ChatSession:
 
         check_content(message, "the message")
         context = self.config.block_size
+        if (alone := len(self.turn_ids(message, afresh=True))) >= context:  # refused before the conversation changes
+            raise UserError(
+                f"the message is {alone} tokens with the template's, and the model's context is {context}; "
+                "write a shorter one"
+            )
         ids = self.turn_ids(message)
         if self.cache is not None and self.used + len(ids) >= context:
             note(f"the conversation filled the model's {context}-token context; starting a new one")
             self.reset()
             ids = self.turn_ids(message)
-        if len(ids) >= context:
-            raise UserError(
-                f"the message is {len(ids)} tokens with the template's, and the model's context is {context}; "
-                "write a shorter one"
-            )
         room = context - self.used - len(ids)
         most = min(self.max_new_tokens or room, room)
         rng = jax.random.fold_in(jax.random.key(self.seed), self.turns)
@@ -154,6 +157,9 @@ def main(argv: list[str] | None = None) -> None:
 
     if f.max_new_tokens is not None and f.max_new_tokens < 1:
         cli.fail(f"max_new_tokens={f.max_new_tokens} must be at least 1")
+    from jaxgpt.data.conversations import check_content
+
+    check_content(f.system, "--system")  # as a user's message is: its text would open a turn of its own
     runtime.enable_compilation_cache()
     model, params, tokenizer, step = chat_model(Path(f.workdir))
     sampling = sampling_of(f)
@@ -173,10 +179,16 @@ def main(argv: list[str] | None = None) -> None:
         if message == "/reset":
             session.reset()
             continue
-        for piece in session.reply(message):
-            # Piped, an answer is one line whatever it holds: its line breaks written as \n, \r.
-            shown = piece if interactive else piece.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
-            print(shown, end="", flush=True)
+        try:
+            for piece in session.reply(message):
+                # Piped, an answer is one line whatever it holds: its line breaks written as \n, \r.
+                shown = piece if interactive else piece.replace("\\", "\\\\").replace("\n", "\\n").replace("\r", "\\r")
+                print(shown, end="", flush=True)
+        except UserError as error:
+            if not interactive:
+                raise
+            print(f"error: {error}; the conversation goes on", file=sys.stderr)  # refused before it changed
+            continue
         print(flush=True)
 
 

@@ -36,6 +36,8 @@ TOKENIZER_FILE = "jaxgpt_tokenizer.json"
 @cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
+    from safetensors import SafetensorError
+
     from jaxgpt.config import run_config_from_dict
     from jaxgpt.hf import family_of, save_pretrained
     from jaxgpt.hf.convert import FAMILIES
@@ -71,9 +73,11 @@ def main(argv: list[str] | None = None) -> None:
     try:
         save_pretrained(config, params, staging, special_tokens)
         save_tokenizer(tokenizer, staging / TOKENIZER_FILE)
-    except OSError as error:  # a full disk, a folder not writable: nothing half-written stays
+    except (OSError, SafetensorError) as error:  # a full disk, a folder not writable: nothing half-written stays
         shutil.rmtree(staging, ignore_errors=True)
-        raise UserError(f"cannot write {out} ({error.strerror}); free some space or choose another --out") from None
+        # safetensors' writer reports the OS's error in its own: "Error while serializing: I/O error: No space ..."
+        why = error.strerror if isinstance(error, OSError) else str(error).removeprefix("Error while serializing: ")
+        raise UserError(f"cannot write {out} ({why}); free some space or choose another --out") from None
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise

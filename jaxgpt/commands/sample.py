@@ -20,6 +20,11 @@ from absl import flags
 from jaxgpt.commands import cli
 from jaxgpt.errors import warn
 
+# New tokens when --max_new_tokens is not given: a page to read at a glance, and at most a few
+# seconds' decoding on a laptop, whatever the model's context (Llama 3.2's 131,072 positions once
+# meant minutes of silence)
+DEFAULT_NEW_TOKENS = 256
+
 
 def define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_string("workdir", None, "Run directory written by train.py.", flag_values=f)
@@ -34,7 +39,10 @@ def define_flags(f: flags.FlagValues) -> None:
     )
     flags.DEFINE_string("prompt_file", None, "Read the prompt from this file instead.", flag_values=f)
     flags.DEFINE_integer(
-        "max_new_tokens", None, "Tokens to generate (default: all the context has room for).", flag_values=f
+        "max_new_tokens",
+        None,
+        f"Tokens to generate (default: the room the context has, at most {DEFAULT_NEW_TOKENS}).",
+        flag_values=f,
     )
     define_sampling_flags(f)
     flags.DEFINE_integer("num_samples", 1, "Samples, decoded together as one batch.", flag_values=f)
@@ -69,7 +77,7 @@ def main(argv: list[str] | None = None) -> None:
 
     from jaxgpt.hardware import runtime
     from jaxgpt.model.kernels import kernel_fallback
-    from jaxgpt.model.sampling import check_length
+    from jaxgpt.model.sampling import check_length, for_decoding
     from jaxgpt.tokenizers import separator_id
 
     runtime.enable_compilation_cache()
@@ -103,10 +111,10 @@ def main(argv: list[str] | None = None) -> None:
     else:
         ids = tokenizer.encode(prompt) if prompt else [separator_id(tokenizer)]
         stop = tokenizer.eot_id
-    max_new_tokens = f.max_new_tokens or model_config.block_size - len(ids)
+    max_new_tokens = f.max_new_tokens or min(model_config.block_size - len(ids), DEFAULT_NEW_TOKENS)
     check_length(model_config, len(ids), max_new_tokens)
     # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
-    model = model_config.replace(dtype="float32")
+    model = for_decoding(model_config.replace(dtype="float32"), len(ids) + max_new_tokens)
     model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
     sampling = sampling_of(f)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)

@@ -93,6 +93,17 @@ def check_length(config: ModelConfig, prompt_len: int, max_new_tokens: int) -> N
         )
 
 
+def for_decoding(config: ModelConfig, tokens: int) -> ModelConfig:
+    """`config` with a KV cache of `tokens` slots where a decode needs no more (a prompt and its
+    new tokens), not block_size's: the same model wherever no parameter has block_size's length
+    and no position reads it (not learned positions; not LongRoPE, whose factors follow it).
+    Llama 3.2's 131,072 slots made every decoding step read a cache of that length."""
+    keeps_its_size = config.position == "learned" or (config.rope_scaling and config.rope_scaling.kind == "longrope")
+    if keeps_its_size or tokens >= config.block_size:
+        return config
+    return config.replace(block_size=tokens)
+
+
 def prefill(
     config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, sampling: SamplingConfig, memory=None, cache=None
 ):
