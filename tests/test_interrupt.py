@@ -91,6 +91,41 @@ def test_the_training_loop_holds_the_first_ctrl_c_and_hands_the_second_back():
         signal.set_wakeup_fd(wakeup)
 
 
+def test_one_ctrl_c_is_a_clean_stop_whenever_the_watcher_reads_it():
+    """The command's watcher reads each SIGINT from a pipe on its own thread; the loop's handler
+    runs on the main thread and puts the watcher's handler back. Where the watcher read the
+    first Ctrl-C after that, it took it for a second and ended the run at once, without its
+    checkpoint (a fault probe saw it once under `script`): here 300 clean stops in a row, each
+    read late on purpose, and the process is never ended; one SIGINT more then ends it."""
+    from conftest import run_script
+
+    script = (
+        "import os, signal, time\n"
+        "from jaxgpt.commands.interrupt import end_at_once_on_interrupt\n"
+        "from jaxgpt.job.stopping import StopRequests\n"
+        "end_at_once_on_interrupt('interrupted: stopped at once')\n"
+        "for i in range(300):\n"
+        "    with StopRequests(lambda line: None) as stops:\n"
+        "        os.kill(os.getpid(), signal.SIGINT)\n"
+        "        while stops.reason is None: pass\n"
+        "        time.sleep(0.002)  # the watcher reads the byte now, its own handler back\n"
+        "print('stopped cleanly', i + 1, 'times', flush=True)\n"
+        "os.kill(os.getpid(), signal.SIGINT); time.sleep(5)\n"
+    )
+    result = run_script("-c", script)
+    assert result.stdout == "stopped cleanly 300 times\n"
+    assert result.returncode == INTERRUPTED and result.stderr.strip() == "interrupted: stopped at once"
+
+
+def test_the_watcher_acts_on_a_ctrl_c_no_handler_took():
+    from jaxgpt.commands.interrupt import _leave_it_to_the_watcher, ends_at_once
+
+    assert ends_at_once(1, 0, _leave_it_to_the_watcher)  # a command without a clean stop: at once
+    assert not ends_at_once(1, 1, _leave_it_to_the_watcher)  # read after the loop's handler took it
+    assert not ends_at_once(1, 0, print)  # read while the loop's handler holds the signal
+    assert ends_at_once(2, 1, _leave_it_to_the_watcher)  # the second Ctrl-C
+
+
 @pytest.mark.slow
 def test_ctrl_c_twice_in_the_training_loop_is_exit_130_without_a_traceback(tmp_path):
     """The first Ctrl-C asks for a clean stop (finish the step, checkpoint); the second, if it

@@ -69,6 +69,10 @@ def test_an_adapter_config_names_projections_the_model_has():
         BASE.replace(lora_rank=4, moe={"experts": 4, "top_k": 2})
     with pytest.raises(UserError, match="lora_rank.*must be >= 0"):
         BASE.replace(lora_rank=-1)
+    # above the stream's width the product A·B cannot have the rank asked for (it trained silently)
+    assert BASE.replace(lora_rank=BASE.d_model).lora_rank == BASE.d_model
+    with pytest.raises(UserError, match=f"lora_rank={BASE.d_model + 1} is above d_model={BASE.d_model}"):
+        BASE.replace(lora_rank=BASE.d_model + 1)
 
 
 def test_fine_tuning_with_adapters_changes_the_adapters_alone(trained_small_run, tmp_path):

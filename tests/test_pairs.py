@@ -25,10 +25,38 @@ def test_a_pairs_file_is_read_a_pair_a_line_and_a_line_that_is_not_one_is_named(
     path = tmp_path / "pairs.tsv"
     path.write_text("  hello \tbonjour\n\nthank you\tmerci  \n")
     assert read_pairs(str(path)) == ["hello\tbonjour", "thank you\tmerci"]
-    for line, tabs in (("no tab here", 0), ("a\tb\tc", 2), ("\tmerci", 1)):
+    for line, tabs in (("no tab here", 0), ("a\tb\tc", 2)):
         path.write_text(f"hello\tbonjour\n{line}\n")
         with pytest.raises(UserError, match=rf"line 2 of .* found {tabs} tab"):
             read_pairs(str(path))
+    for line, side in (("\tmerci", "source \\(nothing before"), ("hello \t ", "target \\(nothing after")):
+        path.write_text(f"hello\tbonjour\n{line}\n")
+        with pytest.raises(UserError, match=rf"line 2 of .* has an empty {side} its tab\)"):
+            read_pairs(str(path))
+
+
+def test_a_byte_order_mark_opening_a_pairs_or_chat_file_is_not_text(tmp_path):
+    """As some editors write it: without it read, U+FEFF became a character of the vocabulary
+    (a pairs file) or the file was refused (a chat file); both now read as without it."""
+    from jaxgpt.data.conversations import read_conversations
+
+    (tmp_path / "pairs.tsv").write_text("\ufeffhello\tbonjour\n", encoding="utf-8")
+    assert read_pairs(str(tmp_path / "pairs.tsv")) == ["hello\tbonjour"]
+    chat = '{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}\n'
+    (tmp_path / "chat.jsonl").write_text("\ufeff" + chat, encoding="utf-8")
+    (tmp_path / "plain.jsonl").write_text(chat, encoding="utf-8")
+    assert read_conversations(str(tmp_path / "chat.jsonl")) == read_conversations(str(tmp_path / "plain.jsonl"))
+
+
+def test_a_source_to_answer_holding_the_tab_is_refused():
+    """The tab ends a source in training: a prompt holding one would be read as its answer begun."""
+    from jaxgpt.data.pairs import prompt_ids, source_ids
+
+    tokenizer = CharTokenizer("\t\nab")
+    assert prompt_ids(tokenizer, " ab ") == [1, 2, 3, 0]
+    for ids in (prompt_ids, source_ids):
+        with pytest.raises(UserError, match="the source 'a\\\\tb' holds a tab, which ends a source in training"):
+            ids(tokenizer, "a\tb")
 
 
 def parsed(text: str) -> datetime.date:

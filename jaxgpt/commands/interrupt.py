@@ -12,7 +12,9 @@ renamed when complete; a metrics line cut short is dropped on resume).
 
 A training loop first gets the chance to stop cleanly: while it holds SIGINT with a handler of
 its own (jaxgpt.job.stopping.StopRequests), the watcher leaves the signal to it, and it puts this
-module's handler back for the second Ctrl-C, which then ends the command at once.
+module's handler back for the second Ctrl-C, which then ends the command at once. The watcher
+counts: it acts on a SIGINT beyond those such handlers took (jaxgpt/interrupts.py), since it may
+read the first one only after the loop's handler has already put this module's back.
 """
 
 from __future__ import annotations
@@ -21,6 +23,8 @@ import os
 import signal
 import sys
 import threading
+
+from jaxgpt import interrupts
 
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
 
@@ -37,6 +41,12 @@ def _leave_it_to_the_watcher(signum, frame) -> None:
     """The Python-level handler: the watcher thread has already acted on the signal."""
 
 
+def ends_at_once(seen: int, taken: int, handler) -> bool:
+    """Whether the watcher, having read its `seen`-th SIGINT, ends the command: where no handler
+    of the command's own holds the signal now, and one of those read was taken by none."""
+    return handler is _leave_it_to_the_watcher and seen > taken
+
+
 def end_at_once_on_interrupt(line: str) -> None:
     """From now on, Ctrl-C prints `line` to stderr and exits INTERRUPTED, unless a handler of
     the command's own holds SIGINT (a training loop's clean stop). Only the main thread may
@@ -47,9 +57,11 @@ def end_at_once_on_interrupt(line: str) -> None:
     os.set_blocking(write_end, False)  # the C handler must never block on a full pipe
 
     def watch() -> None:
+        seen = 0  # SIGINTs read from the pipe
         while True:
             for signum in os.read(read_end, 64):
-                if signum == signal.SIGINT and signal.getsignal(signal.SIGINT) is _leave_it_to_the_watcher:
+                seen += signum == signal.SIGINT
+                if signum == signal.SIGINT and ends_at_once(seen, interrupts.taken(), signal.getsignal(signal.SIGINT)):
                     flushing = threading.Thread(target=_flush_output, daemon=True)
                     flushing.start()
                     flushing.join(timeout=1.0)  # what was printed before, unless a stream is stuck

@@ -359,6 +359,12 @@ def _check_model(c: ModelConfig) -> None:
     problems.not_negative("lora_rank")
     if c.lora_rank:
         problems.positive("lora_alpha")
+        if isinstance(c.lora_rank, int) and isinstance(c.d_model, int) and c.lora_rank > c.d_model:
+            problems.add(
+                "lora_rank",
+                f"is above d_model={c.d_model}: every adapted projection reads or writes the d_model-wide stream, so "
+                f"A·B has rank at most {c.d_model} and the rest is parameters that add nothing; choose at most that",
+            )
         unknown = [t for t in c.adapted if t not in LORA_TARGETS]
         if unknown or not c.adapted:
             named = ", ".join(unknown) or "nothing"

@@ -40,9 +40,10 @@ TAB = "\t"
 
 def numbered_lines(path: str, source: str) -> list[tuple[int, str]]:
     """(number from 1, text) of each line of a UTF-8 file holding something; one line where it
-    cannot be read, naming data.source `source`."""
+    cannot be read, naming data.source `source`. A byte-order mark opening the file (as some
+    editors write one) is not text: a pairs file and a chat file read alike without it."""
     try:
-        lines = open(path, encoding="utf-8").read().splitlines()
+        lines = open(path, encoding="utf-8-sig").read().splitlines()
     except (OSError, UnicodeDecodeError) as error:
         raise UserError(f"cannot read data.source {source} ({type(error).__name__}: {error})") from None
     return [(number, line) for number, line in enumerate(lines, 1) if line.strip()]
@@ -54,10 +55,16 @@ def read_pairs(path: str) -> list[str]:
     documents = []
     for number, line in numbered_lines(path, f"pairs:{path}"):
         parts = line.split(TAB)
-        if len(parts) != 2 or not parts[0].strip() or not parts[1].strip():
+        if len(parts) != 2:
             raise UserError(
                 f"line {number} of {path} is not a pair: one tab between a source and a target is needed, "
                 f"found {len(parts) - 1} tab(s) in {line[:60]!r}"
+            )
+        if empty := [side for side, text in zip(("source", "target"), parts, strict=True) if not text.strip()]:
+            where = "before" if empty[0] == "source" else "after"
+            raise UserError(
+                f"line {number} of {path} has an empty {empty[0]} (nothing {where} its tab) in {line[:60]!r}; write "
+                "a source and its target on each line"
             )
         documents.append(f"{parts[0].strip()}{TAB}{parts[1].strip()}")
     if not documents:
@@ -195,13 +202,24 @@ def tab_token(tokenizer) -> int:
 def prompt_ids(tokenizer, source: str) -> list[int]:
     """What a model trained on pairs reads before answering `source`: the separator, the
     source, the tab (as in training); its answer ends at the separator (`separator_id`)."""
-    return [separator_id(tokenizer), *tokenizer.encode(source.strip()), tab_token(tokenizer)]
+    return [separator_id(tokenizer), *tokenizer.encode(checked_source(source)), tab_token(tokenizer)]
 
 
 def source_ids(tokenizer, source: str) -> list[int]:
     """What an encoder–decoder trained on pairs encodes: the source and the separator (its
     decoder starts from the separator alone)."""
-    return [*tokenizer.encode(source.strip()), separator_id(tokenizer)]
+    return [*tokenizer.encode(checked_source(source)), separator_id(tokenizer)]
+
+
+def checked_source(source: str) -> str:
+    """A source to answer, stripped; one line where it holds the tab that ends a source in
+    training (the model would read its answer as begun)."""
+    if TAB in source.strip():
+        raise UserError(
+            f"the source {source.strip()[:60]!r} holds a tab, which ends a source in training: the model would read "
+            "what follows it as its answer begun; give the source alone"
+        )
+    return source.strip()
 
 
 def answering(tokenizer) -> Answering:

@@ -20,6 +20,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from jaxgpt import interrupts
 from jaxgpt.errors import UserError
 
 
@@ -36,6 +37,8 @@ class StopRequests:
         self._previous: dict = {}
 
     def _request(self, signum, _frame) -> None:
+        if signum == signal.SIGINT:
+            interrupts.take()  # the command's watcher acts only on one beyond it
         self.reason = signal.Signals(signum).name
         self.say(f"{self.reason}: finishing this step and writing a checkpoint (Ctrl-C again to abort)")
         signal.signal(signal.SIGINT, self._previous.get(signal.SIGINT, signal.default_int_handler))
