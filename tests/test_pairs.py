@@ -193,6 +193,25 @@ def test_sample_answers_a_source_and_evaluate_scores_every_held_out_pair(pairs_r
     assert "exactly right (greedy decoding)" in evaluated.stdout
 
 
+def test_the_validation_line_says_how_many_held_out_pairs_its_batches_hold(pairs_run):
+    """A run scores the held-out pairs its train.eval_batches batches of rows hold: the line
+    says of how many, and that evaluate scores them all (a 2,000-pair file printed "196
+    held-out pairs" with no reason)."""
+    from jaxgpt.data.pairs import pair_validation
+
+    _, config = pairs_run
+    dataset = data.prepare(config_data(config), progress=False)
+    held_out = data.pairs.split_examples(dataset, 32)[1]
+    one_batch = pair_validation(held_out, dataset.tokenizer.token_bytes(), 32, batch_size=2, most=1)
+    assert 0 < one_batch.examples < len(held_out)
+    assert one_batch.describe().startswith(
+        f"validation: {one_batch.examples} of the {len(held_out)} held-out pairs (the train.eval_batches batches "
+        f"of packed rows hold them; jaxgpt evaluate scores all {len(held_out)}) in 2 packed rows"
+    )
+    every = pair_validation(held_out, dataset.tokenizer.token_bytes(), 32, batch_size=2, most=len(held_out))
+    assert every.describe().startswith(f"validation: {len(held_out)} held-out pairs in ")
+
+
 def test_exact_match_is_what_greedy_decoding_writes(pairs_run):
     """The exact match evaluation logs, read off one teacher-forced pass, against answers
     written by greedy decoding with the KV cache (sampling.generate): for 8 held-out sources,

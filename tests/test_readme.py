@@ -303,3 +303,13 @@ def agree(printed: str, quoted: str) -> bool:
         if abs(float(a.replace(",", "")) - float(b.replace(",", ""))) > unit:
             return False
     return True
+
+
+def test_no_example_of_a_commands_help_runs_two_lines_into_one():
+    """A docstring's line continuation written as one backslash is Python's, not the shell's:
+    the two lines of an example joined with a run of spaces in --help. Two backslashes keep it."""
+    for path in sorted((ROOT / "jaxgpt" / "commands").glob("*.py")):
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        examples = doc.split("Examples:\n", 1)[1].split("\n\n", 1)[0] if "Examples:\n" in doc else ""
+        joined = [line for line in examples.splitlines() if re.search(r"\S {4,}--", line)]
+        assert joined == [], (path.name, joined)

@@ -3,7 +3,7 @@ python -m jaxgpt activations --workdir DIR --prompt TEXT [--names NAME,...] [--o
 
 Examples:
   python -m jaxgpt activations --workdir runs/tiny --prompt "if x is None: x = x + 1"
-  python -m jaxgpt activations --workdir runs/tiny --prompt "if x is None:" \
+  python -m jaxgpt activations --workdir runs/tiny --prompt "if x is None:" \\
       --names blocks.0.attn.hook_pattern,blocks.1.attn.hook_z --out acts.npz
 
 Without --names: every site the model has, in the order the forward pass reaches it, with its

@@ -4,7 +4,7 @@ python -m jaxgpt hellaswag --workdir DIR --questions FILE [--questions FILE ...]
 Examples:
   python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl
   python -m jaxgpt hellaswag --init_from gpt2 --questions hf:Rowan/hellaswag --limit 1000
-  python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl \
+  python -m jaxgpt hellaswag --workdir runs/tiny --questions tests/data/hellaswag_sample.jsonl \\
       --questions tests/data/arc_sample.jsonl --questions tests/data/winogrande_sample.jsonl
 
 Each ending is scored by the log-likelihood of its tokens after the context. Prints, per file, the

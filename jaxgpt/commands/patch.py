@@ -2,13 +2,14 @@
 python -m jaxgpt patch --workdir DIR --clean TEXT --corrupted TEXT --answer TOKEN --wrong TOKEN [--out DIR]
 
 Examples:
-  python train.py --config configs/induction.py     # docs/lab.md section 13: a model with an induction circuit
-  python -m jaxgpt patch --workdir runs/induction --clean kvbrmqxdwpkvbrmqxdw \
+  python -m jaxgpt patch --workdir runs/induction --clean kvbrmqxdwpkvbrmqxdw \\
       --corrupted kvbrmqxdypkvbrmqxdw --answer p --wrong y --out runs/induction/patching
-  python -m jaxgpt patch --init_from gpt2 --clean "When Mary and John went to the store, John gave a drink to" \
+  python -m jaxgpt patch --init_from gpt2 --clean "When Mary and John went to the store, John gave a drink to" \\
       --corrupted "When Mary and John went to the store, Mary gave a drink to" --answer " Mary" --wrong " John"
 
-The clean prompt makes the model prefer --answer to --wrong as its next token; the corrupted one,
+The first example's model has an induction circuit to find (python train.py --config
+configs/induction.py; docs/lab.md section 13). The clean prompt makes the model prefer --answer
+to --wrong as its next token; the corrupted one,
 changed where it matters, does not. Each activation of the clean run is copied into the
 corrupted run in turn, and the command prints how much of the logit difference
 logit(answer) - logit(wrong) it brings back (1: all, 0: none; jaxgpt/lab/patching.py): per layer

@@ -367,6 +367,7 @@ class PairValidation:
     target_bytes: int  # UTF-8 bytes they stand for
     left_out: int = 0  # pairs too long for a row, in both splits
     kind: str = "pairs"  # what the examples are: "pairs", or "conversations" (jaxgpt/data/conversations.py)
+    held_out: int = 0  # the split's examples that fit a row: `examples` of them in the batches scored
 
     @property
     def batches(self) -> int:
@@ -381,8 +382,15 @@ class PairValidation:
         )
 
     def describe(self) -> str:
+        beyond = self.held_out - self.examples
+        of = (
+            f"{self.examples:,} of the {self.held_out:,} held-out {self.kind} (the train.eval_batches batches of "
+            f"packed rows hold them; jaxgpt evaluate scores all {self.held_out:,})"
+            if beyond > 0
+            else f"{self.examples:,} held-out {self.kind}"
+        )
         return (
-            f"validation: {self.examples:,} held-out {self.kind} in {self.batches * self.batch_size} packed rows, "
+            f"validation: {of} in {self.batches * self.batch_size} packed rows, "
             f"{self.target_tokens:,} answer tokens scored, {self.target_bytes:,} bytes of text"
             + (f"; {self.left_out:,} {self.kind} longer than a row left out" if self.left_out else "")
         )
@@ -401,4 +409,6 @@ def pair_validation(
     weights = stacked_rows["weights"]
     target_bytes = int((token_bytes[stacked_rows["targets"]] * weights).sum())
     kind = "pairs" if isinstance(examples, Examples) else "conversations"
-    return PairValidation(stacked_rows, batch_size, scored_examples, int(weights.sum()), target_bytes, kind=kind)
+    return PairValidation(
+        stacked_rows, batch_size, scored_examples, int(weights.sum()), target_bytes, kind=kind, held_out=len(examples)
+    )
