@@ -119,3 +119,24 @@ def test_hovering_a_patching_cell_shows_what_it_restores(browser, tmp_path):
         assert "on" in cell.get_attribute("class").split()
     assert console_errors(browser) == []
     assert browser.save_screenshot(str(tmp_path / "patching.png"))
+
+
+def test_each_page_shows_its_key_and_a_space_as_a_mark(browser, tmp_path):
+    """What the shading means, on what scale, in every view; a guess of a space (an empty cell
+    before) reads ␣."""
+    from selenium.webdriver.common.by import By
+
+    logits = np.zeros((2, 3, 4))
+    logits[:, :, 0] = 5.0  # every cell's top guess: token 0, a space
+    pages = {
+        "attention": attention_view(random_maps(1, 1, 3, 3, seed=0), list("a b"), title="weights"),
+        "lens": logit_lens_view(logits, np.array([1, 2, 3]), lambda t: " xyz"[t[0]], title="lens"),
+        "patching": patching_view({"resid_pre": np.ones((1, 2))}, {"resid_pre": list("ab")}, title="p", note="n"),
+    }
+    for name, page in pages.items():
+        browser.get(page.save(tmp_path / f"{name}.html").as_uri())
+        key = browser.find_element(By.CSS_SELECTOR, ".legend")
+        assert key.is_displayed() and re.search(r"0 .*1", key.text) and "␣ is a space" in key.text, (name, key.text)
+    browser.get((tmp_path / "lens.html").as_uri())
+    assert {cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#lens td")} == {"␣"}
+    assert console_errors(browser) == []

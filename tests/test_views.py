@@ -124,3 +124,27 @@ def test_the_patching_page_embeds_each_table_with_its_labels():
     assert data["note"] == "clean 2.000, corrupted -1.000"
     with pytest.raises(ValueError, match="resid_pre: 5 columns of values and 4 labels"):
         patching_view(tables, labels | {"resid_pre": list("abcd")}, title="p", note="")
+
+
+def test_every_picture_names_what_it_shows_its_axes_and_its_scale(trained_small_run, tmp_path, monkeypatch):
+    """The PNGs the commands write, captured before saving: each says what it shows (a title),
+    names both axes with their units (loss in nats per token), and labels its colour bar."""
+    from jaxgpt.commands import attention_maps, evaluate, patch, plot
+
+    drawn = []
+    for module in (plot, attention_maps, evaluate, patch):
+        monkeypatch.setattr(module, "save_png", lambda figure, out: drawn.append(figure) or out)
+    plot.plot_runs([trained_small_run], "loss", tmp_path / "loss.png")
+    attention_maps.draw(random_maps(1, 2, 3, 3, seed=0), list("abc"), 0, tmp_path / "a.png")
+    evaluate.draw([("run", 32, [evaluate.LengthResult(32, 4, np.linspace(3, 2, 32))])], tmp_path / "e.png")
+    tables = {"resid_pre": np.ones((2, 3)), "head_out": np.ones((2, 4))}
+    patch.draw(tables, {"resid_pre": list("abc"), "head_out": [f"head {h}" for h in range(4)]}, "t", tmp_path / "p")
+    assert len(drawn) == 4
+    for figure in drawn:
+        plotted = [axes for axes in figure.axes if axes.get_label() != "<colorbar>"]
+        assert figure.get_suptitle() or all(axes.get_title() for axes in plotted), figure
+        assert any(axes.get_xlabel() for axes in plotted) and any(axes.get_ylabel() for axes in plotted), figure
+        for bar in (axes for axes in figure.axes if axes.get_label() == "<colorbar>"):
+            assert bar.get_ylabel() or bar.get_xlabel(), figure
+    assert drawn[0].axes[0].get_ylabel() == "loss (nats per token)"
+    assert drawn[2].axes[0].get_ylabel() == "validation loss (nats per token)"

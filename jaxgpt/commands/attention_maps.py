@@ -97,8 +97,10 @@ def draw(
         grid[layer, 0].set_ylabel("query (attends)", fontsize=7)
     for head in range(heads):
         grid[-1, head].set_xlabel("key (attended to)", fontsize=7)
-    label = "pre-softmax score (blank: masked)" if scores else "attention weight"
+    label = "pre-softmax score (blank: masked)" if scores else "attention weight (0 to 1; a row sums to 1)"
     figure.colorbar(image, ax=grid, fraction=0.5 / (side * heads + COLOUR_BAR_INCHES), label=label)
+    what = "pre-softmax scores" if scores else "weights"
+    figure.suptitle(f"{kind}attention {what}: each query token's row over the key tokens it may see", fontsize=9)
     return save_png(figure, out)
 
 

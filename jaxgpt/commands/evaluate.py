@@ -344,9 +344,12 @@ def draw(runs: list[tuple[str, int, list[LengthResult]]], out: Path) -> Path:
     by_length.set_xscale("log", base=2)
     by_length.set_xlabel("window length")
     for axes in (by_position, by_length):
-        axes.set_ylabel("validation loss (nats)")
+        axes.set_ylabel("validation loss (nats per token)")
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
+    by_position.set_title("by position, in each run's longest windows", fontsize="small")
+    by_length.set_title("mean over the window, by its length", fontsize="small")
+    figure.suptitle("loss on the same validation text cut into windows of each length")
     return save_png(figure, out)
 
 

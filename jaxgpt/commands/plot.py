@@ -30,6 +30,17 @@ from jaxgpt.errors import UserError  # noqa: E402
 from jaxgpt.job.metrics import read_metrics  # noqa: E402
 
 SIZE_INCHES, DPI = (11, 4), 100  # 1100 x 400 pixels
+# What a metric's numbers are, for its axis (a key of metrics.jsonl not named here shows as itself)
+UNITS = {
+    "loss": "loss (nats per token)",
+    "train_loss": "training loss (nats per token)",
+    "val_loss": "validation loss (nats per token)",
+    "val_bpb": "validation bits per byte",
+    "tokens_per_sec": "tokens per second",
+    "lr": "learning rate",
+    "grad_norm": "gradient norm (before clipping)",
+    "mfu": "model FLOPs utilisation (fraction of the peak)",
+}
 
 
 def tokens_per_step(workdir: Path) -> int:
@@ -104,6 +115,7 @@ def draw_expert_load(workdirs: list[Path]):
             ax.set_ylabel("share of assignments")
             ax.grid(alpha=0.3)
     axes[0][0].legend(fontsize="x-small")
+    figure.suptitle("each expert's share of its layer's assignments over training (dashed: an even share)")
     return figure
 
 
@@ -127,9 +139,15 @@ def draw_runs(workdirs: list[Path], metric: str):
         raise UserError(f"no {metric!r} values in the metrics of {', '.join(map(str, workdirs))}; try --metric loss")
     for axes, xlabel in ((by_step, "step"), (by_tokens, "tokens seen")):
         axes.set_xlabel(xlabel)
-        axes.set_ylabel(metric)
+        axes.set_ylabel(UNITS.get(metric, metric))
         axes.grid(alpha=0.3)
         axes.legend(fontsize="small")
+    what = (
+        "loss: train (each logging interval's mean, solid) and val (each evaluation, dashed)"
+        if metric == "loss"
+        else UNITS.get(metric, metric)
+    )
+    figure.suptitle(f"{what}, against steps and against tokens seen", fontsize="medium")
     return figure
 
 

@@ -9,7 +9,8 @@ each cell that layer's likeliest next token; hover it for the five likeliest and
 of the token that does come next. The patching view: a heatmap per patching table (each layer
 by position, or by head), hover a cell for the fraction of the logit difference it restores.
 The data a page embeds is JSON in a <script type="application/json"> element, read back by
-tests/test_views.py against the arrays it came from.
+tests/test_views.py against the arrays it came from. Every page has a key (class "legend") saying
+what its shading means, on what scale; tokens show a space as ␣ and a line break as \n.
 """
 
 from __future__ import annotations
@@ -145,6 +146,10 @@ h1 { font-size: 16px; margin: 0 0 8px; }
 .token { font-family: ui-monospace, monospace; padding: 2px 3px; margin: 1px; border: 1px solid #ccc;
          border-radius: 3px; white-space: pre; }
 #readout { font-family: ui-monospace, monospace; white-space: pre-wrap; min-height: 3em; }
+.legend { color: #444; font-size: 12px; margin: 6px 0; }
+.ramp { display: inline-block; width: 90px; height: 10px; vertical-align: middle; border: 1px solid #999;
+        background: linear-gradient(to right, rgba(43, 108, 176, 0), rgba(43, 108, 176, 1)); }
+.ramp.against { background: linear-gradient(to right, rgba(192, 86, 33, 1), rgba(192, 86, 33, 0)); }
 __STYLE__</style></head>
 <body>
 <h1>__TITLE__</h1>
@@ -152,7 +157,7 @@ __BODY__<script type="application/json" id="data">__DATA__</script>
 <script>
 "use strict";
 const data = JSON.parse(document.getElementById("data").textContent);
-function shown(text) { return JSON.stringify(text).slice(1, -1); }
+function shown(text) { return JSON.stringify(text).slice(1, -1).replace(/ /g, "\u2423"); }  // a space: ␣
 __SCRIPT__</script>
 </body></html>
 """
@@ -172,6 +177,8 @@ _ATTENTION_BODY = """<div class="controls" id="layers"></div>
 <div class="tokens" id="queries"></div>
 <div class="label">keys, shaded by the chosen query's weight on each</div>
 <div class="tokens" id="keys"></div>
+<div class="legend">key: the attention weight the chosen query gives each key, 0 <span class="ramp"></span> 1
+(a query's weights over the keys it may see sum to 1); ␣ is a space</div>
 <div id="readout"></div>
 """
 
@@ -233,6 +240,8 @@ td.guess.on { outline: 2px solid #c05621; }
 _LENS_BODY = """<div class="label">a row per layer, a column per position: the top guess for the next token,
 shaded by its probability (hover a cell, or tab to it, for its guesses)</div>
 <table id="lens"></table>
+<div class="legend">key: the probability the layer gives its top guess, 0 <span class="ramp"></span> 1; ␣ is a
+space</div>
 <div id="readout"></div>
 """
 
@@ -281,6 +290,9 @@ td.value.on { outline: 2px solid #222; }
 """
 
 _PATCHING_BODY = """<div class="label" id="note"></div>
+<div class="legend">key: the fraction of the logit difference (clean less corrupted) that patching the cell
+restores, blue 0 <span class="ramp"></span> 1 (1: all of it); red, below 0, works against it
+<span class="ramp against"></span>; shading capped at 1; ␣ is a space</div>
 <div id="panels"></div>
 <div id="readout"></div>
 """
