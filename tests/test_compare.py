@@ -184,3 +184,19 @@ def test_encoders_are_compared_by_their_masked_loss_without_bits_per_byte(tmp_pa
         loss = [r for r in records if "val_loss" in r][-1]["val_loss"]
         assert f"| mask_rate={rate} (masked) | 1 | {loss:.4f} ± 0.0000 | - |" in table, table
     assert "not comparable with a next-token loss" in table
+
+
+def test_a_variant_stopped_before_its_first_evaluation_stops_the_comparison_in_one_line(
+    tmp_path, monkeypatch, capsys
+):
+    """Asked to stop (Ctrl-C) in its first variant, before that run's first evaluation: the
+    comparison says where it stopped and how to go on, exit 130, no IndexError traceback."""
+    import jaxgpt.job.trainer
+    from jaxgpt.commands import compare
+
+    monkeypatch.setattr(jaxgpt.job.trainer, "train_and_evaluate", lambda *a, **k: {"step": 3, "stopped": "SIGINT"})
+    with pytest.raises(SystemExit) as exited:
+        compare.main([*TINY, *VARY, f"--out={tmp_path / 'out'}"])
+    assert exited.value.code == 130
+    said = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "seed 0, stopped at step 3; rerun the same command: finished runs are skipped, the others resume" in said

@@ -214,3 +214,10 @@ def test_the_validation_loss_is_the_mean_over_every_hidden_token_not_over_the_ba
     batches = [{"loss": 1.0, "accuracy": 0.0, "scored": 1.0}, {"loss": 3.0, "accuracy": 1.0, "scored": 3.0}]
     assert mean_losses(batches) == {"loss": 2.5, "accuracy": 0.75}
     assert mean_losses([{"loss": 1.0}, {"loss": 3.0}]) == {"loss": 2.0}  # next-token: equal batches
+    # a mixture of experts' router statistics, per layer, averaged the same way leaf by leaf (this
+    # crashed every evaluation of a masked, pairs or chat run with experts: a dict times a float)
+    router = [{"aux_loss": np.array([1.0, 2.0]), "load": {"0": np.array(0.25)}}, {"aux_loss": np.array([3.0, 6.0]),
+              "load": {"0": np.array(0.75)}}]  # fmt: skip
+    nested = mean_losses([b | {"router": r} for b, r in zip(batches, router, strict=True)])
+    np.testing.assert_array_equal(nested["router"]["aux_loss"], [2.5, 5.0])
+    assert nested["router"]["load"]["0"] == 0.625 and nested["loss"] == 2.5

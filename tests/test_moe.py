@@ -412,3 +412,21 @@ def test_the_load_balancing_loss_moves_a_skewed_router_toward_balance():
     _, losses = jax.jit(lambda k: jax.lax.scan(descend, k, None, length=200))(skewed)
     assert losses[0] > 3.9  # the skew: (nearly) every token on one expert
     assert float(np.mean(losses[100:])) < 2.0, losses[100:]
+
+
+@pytest.mark.parametrize("objective", ["masked", "pairs"])
+def test_experts_under_another_objective_train_through_their_evaluations(objective, tmp_path):
+    """A masked-token encoder and a decoder on text pairs, each with experts: every evaluation's
+    router statistics are averaged over its batches like its losses (they crashed the first one:
+    `TypeError: unsupported operand type(s) for *: 'dict' and 'float'`)."""
+    from jaxgpt.job.metrics import read_metrics
+
+    config = layout_run_config(dict(data=1), steps=4, eval_every=2, checkpoint_every=4)
+    config.model.moe.update(experts=4, top_k=2)
+    if objective == "masked":
+        config.model.update(causal=False, objective="masked")
+    else:
+        config.data.source = "builtin:dates"
+    trained(tmp_path, config)
+    evaluations = [r for r in read_metrics(tmp_path) if "val_loss" in r]
+    assert [r["step"] for r in evaluations] == [2, 4] and all(np.isfinite(r["val_loss"]) for r in evaluations)

@@ -313,3 +313,21 @@ def test_no_example_of_a_commands_help_runs_two_lines_into_one():
         examples = doc.split("Examples:\n", 1)[1].split("\n\n", 1)[0] if "Examples:\n" in doc else ""
         joined = [line for line in examples.splitlines() if re.search(r"\S {4,}--", line)]
         assert joined == [], (path.name, joined)
+
+
+def test_a_figure_quoted_on_two_pages_is_the_one_its_benchmark_recorded():
+    """GPT-2 124M's memory a v5e chip: docs/devices.md said 12.14 GiB (remat=dots, as shipped
+    before 2026-11-27) where docs/gpt2_124m.md said 9.81 for the same command. Both now quote
+    bench/results/tpu_compile.json, which bench/tpu_compile.py writes from the TPU compiler."""
+    import json
+
+    rows = json.loads((ROOT / "bench" / "results" / "tpu_compile.json").read_text())["rows"]
+    (row,) = [r for r in rows if (r["config"], r["target"]) == ("gpt2_124m", "tpu-v5e-8")]
+    recorded = f"{row['total_gib']:.2f} GiB"
+    pages = {
+        "docs/devices.md": r"`configs/gpt2_124m.py`: ([\d.]+ GiB) of a v5e chip's 16",
+        "docs/gpt2_124m.md": r"reports ([\d.]+ GiB) of a chip's 16",
+    }
+    for page, pattern in pages.items():
+        quoted = re.findall(pattern, " ".join((ROOT / page).read_text().split()))
+        assert quoted == [recorded], (page, quoted, recorded)

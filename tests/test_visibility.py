@@ -446,3 +446,48 @@ def test_the_gradients_row_names_a_frozen_a_non_finite_or_an_exploding_gradient(
 
     row = gradients_row(norms)
     assert row.passed is passed and row.detail.startswith(detail), row.detail
+
+
+@pytest.mark.parametrize(
+    "runtime, installed",
+    [
+        ("tpu", ["-r", "requirements.txt", "jax[tpu]==0.10.2"]),
+        ("gpu", ["-r", "requirements.txt", "jax[cuda12]==0.10.2"]),
+        ("cpu", ["-r", "requirements.txt"]),
+    ],
+)
+def test_on_colab_the_install_cell_installs_jax_for_the_runtimes_accelerator(runtime, installed, monkeypatch, tmp_path):
+    """The install cell as Colab runs it, from this checkout, on each kind of runtime: a TPU's
+    (COLAB_TPU_ADDR set), a GPU's (nvidia-smi on the PATH), a CPU's; pip asked for the pinned
+    requirements and, with an accelerator, JAX's build for it (the CPU jaxlib alone on a GPU
+    once: training there ran on the CPU)."""
+    import stat
+    import subprocess as subprocesses
+    import types
+
+    import nbformat
+    from IPython.core.interactiveshell import InteractiveShell
+
+    cells = nbformat.read(ROOT / "notebooks" / "colab_tpu.ipynb", as_version=4).cells
+    code = [cell.source for cell in cells if cell.cell_type == "code"]
+    install = next(source for source in code if "working in" in source)
+    monkeypatch.setitem(sys.modules, "google.colab", types.ModuleType("google.colab"))
+    monkeypatch.delenv("COLAB_TPU_ADDR", raising=False)
+    monkeypatch.delenv("TPU_NAME", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi but the one a GPU runtime gets below
+    if runtime == "tpu":
+        monkeypatch.setenv("COLAB_TPU_ADDR", "10.0.0.2:8470")
+    if runtime == "gpu":
+        (tmp_path / "nvidia-smi").write_text("#!/bin/sh\n")
+        (tmp_path / "nvidia-smi").chmod(stat.S_IRWXU)
+    asked = []
+    monkeypatch.setattr(subprocesses, "run", lambda args, **kwargs: asked.append(args[args.index("install") + 2 :]))
+    monkeypatch.chdir(ROOT)
+    shell = InteractiveShell.instance()
+    try:
+        for source in (code[0], install):
+            result = shell.run_cell(source)
+            assert result.success, result.error_in_exec
+    finally:
+        InteractiveShell.clear_instance()
+    assert [argument for command in asked for argument in command] == installed

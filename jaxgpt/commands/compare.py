@@ -20,11 +20,13 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import sys
 from pathlib import Path
 
 from absl import flags
 
 from jaxgpt.commands import cli
+from jaxgpt.commands.interrupt import INTERRUPTED
 from jaxgpt.errors import UserError, warn
 
 
@@ -237,6 +239,11 @@ def plot(runs: dict[str, list[Path]], out: Path, vary: list[tuple[str, list[str]
     return save_png(figure, out)
 
 
+class Stopped(Exception):
+    """A variant's run was asked to stop before it finished: the comparison stops with it (it
+    has no evaluation to report yet), and rerunning the command continues it."""
+
+
 def on_purpose(vary: list[tuple[str, list[str]]], overrides) -> tuple[str, ...]:
     """The config keys a comparison sets on purpose: those it varies, and the command line's."""
     return (*overrides, *(key for key, _ in vary))
@@ -264,7 +271,9 @@ def compare(
         run_config.train.seed = config.train.seed + seed
         workdir = out / name / f"seed{seed}"
         say(f"[{n}/{total}] {name}, seed {run_config.train.seed}: {workdir}")
-        train_and_evaluate(run_config, workdir, progress=progress, overrides=on_purpose(vary, overrides))
+        last = train_and_evaluate(run_config, workdir, progress=progress, overrides=on_purpose(vary, overrides))
+        if last.get("stopped"):  # asked to stop (Ctrl-C, SIGTERM): its checkpoint is written, the rest waits
+            raise Stopped(f"{name}, seed {run_config.train.seed}, stopped at step {last['step']}")
         records = read_metrics(workdir)
         final = [r for r in records if "val_loss" in r][-1]
         loss_key, bpb_key = scored_key(records, "val_loss"), scored_key(records, "val_bpb")
@@ -320,7 +329,11 @@ def main(argv: list[str] | None = None) -> None:
     overrides = cli.config_overrides(argv)
     for variant in variants(vary):  # every variant checked as train.py would, before the first run
         check_runnable(with_values(config, variant), overrides=on_purpose(vary, overrides))
-    _, table = compare(config, vary, f.seeds, out, progress=not f.quiet, overrides=overrides)
+    try:
+        _, table = compare(config, vary, f.seeds, out, progress=not f.quiet, overrides=overrides)
+    except Stopped as stopped:
+        print(f"{stopped}; rerun the same command: finished runs are skipped, the others resume", file=sys.stderr)
+        sys.exit(INTERRUPTED)
     print(table)
     print(f"wrote {out / 'results.md'}, {out / 'results.json'}, {out / 'loss.png'}")
 

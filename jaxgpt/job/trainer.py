@@ -126,16 +126,20 @@ def _validation_batch(validation, index: int, mesh) -> dict:
     return validation.batch(mesh, index)
 
 
-def mean_losses(batches: list[dict]) -> dict[str, float]:
-    """Each loss's mean over the batches: over every token scored, where batches score different
-    numbers of tokens ("scored": the masked objective's hidden ones, the answers of text
-    pairs), else over the batches; counts (COUNTS) summed."""
+def mean_losses(batches: list[dict]) -> dict:
+    """Each measurement's mean over the batches: over every token scored, where batches score
+    different numbers of tokens ("scored": the masked objective's hidden ones, the answers of
+    text pairs), else over the batches; counts (COUNTS) summed. A nested measurement (a mixture
+    of experts' router statistics, per layer) is averaged leaf by leaf."""
     counts = {key: float(sum(float(b[key]) for b in batches)) for key in COUNTS if key in batches[0]}
     means = [key for key in batches[0] if key not in COUNTS and key != "scored"]
-    if "scored" not in batches[0]:
-        return {key: float(np.mean([b[key] for b in batches])) for key in means} | counts
-    scored = np.array([float(b["scored"]) for b in batches])
-    return {key: float(np.average([b[key] for b in batches], weights=scored)) for key in means} | counts
+    scored = np.array([float(b["scored"]) for b in batches]) if "scored" in batches[0] else None
+
+    def mean(*values):
+        averaged = np.average(np.stack([np.asarray(v, np.float64) for v in values]), axis=0, weights=scored)
+        return float(averaged) if averaged.ndim == 0 else averaged
+
+    return {key: jax.tree.map(mean, *[b[key] for b in batches]) for key in means} | counts
 
 
 class Due(NamedTuple):
