@@ -186,9 +186,7 @@ def test_encoders_are_compared_by_their_masked_loss_without_bits_per_byte(tmp_pa
     assert "not comparable with a next-token loss" in table
 
 
-def test_a_variant_stopped_before_its_first_evaluation_stops_the_comparison_in_one_line(
-    tmp_path, monkeypatch, capsys
-):
+def test_a_variant_stopped_before_its_first_evaluation_stops_the_comparison_in_one_line(tmp_path, monkeypatch, capsys):
     """Asked to stop (Ctrl-C) in its first variant, before that run's first evaluation: the
     comparison says where it stopped and how to go on, exit 130, no IndexError traceback."""
     import jaxgpt.job.trainer
