@@ -8,6 +8,7 @@ and the command prints, draws and refuses as it says."""
 import json
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -97,7 +98,13 @@ def test_attribution_patching_is_exact_where_the_metric_is_linear_in_the_activat
     ids=["layernorm", "rmsnorm-untied-grouped", "no-norm"],
 )
 def test_the_direct_logit_attribution_parts_sum_to_the_logit_difference(changes):
+    """With the final norm's learned scale and bias drawn at random (at their init, 1 and 0, an
+    attribution that ignored them summed right all the same)."""
     config, params = model(**changes)
+    if "norm_f" in params:
+        rng = np.random.default_rng(3)
+        params = params | {"norm_f": {k: jnp.asarray(rng.normal(1.0 if k == "scale" else 0.0, 0.5, v.shape), v.dtype)
+                                      for k, v in params["norm_f"].items()}}  # fmt: skip
     ids = np.asarray([CLEAN])
     parts = P.direct_logit_attribution(config, params, ids, last=7, answer=13, wrong=21)
     logits = A.run_with_interventions(config, params, ids, {})

@@ -276,3 +276,25 @@ def test_a_chunked_loss_keeps_one_chunk_of_logits():
 
     whole, chunked = temporaries(0), temporaries(8)
     assert whole - chunked > logits_bytes, (whole, chunked)
+
+
+@pytest.mark.parametrize("batch", ["windows", "examples", "masked"])
+def test_evaluating_a_model_with_dropout_is_evaluating_it_without(batch):
+    """eval_step of a model with dropout 0.5 equals that of the same weights without dropout:
+    evaluation is deterministic. Planted, evaluation with dropout on moves every loss by whole
+    percents."""
+    from jaxgpt.training.train_step import eval_step
+
+    config = MODEL.replace(dropout=0.5)
+    if batch == "masked":
+        config = config.replace(causal=False, objective="masked")
+    params = init_params(config, jax.random.key(0))
+    windows = counting_windows(4, 0)
+    if batch == "examples":  # answers scored alone: the weighted loss, accuracy and exact matches
+        weights = jnp.asarray(np.tile(np.arange(16) >= 8, (4, 1)), jnp.float32)
+        segments = jnp.ones((4, 16), jnp.int32)
+        windows = {"inputs": windows[:, :-1], "targets": windows[:, 1:], "weights": weights, "segments": segments}
+    noisy = eval_step(params, windows, model=GPT(config))
+    plain = eval_step(params, windows, model=GPT(config.replace(dropout=0.0)))
+    assert set(noisy) == set(plain) and noisy["loss"] > 0
+    jax.tree.map(np.testing.assert_array_equal, noisy, plain)

@@ -320,3 +320,31 @@ def test_aligned_to_documents_every_training_window_begins_at_a_document_or_a_wi
     assert read and all(starts is not None and starts.tolist() == want.tolist() for starts in read)
     assert fields == {("inputs", "positions", "segments", "targets")}
     assert json.loads((tmp_path / "config.json").read_text())["data"]["attend_within_documents"] is True
+
+
+def test_bits_per_byte_divide_by_the_bytes_the_scored_tokens_stand_for(tmp_path):
+    """On text of one-, two- and three-byte characters (a char run: each id's bytes read off its
+    character, by Python): val_bpb is the loss in bits times the validation windows' scored
+    tokens over their UTF-8 bytes. Planted, bits per byte divided by tokens passes on ASCII, one
+    byte a token; here the bytes are a fifth more than the tokens."""
+    import numpy as np
+
+    from jaxgpt import data
+    from jaxgpt.config_files import with_tokenizer_vocab
+
+    rng = np.random.default_rng(0)
+    words = ["naïve", "café", "中文", "plain", "ñandú", "Ωmega", "x = 1"]
+    (tmp_path / "text").mkdir()
+    (tmp_path / "text" / "a.txt").write_text(" ".join(rng.choice(words, 3000)) + "\n", encoding="utf-8")
+    config = small_config(steps=2, warmup_steps=1, eval_every=2, checkpoint_every=2)
+    config.data.update(source=f"text:{tmp_path / 'text'}", tokenizer="char")
+    train_and_evaluate(config, tmp_path / "run", progress=False)
+    record = [r for r in read_metrics(tmp_path / "run") if "val_bpb" in r][-1]
+    dataset = data.prepare(resolve(config).data, progress=False)
+    run = with_tokenizer_vocab(resolve(config), dataset.tokenizer.vocab_size)
+    _, validation = data.batch_sources(dataset, run)
+    targets = np.concatenate([validation.tokens[s + 1 : s + 1 + validation.seq_len] for s in validation.starts])
+    chars = dataset.tokenizer.chars
+    scored_bytes = sum(len(chars[t].encode("utf-8")) for t in targets)
+    assert scored_bytes > 1.15 * len(targets)
+    assert record["val_bpb"] == pytest.approx(record["val_loss"] / math.log(2) * len(targets) / scored_bytes, rel=1e-12)
