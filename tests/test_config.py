@@ -153,3 +153,28 @@ def test_microbatches_divide_the_batch_or_are_left_to_the_run(batch_size, microb
     else:
         with pytest.raises(ConfigError, match="or 0 to let the run choose"):
             resolve(config, vocab_size=96)
+
+
+def test_every_model_field_has_a_kind_and_every_resumable_field_exists():
+    """config/model.py's FIELD_KINDS names each ModelConfig field architecture, workbench or run
+    (what init_from takes from the weights, what export refuses, what a run chooses): a new
+    switch left out of it fails here, not silently in the code that reads the lists it gives.
+    And what a resume may change names fields that exist."""
+    import dataclasses
+
+    from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, TrainConfig
+    from jaxgpt.config.model import FIELD_KINDS
+    from jaxgpt.hf.family import WORKBENCH_FIELDS
+    from jaxgpt.job.pretrained import ARCHITECTURE_FIELDS, RUN_CHOICES
+    from jaxgpt.job.resume import RESUMABLE_FIELDS
+
+    fields = [f.name for f in dataclasses.fields(ModelConfig)]
+    assert sorted(FIELD_KINDS) == sorted(fields) and set(FIELD_KINDS.values()) == {"architecture", "workbench", "run"}
+    assert set(ARCHITECTURE_FIELDS) | set(RUN_CHOICES) == set(fields) and not set(ARCHITECTURE_FIELDS) & set(
+        RUN_CHOICES
+    )
+    assert set(WORKBENCH_FIELDS) < set(ARCHITECTURE_FIELDS)
+    sections = {"model": ModelConfig, "data": DataConfig, "train": TrainConfig, "mesh": MeshConfig}
+    for key in RESUMABLE_FIELDS:
+        section, name = key.split(".")
+        assert name in {f.name for f in dataclasses.fields(sections[section])}, key

@@ -202,3 +202,31 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(tmp_path)
     # which may re-associate the sums: the reduction-order tolerance of the layouts above.
     np.testing.assert_allclose(train_losses(tmp_path / "two"), train_losses(tmp_path / "one"), rtol=1e-5)
     assert len(train_losses(tmp_path / "two")) == 10  # one writer: no line doubled by process 1
+
+
+def test_every_large_parameter_of_every_switch_has_a_sharding_rule():
+    """A model with every switch that makes parameters on (experts, an encoder with
+    cross-attention, adapters, value embeddings, the x0 mix, BERT's head, an untied head,
+    biases, QK-norm) and SwiGLU: each of its parameters has a rule in jaxgpt/sharding.py, or is
+    small enough to replicate by design (a norm's scale, a bias of d_model, a router, a few
+    scalars: at most max(vocab, experts x d_model) numbers). A new weight matrix left without
+    a rule would be replicated on every device; it fails here."""
+    from jaxgpt.config import MixtureOfExperts, ModelConfig
+    from jaxgpt.model.transformer import init_params
+    from jaxgpt.sharding import EXPERT_RULES, EXPERT_SWIGLU_UP, RULES, SWIGLU_UP
+
+    everything = ModelConfig(
+        vocab_size=64, block_size=16, n_layer=2, n_head=4, n_kv_head=2, d_model=32, activation="gelu",
+        encoder_layers=1, lora_rank=2, lora_targets="qkv,out,q,kv", value_embeddings=True, x0_mix=True,
+        head_transform=True, embedding_norm=True, tie_embeddings=False, qk_norm=True, qkv_bias=True,
+    )  # fmt: skip
+    with_experts = ModelConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, d_model=32, activation="swiglu",
+                               moe=MixtureOfExperts(experts=4, top_k=2, shared_experts=1))  # fmt: skip
+    small = max(64, 4 * 32)
+    for config in (everything, with_experts):
+        shapes = jax.eval_shape(lambda c=config: init_params(c, jax.random.key(0)))
+        for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
+            names = ["", *(k.key for k in path)]
+            module, name = names[-2], names[-1]
+            ruled = (module, name) in RULES or name in SWIGLU_UP or name in EXPERT_RULES or name in EXPERT_SWIGLU_UP
+            assert ruled or leaf.size <= small, (jax.tree_util.keystr(path), leaf.shape)

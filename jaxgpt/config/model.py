@@ -338,6 +338,40 @@ class ModelConfig:
         return dataclasses.asdict(self)
 
 
+# Every field by what it is to the code that treats fields by kind, so none is forgotten by it:
+#   architecture  what the weights compute, their shapes and meaning: a run starting from weights
+#                 takes it from them, a resume and a fine-tuning compare it (jaxgpt/job/pretrained.py)
+#   workbench     the same, a switch no Hugging Face family's checkpoint has: export refuses it on
+#                 (jaxgpt/hf/family.py)
+#   run           what a run chooses for itself over the same weights: arithmetic and layout,
+#                 regularisation, the initialisation, the objective's masking rate, adapters
+# tests/test_config.py fails on a field of ModelConfig in none of them.
+FIELD_KINDS = {
+    **dict.fromkeys(
+        ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "mlp_hidden", "activation", "norm",
+         "norm_position", "norm_eps", "position", "rope_theta", "rope_scaling", "bias", "qkv_bias", "tie_embeddings",
+         "moe", "logits_bias", "mask_token", "objective", "encoder_layers"),
+        "architecture",
+    ),
+    **dict.fromkeys(
+        ("qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
+         "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform",
+         "x0_mix", "value_embeddings"),
+        "workbench",
+    ),
+    **dict.fromkeys(
+        ("dropout", "dtype", "param_dtype", "attention", "scan_layers", "remat", "loss_chunk", "init_std",
+         "zero_init_residual", "mask_rate", "lora_rank", "lora_alpha", "lora_embeddings", "lora_targets"),
+        "run",
+    ),
+}  # fmt: skip
+
+
+def fields_of_kind(kind: str) -> tuple[str, ...]:
+    """The ModelConfig fields FIELD_KINDS gives `kind`, in the dataclass's order."""
+    return tuple(f.name for f in dataclasses.fields(ModelConfig) if FIELD_KINDS.get(f.name) == kind)
+
+
 def default_mlp_hidden(d_model: int, activation: str) -> int:
     if activation == "swiglu":
         return 64 * math.ceil(2 * 4 * d_model / 3 / 64)

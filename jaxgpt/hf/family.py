@@ -8,6 +8,7 @@ from collections.abc import Callable
 from typing import NamedTuple
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.config.model import fields_of_kind
 
 
 class BaseModel(NamedTuple):
@@ -36,12 +37,8 @@ def untied_head(c: ModelConfig) -> tuple[str, ...]:
     return () if c.tie_embeddings else ("lm_head.weight",)
 
 
-# Switches and ablations GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init).
-WORKBENCH_FIELDS = (
-    "qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
-    "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform", "x0_mix",
-    "value_embeddings",
-)  # fmt: skip
+# Switches and ablations GPT-2 and Llama checkpoints do not have (zero_init_residual is only an init)
+WORKBENCH_FIELDS = fields_of_kind("workbench")
 
 
 def switched_on(c: ModelConfig, besides: tuple[str, ...] = ()) -> list[str]:

@@ -29,53 +29,22 @@ from types import MappingProxyType
 import jax
 
 from jaxgpt.config import ModelConfig, RunConfig, run_config_from_dict
+from jaxgpt.config.model import fields_of_kind
 from jaxgpt.config_files import tokens_needed
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest, recorded_config
 from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, same_tokenizer
 
-# The fields that decide the parameters' shapes and meaning (not dropout, dtypes or layout):
-# what two sets of weights must agree on for one to continue the other.
-ARCHITECTURE_FIELDS = (
-    "vocab_size",
-    "block_size",
-    "n_layer",
-    "n_head",
-    "n_kv_head",
-    "d_model",
-    "mlp_hidden",
-    "activation",
-    "norm",
-    "norm_position",
-    "norm_eps",
-    "position",
-    "rope_theta",
-    "rope_scaling",
-    "bias",
-    "qkv_bias",
-    "tie_embeddings",
-    "qk_norm",
-    "x0_mix",
-    "value_embeddings",
-    "qkv_projections",
-    "scale_embeddings",
-    "embedding_norm",
-    "head_transform",
-    "logits_bias",
-    "encoder_layers",
-    "moe",  # its experts, top_k, shared experts, widths and placement; not its capacity or loss weights
-)
+# The fields that decide what the weights compute (not dropout, dtypes or layout): what two sets
+# of weights must agree on for one to continue the other
+ARCHITECTURE_FIELDS = fields_of_kind("architecture") + fields_of_kind("workbench")
 
 # How positions are read rather than what is stored: a context is extended by changing them
 EXTENSIBLE_FIELDS = ("rope_theta", "rope_scaling")
 
-# What a run starting from weights chooses for itself: regularisation, the arithmetic and layout
-# of the same function, the initialisation of what the weights lack, the objective's masking
-# rate, and the adapters trained beside the weights. Every other model field is the source's.
-RUN_CHOICES = (
-    "dropout", "dtype", "param_dtype", "attention", "scan_layers", "remat", "loss_chunk", "init_std",
-    "zero_init_residual", "mask_rate", "lora_rank", "lora_alpha", "lora_embeddings", "lora_targets",
-)  # fmt: skip
+# What a run starting from weights chooses for itself (config/model.py's FIELD_KINDS): every
+# other model field is the source's
+RUN_CHOICES = fields_of_kind("run")
 MOE_RUN_CHOICES = ("capacity_factor", "aux_loss", "z_loss")  # how the experts train, not what they are
 
 
