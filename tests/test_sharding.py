@@ -228,5 +228,6 @@ def test_every_large_parameter_of_every_switch_has_a_sharding_rule():
         for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
             names = ["", *(k.key for k in path)]
             module, name = names[-2], names[-1]
-            ruled = (module, name) in RULES or name in SWIGLU_UP or name in EXPERT_RULES or name in EXPERT_SWIGLU_UP
+            experts = module == "moe" and (name in EXPERT_RULES or name in EXPERT_SWIGLU_UP)
+            ruled = (module, name) in RULES or (module == "up" and name in SWIGLU_UP) or experts
             assert ruled or leaf.size <= small, (jax.tree_util.keystr(path), leaf.shape)
