@@ -331,3 +331,30 @@ def test_a_figure_quoted_on_two_pages_is_the_one_its_benchmark_recorded():
     for page, pattern in pages.items():
         quoted = re.findall(pattern, " ".join((ROOT / page).read_text().split()))
         assert quoted == [recorded], (page, quoted, recorded)
+
+
+def test_the_spreads_the_docs_quote_for_long_runs_are_the_ones_measured():
+    """docs/configuration.md and docs/training.md quote the long runs' figures as the spread
+    bench/doc_figures.py measured over seeds and step layouts (bench/results/doc_figures.json):
+    each bound as the page rounds it."""
+    import json
+
+    figures = json.loads((ROOT / "bench" / "results" / "doc_figures.json").read_text())["figures"]
+    pages = " ".join(
+        " ".join((ROOT / "docs" / page).read_text().split()) for page in ("configuration.md", "training.md")
+    )
+
+    def percent(x):
+        return f"{100 * x:.1f}%"
+
+    dates, base, chat = figures["dates"]["spread"], figures["arithmetic"]["spread"], figures["sft_arithmetic"]["spread"]
+    expected = [
+        f"lay between {dates['val_loss']['min']:.4f} and {dates['val_loss']['max']:.4f}",
+        f"found {percent(dates['evaluate_exact']['min'])[:-1]}% to {percent(dates['evaluate_exact']['max'])}",
+        f"val loss {base['val_loss']['min']:.4f} to {base['val_loss']['max']:.4f}",
+        f"{percent(chat['val_exact_match']['min'])} to {percent(chat['val_exact_match']['max'])} of the 2,037",
+        f"wrote {percent(chat['val_exact_match']['min'])} to {percent(chat['val_exact_match']['max'])} of its held-out",
+    ]
+    assert [phrase for phrase in expected if phrase not in pages] == []
+    tiny = [f"{r['val_loss']:.7f}" for r in figures["tiny"]["runs"] if r["seed"] == 0]
+    assert f"val {tiny[0]}, {tiny[1]} and {tiny[2]} under this machine's split" in pages

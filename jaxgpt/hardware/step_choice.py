@@ -192,7 +192,9 @@ def memory_budget(mesh, layout, device_bytes: int | None = None) -> tuple[int, s
     if device.platform == "cpu":
         for level in (3, 2):
             if size := peak_flops.cpu_cache_bytes(level):
-                return size, f"the CPU's {size // 2**20} MiB L{level} cache"
+                # as the OS reports it: a virtual machine may report its host's whole cache (480 MiB
+                # on a 2-vCPU Xeon), so the line says where the figure comes from, not that it is so
+                return size, f"the {size // 2**20} MiB L{level} cache the OS reports"
         return FALLBACK_CPU_CACHE, "an assumed 8 MiB cache (the OS reports none)"
     limit = device_bytes or memory.device_memory_limit(device)
     if not limit:
