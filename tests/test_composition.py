@@ -8,9 +8,9 @@ The objectives: next-token prediction on a text, masked-token prediction (an enc
 encoder–decoder on text pairs, a decoder on text pairs, conversations. The settings: plain, a
 mixture of experts, low-rank adapters, 2 microbatches, the batch split over 2 CPU cores (one
 program per core, as train.py runs on a 2-core machine), scanned layers, a chunked loss,
-full rematerialisation. The next-token row is in the quick set; the others are slow (each row
-about 40 s on a Zen 5, its cells sharing compiled programs between the straight and the stopped
-run through the compilation cache).
+full rematerialisation. The next-token row is in the quick set (26 s on a 2-vCPU Zen 5); the
+other four are slow (136 s together there), each cell's continued run loading the programs its
+straight run compiled from the compilation cache.
 """
 
 import json
