@@ -43,6 +43,8 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
     # BERT's prediction head (d_model, d_model), its norm reading the whole width after it: split over fsdp alone
     ("head_dense", "kernel"): ("fsdp", None),
+    # multi-token prediction's (2 d_model, d_model): the joined stream and embedding in, likewise
+    ("project", "kernel"): ("fsdp", None),
     ("q", "kernel"): ("fsdp", "tensor", None, None),  # cross-attention's (d_model, kv_heads, group, head_dim)
     ("kv", "kernel"): ("fsdp", "tensor", None, None),  # and its (d_model, kv_heads, 2, head_dim)
     # Low-rank adapters (jaxgpt/model/lora.py), A (inputs..., rank) and B (rank, outputs...): each

@@ -18,7 +18,7 @@ from jaxgpt.data.pairs import DATE_FORMATS, Examples, date_pairs, packed_row, re
 from jaxgpt.errors import UserError
 from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.tokenizers import CharTokenizer
-from jaxgpt.training.train_step import exact_matches
+from jaxgpt.training.objectives import exact_matches
 
 
 def test_a_pairs_file_is_read_a_pair_a_line_and_a_line_that_is_not_one_is_named(tmp_path):

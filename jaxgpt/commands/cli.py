@@ -294,14 +294,14 @@ def _unknown_key_message(argv: list[str], text: str, flag_values) -> str:
     return f"unknown config key in {' '.join(a for a in argv if a.startswith('--config.'))}; check its spelling"
 
 
-def refuse_an_encoder(model, where, what_it_lacks: str) -> None:
-    """One line where a command that reads next-token predictions is given an encoder (a
-    masked-token model: sample, evaluate, logit-lens), naming the command that suits it."""
-    if model.objective == "masked":
-        raise UserError(
-            f"{where} is an encoder (model.objective=masked), which fills in blanks rather than predicting the next "
-            f"token: {what_it_lacks}; python -m jaxgpt fill --workdir ... --prompt '... [MASK] ...' shows its guesses"
-        )
+def refuse_unless_served(model, command: str, where, what_it_lacks: str) -> None:
+    """One line where `command` needs predictions the model's objective does not make (sample
+    given an encoder, fill given a decoder: `Objective.commands`), naming what suits it."""
+    from jaxgpt.training.objectives import objective_of
+
+    objective = objective_of(model)
+    if command not in objective.commands:
+        raise UserError(f"{where} is {objective.described}: {what_it_lacks}; {objective.instead}")
 
 
 def refuse_an_encoder_decoder(model, where, what_it_lacks: str) -> None:

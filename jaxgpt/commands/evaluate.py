@@ -243,8 +243,11 @@ def load_run(workdir: Path, step: int | None, say=print, budget: int | None = No
     from jaxgpt.job.checkpoint import load_latest
 
     run, params, _, step = load_latest(workdir, step=step, warn=say)
-    cli.refuse_an_encoder(
-        run.model, workdir, "it has no next-token loss to score by position (its val_loss is the masked-token loss)"
+    cli.refuse_unless_served(
+        run.model,
+        "evaluate",
+        workdir,
+        "it has no next-token loss to score by position (its val_loss is the masked-token loss)",
     )
     dataset = data.prepare(run.data, progress=False)
     val = ValidationText(np.asarray(dataset.val), data.validation_documents(dataset, run))
@@ -257,7 +260,7 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
     """A run trained on text pairs or conversations (jaxgpt/data/pairs.py, conversations.py),
     scored on every held-out one: the loss on the answers (a conversation's: the assistant's
     turns), the share of their tokens right, and the share written exactly right by greedy
-    decoding (every answer token the most likely: train_step.exact_matches)."""
+    decoding (every answer token the most likely: objectives.exact_matches)."""
     from jaxgpt import data
     from jaxgpt.data.batches import example_splits
     from jaxgpt.data.pairs import pair_validation

@@ -64,11 +64,9 @@ def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
     f = inspected.parse_flags(argv, __doc__, _define_flags)
     config, params, tokenizer, source = inspected.load_model(f)
-    if config.objective != "masked":
-        raise UserError(
-            f"{source}: the model was trained with model.objective={config.objective!r}, which never sees a blank; "
-            "fill needs a run trained with model.objective=masked (an encoder)"
-        )
+    cli.refuse_unless_served(
+        config, "fill", source, "fill needs a run trained with model.objective=masked (an encoder)"
+    )
     ids, blanks = prompt_with_blanks(tokenizer, f.prompt, config)
     probabilities = blank_probabilities(config, params, ids, blanks)
     best = [tokenizer.decode([int(p.argmax())]) for p in probabilities]

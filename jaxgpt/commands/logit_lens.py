@@ -74,7 +74,9 @@ def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
     f = inspected.parse_flags(argv, __doc__, _define_flags)
     config, params, tokenizer, source = inspected.load_model(f)
-    cli.refuse_an_encoder(config, f.workdir or f.init_from, "its layers have no next-token guesses to read")
+    cli.refuse_unless_served(
+        config, "logit-lens", f.workdir or f.init_from, "its layers have no next-token guesses to read"
+    )
     cli.refuse_an_encoder_decoder(config, f.workdir or f.init_from, "the logit lens reads a decoder given text alone")
     ids = inspected.prompt_ids(tokenizer, f.prompt, config)
     captured = capture(config, params, ids[None])

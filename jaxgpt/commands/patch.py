@@ -160,7 +160,7 @@ def main(argv: list[str] | None = None) -> None:
         cli.require(f, name, what="the next token compared: --answer the clean prompt's, --wrong the corrupted's")
     config, params, tokenizer, source = inspected.load_model(f)
     where = f.workdir or f.init_from
-    cli.refuse_an_encoder(config, where, "patching compares next-token predictions")
+    cli.refuse_unless_served(config, "patch", where, "patching compares next-token predictions")
     cli.refuse_an_encoder_decoder(config, where, "patching reads a decoder given text alone")
     clean = inspected.prompt_ids(tokenizer, f.clean, config)
     corrupted = inspected.prompt_ids(tokenizer, f.corrupted, config)

@@ -34,6 +34,7 @@ from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
 from jaxgpt.model.transformer import active_params, count_params, describe_parameters, flops_per_token
+from jaxgpt.training.objectives import objective_of
 from jaxgpt.training.train_step import gradient_norms, per_layer
 
 INITIAL_LOSS_TOLERANCE = 0.25  # |loss - ln V| / ln V; GPT-2's init lands within a few percent
@@ -96,13 +97,18 @@ def run_checks(config, overfit_steps: int, overrides=()) -> list[Row]:
     @jax.jit
     @partial(sharding.traced_on, mesh)
     def loss_and_norms(params, batch):
-        loss, grads = jax.value_and_grad(lambda p: _loss(run.model, p, batch))(params)
-        return loss, gradient_norms(grads)
+        (_, measured), grads = jax.value_and_grad(lambda p: _objective(run.model, p, batch), has_aux=True)(params)
+        return measured["loss"], gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
     rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
     state, overfit = overfit_row(
-        learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr, run.model.objective == "masked"
+        learner.compile(state, step_batch),
+        state,
+        step_batch,
+        overfit_steps,
+        t.lr,
+        objective_of(run.model).draws_each_step,
     )
     return rows + [
         overfit,
@@ -144,15 +150,16 @@ def gradients_row(norms: dict[str, float]) -> Row:
     )
 
 
-def overfit_row(compiled_step, state, batch, steps: int, lr: float, same_masks: bool = False):
+def overfit_row(compiled_step, state, batch, steps: int, lr: float, same_draws: bool = False):
     """(the state after `steps` steps on one batch, the row judging how far its loss fell).
-    same_masks (the masked objective): every step hides the same positions, drawn from the
-    step number, which is held at its first value (the optimizer counts its own steps), so
-    the one batch is one task to learn rather than a new one each step."""
+    same_draws (an objective that draws what it scores from the step's key, the masked one's
+    hidden positions): every step draws the same, the step number held at its first value
+    (the optimizer counts its own steps), so the one batch is one task to learn rather than a
+    new one each step."""
     start = time.perf_counter()
     first, step_zero = None, np.asarray(jax.device_get(state.step))
     for _ in range(steps):
-        if same_masks:  # a fresh array each step: the compiled step consumes (donates) its state
+        if same_draws:  # a fresh array each step: the compiled step consumes (donates) its state
             state = state.replace(step=jax.device_put(step_zero, state.step.sharding))
         state, metrics = compiled_step(state, batch)
         loss = float(metrics["loss"])
@@ -161,7 +168,7 @@ def overfit_row(compiled_step, state, batch, steps: int, lr: float, same_masks: 
         "overfit one batch",
         loss < 0.5 * first,
         f"loss {first:.3f} -> {loss:.3f} in {steps} steps at lr {lr:g} ({time.perf_counter() - start:.1f} s)"
-        + (", the same tokens hidden each step" if same_masks else "")
+        + (", the same tokens hidden each step" if same_draws else "")
         + "; must fall below half",
     )
     return state, row
@@ -181,7 +188,7 @@ def kv_cache_row(model_config) -> Row:
     from jaxgpt.model.kv_cache import cache_bytes
 
     c = model_config
-    if c.objective == "masked":
+    if not objective_of(c).reads_the_past:
         return Row("kv cache", None, "none: an encoder (model.objective=masked) reads its whole input at once")
     decoding = model_config.replace(dtype="float32")  # as sample.py decodes
     per_token = cache_bytes(decoding, 1)
@@ -259,12 +266,13 @@ def memory_row(compiled_step, state, mesh) -> Row:
     )
 
 
-def _loss(model_config, params, batch):
-    """The loss evaluation reports: the next-token cross-entropy, or the masked objective's."""
+def _objective(model_config, params, batch):
+    """(what training differentiates, what it measures: "loss" the objective's alone) of a
+    batch, without dropout; the masked objective's hidden positions those evaluation draws."""
     from jaxgpt.model.transformer import GPT
-    from jaxgpt.training.train_step import eval_step
+    from jaxgpt.training.train_step import EVALUATION_MASKS, scored
 
-    return eval_step(params, batch, model=GPT(model_config))["loss"]
+    return scored(GPT(model_config), params, batch, jax.random.key(EVALUATION_MASKS))
 
 
 def print_table(rows: list[Row]) -> None:

@@ -152,7 +152,7 @@ def _load(f: flags.FlagValues):
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
     if not f.init_from:
         run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
-        cli.refuse_an_encoder(run.model, f.workdir, "it has no continuation to sample")
+        cli.refuse_unless_served(run.model, "sample", f.workdir, "it has no continuation to sample")
         return run.model, params, tokenizer, run.data
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 

@@ -220,6 +220,11 @@ class ModelConfig:
         to the encoder's output (cross-attention) between its self-attention and its MLP. The
         encoder reads a batch's sources (text pairs: jaxgpt/data/pairs.py), shares the token
         embedding, and is built by the same switches as the decoder; 0: decoder-only.
+    mtp_weight: multi-token prediction (DeepSeek-V3's, at depth 1; Gloeckle et al. 2024): a
+        module beside the head that predicts the token after next, from the last block's output
+        and the next token's embedding through one more block, read out by the shared head;
+        its loss, times this weight, is added to the next-token loss in training (the
+        "ahead_loss" logged, and val_ahead_loss), and generation never runs it. 0: none.
 
     lora_rank: low-rank adapters of this rank beside the projections lora_targets names (Hu et
         al. 2021; jaxgpt/model/lora.py): y = x W + (lora_alpha / rank) x A B, B starting at 0,
@@ -281,6 +286,7 @@ class ModelConfig:
     objective: str = "next_token"
     mask_rate: float = 0.15
     encoder_layers: int = 0
+    mtp_weight: float = 0.0
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_embeddings: bool = False
@@ -356,7 +362,7 @@ FIELD_KINDS = {
     **dict.fromkeys(
         ("qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
          "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform",
-         "x0_mix", "value_embeddings"),
+         "x0_mix", "value_embeddings", "mtp_weight"),
         "workbench",
     ),
     **dict.fromkeys(
@@ -376,6 +382,16 @@ def default_mlp_hidden(d_model: int, activation: str) -> int:
     if activation == "swiglu":
         return 64 * math.ceil(2 * 4 * d_model / 3 / 64)
     return 4 * d_model
+
+
+def _check_multi_token(c: ModelConfig, problems: Problems) -> None:
+    problems.not_negative("mtp_weight")
+    if c.mtp_weight and (c.objective != "next_token" or not c.causal or c.encoder_layers):
+        problems.add(
+            "mtp_weight",
+            "predicts the token after next from the ones before, which needs a causal next-token decoder without an "
+            "encoder (objective=next_token, causal=True, encoder_layers=0); set mtp_weight=0",
+        )
 
 
 def _check_model(c: ModelConfig) -> None:
@@ -442,6 +458,7 @@ def _check_model(c: ModelConfig) -> None:
     has_encoder = problems.whole_number("encoder_layers", "of blocks, or 0 for a decoder alone") and c.encoder_layers
     if has_encoder and (c.objective != "next_token" or not c.causal):
         problems.add("encoder_layers", "give the encoder to a causal next-token decoder (objective=next_token)")
+    _check_multi_token(c, problems)
     if c.mask_token is not None and not (isinstance(c.mask_token, int) and 0 <= c.mask_token < c.vocab_size):
         problems.add("mask_token", f"must be a token id below vocab_size={c.vocab_size}, or None for the last one")
     if c.head_transform and c.activation == "swiglu":

@@ -32,6 +32,7 @@ from jaxgpt.hf.files import (
     weight_files,
 )
 from jaxgpt.model.transformer import init_params, unstack_blocks
+from jaxgpt.training.objectives import objective_of
 
 FAMILIES: dict[str, Family] = {  # config.json's model_type -> the family
     "gpt2": gpt2.FAMILY,
@@ -50,7 +51,7 @@ def family_of(c: ModelConfig) -> str:
     if c.encoder_layers:
         bart.check_exportable(c)
         return "bart"
-    if c.objective == "masked":
+    if objective_of(c).exports_as == "bert":  # an encoder trained on blanks
         bert.check_exportable(c)
         return "bert"
     if c.moe is not None:

@@ -31,6 +31,8 @@ TAGS = {
     "val_accuracy": "loss/val_masked_accuracy",
     "val_token_accuracy": "loss/val_answer_token_accuracy",
     "val_exact_match": "loss/val_exact_match",
+    "train_ahead_loss": "loss/train_token_after_next",
+    "val_ahead_loss": "loss/val_token_after_next",
     "lr": "optim/lr",
     "grad_norm": "optim/grad_norm",
     "tokens_per_sec": "speed/tokens_per_sec",
@@ -71,7 +73,7 @@ def training_record(
 
 def router_record(steps: list[dict], layers: list[int]) -> dict[str, float]:
     """A mixture of experts' router over a logging interval (`steps`: each step's router
-    statistics, train_step.router_statistics), averaged over the steps: per MoE layer (`layers`,
+    statistics, objectives.router_statistics), averaged over the steps: per MoE layer (`layers`,
     their block numbers) each expert's load (its fraction of the assignments; 1 / experts when
     balanced), the fraction of assignments dropped at capacity and the routing entropy in nats;
     and the two router losses averaged over the layers, as the objective weighs them."""

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import contextlib
 import math
-import sys
 import time
 from functools import partial
 from pathlib import Path
@@ -51,8 +50,6 @@ from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import RunawayWatch, StopRequests, check_finite
 from jaxgpt.lab import multiple_choice
 from jaxgpt.training.train_step import per_layer
-
-MAX_EXP = math.log(sys.float_info.max)  # math.exp of more overflows
 
 
 def describe_val(record: dict) -> str:
@@ -316,21 +313,7 @@ class Trainer:
             self.config.train.eval_batches,
         )
         val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
-        if self.config.model.objective == "masked":  # not a rate of compression: no bits per byte
-            return {"val_loss": val["loss"], "val_accuracy": val["accuracy"], "eval_train_loss": train["loss"]}
-        bits_per_byte = v.target_tokens / v.target_bytes / math.log(2)
-        record = {
-            "val_loss": val["loss"],
-            "val_bpb": val["loss"] * bits_per_byte,
-            "val_perplexity": math.exp(val["loss"]) if val["loss"] < MAX_EXP else math.inf,  # not an OverflowError
-            "eval_train_loss": train["loss"],
-        }
-        if "examples" in val:  # text pairs: the answers' tokens right, and whole answers greedy decoding writes
-            record |= {"val_token_accuracy": val["accuracy"], "val_exact_match": val["exact_matches"] / val["examples"]}
-        if "past_only_loss" in val:  # causal=False: the score a language model can be judged by
-            past = val["past_only_loss"]
-            record |= {"val_loss_past_only": past, "val_bpb_past_only": past * bits_per_byte}
-        return record
+        return self.placed.program.objective.record(val, train, v.target_tokens / v.target_bytes / math.log(2))
 
     def ask_questions(self, step: int) -> dict:
         """Both accuracies on train.multiple_choice's questions (jaxgpt/lab/multiple_choice.py), said."""
@@ -373,6 +356,8 @@ class Trainer:
         )
         if "layer_grad_norms" in fetched[-1]:  # train.log_layer_grad_norms
             record |= {f"grad_norm/{name}": v for name, v in per_layer(fetched[-1]["layer_grad_norms"]).items()}
+        if "ahead_loss" in fetched[-1]:  # multi-token prediction: the interval's mean
+            record["train_ahead_loss"] = float(np.mean([float(step["ahead_loss"]) for step in fetched]))
         if "router" in fetched[-1]:  # a mixture of experts
             record |= router_record([step["router"] for step in fetched], self.config.model.moe_layers)
         return record

@@ -198,6 +198,9 @@ class GPT(nn.Module):
             c, x, positions, cache_index, *beside, train=train, tokens=tokens,
             capturing=self.is_mutable_collection("intermediates"),
         )  # fmt: skip
+        if c.mtp_weight and not decode:  # training's second prediction, read by its loss term
+            ahead = TokenAfterNext(c, name="mtp")(x, wte, tokens, positions, segments, train=train)
+            self.sow("ahead", "features", ahead)
         features = self._head_input()
         final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
         if not head:
@@ -295,6 +298,27 @@ class Encoder(nn.Module):
             c, x, positions, None, segments, None, None, train=train, tokens=sources, count=self.config.encoder_layers
         )
         return site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
+
+
+class TokenAfterNext(nn.Module):
+    """Multi-token prediction at depth 1 (DeepSeek-V3's MTP module, config.mtp_weight): at each
+    position t, the last block's output and the embedding of token t + 1, each normed, joined
+    and projected back to d_model, then one more block and a final norm: what the shared LM
+    head reads to predict token t + 2. Causal attention keeps it to tokens up to t + 1. The
+    last position's token t + 1 lies outside the window (a stand-in is read there, and the
+    loss term leaves that position unscored). Returns (batch, seq, d_model)."""
+
+    config: ModelConfig
+
+    @nn.compact
+    def __call__(self, x, wte: nn.Embed, tokens, positions, segments, *, train: bool) -> jnp.ndarray:
+        c = self.config.replace(moe=None)
+        following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
+        joined = jnp.concatenate([make_norm(c, "norm_hidden")(x), make_norm(c, "norm_next")(wte(following))], -1)
+        project = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="project", **dtypes(c))
+        x = project(joined)  # its own first input, where the block mixes that in (x0_mix)
+        x = Block(c, train=train, name="block")(x, positions, None, segments, None, None, x, tokens)
+        return make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x
 
 
 class LMHead(nn.Module):

@@ -2,7 +2,7 @@
 chosen. The model, the optimizer with its learning-rate schedule, and the pure functions of
 jaxgpt/training/train_step.py bound to them:
 
-    run ──► training_program ──► TrainingProgram(model, optimizer, schedule)
+    run ──► training_program ──► TrainingProgram(model, optimizer, schedule, objective)
                                      │ create_state, step, eval_step
                                      ▼
             jaxgpt/hardware/: placed and compiled (one program over a mesh, or one per CPU core)
@@ -23,6 +23,7 @@ import optax
 
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.model.transformer import GPT
+from jaxgpt.training.objectives import Objective, objective_of
 from jaxgpt.training.optimizer import learning_rate_schedule, make_optimizer
 from jaxgpt.training.train_step import TrainState, create_train_state, eval_step, train_step
 
@@ -33,6 +34,7 @@ class TrainingProgram:
     model: GPT
     optimizer: optax.GradientTransformation
     schedule: optax.Schedule  # the learning rate at each step, as the optimizer applies it
+    objective: Objective  # what the model is trained to predict, and what its evaluation reports
 
     def with_train(self, **changes) -> TrainingProgram:
         """The same model and optimizer taking their batches otherwise (microbatches, one
@@ -59,11 +61,11 @@ class TrainingProgram:
     @property
     def eval_step(self):
         """(params, windows) -> the batch's losses: `eval_step`."""
-        return partial(eval_step, model=self.model)
+        return partial(eval_step, model=self.model, objective=self.objective)
 
 
 def training_program(run: RunConfig) -> TrainingProgram:
     """The program `run` (every field resolved) trains with."""
     schedule = learning_rate_schedule(run.train)
     optimizer = make_optimizer(run.train, schedule, adapters=run.model if run.model.lora_rank else None)
-    return TrainingProgram(run, GPT(run.model), optimizer, schedule)
+    return TrainingProgram(run, GPT(run.model), optimizer, schedule, objective_of(run.model))

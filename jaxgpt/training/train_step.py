@@ -21,11 +21,11 @@ import optax
 from jaxgpt.config import ModelConfig
 from jaxgpt.model import lora
 from jaxgpt.model.transformer import GPT, head_logits, head_weights, init_params, zeros_shaped
-from jaxgpt.training.batch import MODEL_INPUTS, as_batch, length_of, rows_of, scored_weight
+from jaxgpt.training.batch import MODEL_INPUTS, as_batch, rows_of, scored_weight
 from jaxgpt.training.cross_entropy import softmax_cross_entropy
-from jaxgpt.training.masked import example_keys, hidden_count, mask_examples
+from jaxgpt.training.objectives import Objective, Scored, auxiliary_terms, objective_of, sown_collections
 
-EVALUATION_MASKS = 0  # the seed of the positions the masked objective hides at evaluation
+EVALUATION_MASKS = 0  # the key of what an objective draws at evaluation (the masked one's hidden positions)
 
 
 @flax.struct.dataclass
@@ -106,25 +106,9 @@ def cross_entropy(model: GPT, params, batch, rng: jax.Array | None = None) -> ja
 
 
 def batch_weight(config: ModelConfig, rng: jax.Array, batch, batch_rows: int | None = None) -> jax.Array | float:
-    """How many tokens a whole batch scores, what every piece's share of its loss is divided
-    by: the sum of its weights (rows x seq where it has none) for the next-token objective; for
-    the masked, the hidden positions (weighted, where the batch has weights). Without weights
-    the count needs only the batch's shape and the keys, so a piece of a batch of `batch_rows`
-    rows counts the whole batch's without the others' rows; with weights it needs them all."""
-    batch = as_batch(batch)
-    rows, length = rows_of(batch), length_of(batch)
-    if batch_rows is not None and batch_rows != rows:
-        assert "weights" not in batch, "a piece of a batch with weights is told the whole batch's weight"
-        rows = batch_rows
-    if config.objective != "masked":
-        return scored_weight(batch) if "weights" in batch else float(rows * length)
-    keys = example_keys(rng, jnp.arange(rows))
-    if "weights" in batch:
-        hidden = mask_examples(jnp.zeros((rows, length), jnp.int32), keys, config)[1]
-        count = (hidden * batch["weights"]).sum()
-    else:
-        count = hidden_count(keys, length, config)
-    return jnp.maximum(count, 1).astype(jnp.float32)
+    """What the whole batch scores under the model's objective (`Objective.weight`), what every
+    piece's share of its loss is divided by."""
+    return objective_of(config).weight(config, rng, as_batch(batch), batch_rows)
 
 
 def scored(
@@ -133,47 +117,44 @@ def scored(
     batch,
     rng: jax.Array,
     *,
+    objective: Objective | None = None,
     example_ids: jax.Array | None = None,
     batch_rows: int | None = None,
     weight: jax.Array | float | None = None,
     dropout_rng: jax.Array | None = None,
-    answers: bool = False,
+    evaluating: bool = False,
 ) -> tuple[jax.Array, dict]:
-    """(the objective to differentiate, what was measured) of a batch (jaxgpt/training/batch.py; an array
-    of windows (rows, seq + 1) will do), a piece of a batch of `batch_rows` rows (default: the
-    piece is the whole batch) at places `example_ids` in it (default 0, 1, ...) that scores
-    `weight` tokens in all (batch_weight; default: this piece's, when it is the whole batch).
-    rng is the step's key (the masked objective's blanks, per example); training, with dropout
-    drawn from dropout_rng, when that is given.
-
-    Every term is the piece's share of the batch's value: a sum over the piece divided by what
-    the whole batch counts. The loss is summed over the tokens scored (every position, or the
-    hidden ones, each times its weight where the batch has weights) and divided by the batch's
-    weight; a mixture of experts' router losses, the
-    mean over the piece's sequences of each (jaxgpt/model/moe.py, averaged over the MoE layers and
-    scaled by its coefficient), count each sequence once. So the shares of every piece
-    (microbatches, CPU cores, devices) add up to the batch's objective whatever the pieces are,
-    and the engine only adds them: a masked batch's gradient does not depend on how it is split
-    (up to float32 summation order), and where every piece scores alike (next-token) the sum is
-    the mean of the pieces' means. Measured: "loss" (the cross-entropy, without the router
-    losses), "accuracy" for the masked objective, "router" for a mixture of experts
-    (router_statistics), each as the same share. With `answers`, for a batch of examples
-    (weights and segments: text pairs), the "accuracy" of the scored tokens and `exact_matches`."""
-    config = model.config
-    batch = as_batch(batch)
+    """(the value to differentiate, what was measured) of a batch (jaxgpt/training/batch.py; an
+    array of windows (rows, seq + 1) will do) under `objective` (default: the model's), or of a
+    piece of `batch_rows` rows of a batch, at places `example_ids` in it, that scores `weight`
+    in all (default: this piece's, when it is the whole batch). rng is the step's key; dropout
+    draws from dropout_rng where given (training). The loss is the objective's weighted sum
+    over the positions it scores divided by the batch's weight, plus the auxiliary terms, each
+    the piece's share of the batch's (jaxgpt/training/objectives.py): the pieces' shares of
+    any split (microbatches, CPU cores, devices) add up to the batch's. Measured: "loss"
+    (without the auxiliary terms), what the objective measures of its predictions, and the
+    auxiliary terms' statistics."""
+    config, batch = model.config, as_batch(batch)
+    objective = objective or objective_of(config)
     rows = rows_of(batch)
     batch_rows = rows if batch_rows is None else batch_rows
-    weight = batch_weight(config, rng, batch, batch_rows) if weight is None else weight
-    tokens, weights = batch["inputs"], batch.get("weights")
-    if config.objective == "masked":
-        ids = jnp.arange(rows) if example_ids is None else example_ids
-        inputs, hidden = mask_examples(tokens, example_keys(rng, ids), config)
-        targets, scores = tokens, hidden.astype(jnp.float32)
-        scores = scores if weights is None else scores * weights
-    else:
-        inputs, targets, scores = tokens, batch["targets"], weights
-    examples = answers and weights is not None and "segments" in batch
-    predict = config.objective == "masked" or examples
+    weight = objective.weight(config, rng, batch, batch_rows) if weight is None else weight
+    inputs, targets, scores = objective.read(config, batch, rng, example_ids)
+    predict = objective.predicts(batch, evaluating)
+    outputs, sown = forward(model, params, inputs, batch, dropout_rng, sown_collections(config, evaluating))
+    losses, predictions = per_position(config, params, outputs, targets, predict)
+    loss = (losses if scores is None else losses * scores).sum() / weight
+    measured = {"loss": loss} | objective.measured(predictions == targets if predict else None, scores, batch, weight)
+    losses_of = partial(head_losses, config, params)
+    beside = Scored(targets, scores, batch.get("segments"), weight, rows / batch_rows, losses_of)
+    added, statistics = auxiliary_terms(config, sown, beside)
+    return loss + added, measured | statistics
+
+
+def forward(model: GPT, params, inputs: jax.Array, batch: dict, dropout_rng: jax.Array | None, collections: list):
+    """(the model's outputs, what its layers sowed in `collections` for the terms beside the
+    objective's loss, or {}): logits, or with model.loss_chunk the head's input features
+    (`per_position` reads them)."""
     train = dropout_rng is not None
     apply = partial(
         model.apply,
@@ -182,44 +163,25 @@ def scored(
         **model_inputs(batch),
         train=train,
         rngs={"dropout": dropout_rng} if train else None,
-        head=not config.loss_chunk,
+        head=not model.config.loss_chunk,
     )
-    outputs, sown = apply(mutable=["router"]) if config.moe is not None else (apply(), None)
+    return apply(mutable=collections) if collections else (apply(), {})
+
+
+def per_position(config: ModelConfig, params, outputs: jax.Array, targets: jax.Array, predict: bool):
+    """(each position's cross-entropy, with `predict` its most likely token else None) of the
+    model's outputs: logits, or with model.loss_chunk the head's input features."""
     if config.loss_chunk:  # the head's input: logits and losses a chunk of positions at a time
-        losses, predictions = chunked_losses(config, params, outputs, targets, predict=predict)
-    else:
-        losses = softmax_cross_entropy(outputs, targets)
-        predictions = jnp.argmax(outputs, axis=-1) if predict else None
-    loss = (losses if scores is None else losses * scores).sum() / weight
-    measured = {"loss": loss}
-    if predict:
-        measured["accuracy"] = ((predictions == targets) * scores).sum() / weight
-    if examples:
-        measured |= exact_matches(predictions == targets, scores, batch["segments"])
-    objective = loss
-    if sown is not None:
-        share = rows / batch_rows  # of the batch's sequences, each a routing group of its own
-        router = jax.tree.map(lambda x: x * share, router_statistics(sown["router"], config))
-        moe = config.moe
-        objective = objective + moe.aux_loss * router["aux_loss"].mean() + moe.z_loss * router["z_loss"].mean()
-        measured["router"] = router
-    return objective, measured
+        return chunked_losses(config, params, outputs, targets, predict=predict)
+    return softmax_cross_entropy(outputs, targets), jnp.argmax(outputs, axis=-1) if predict else None
 
 
-def exact_matches(right: jax.Array, weights: jax.Array, segments: jax.Array) -> dict[str, jax.Array]:
-    """{"exact_matches": how many examples have every scored token right, "examples": how many
-    have a scored token}, of rows (b, t) whose examples are their segments. Every scored
-    token's most likely continuation right is what greedy decoding needs to write the whole
-    answer, so this is greedy decoding's exact match, read off one forward pass."""
-    rows, length = segments.shape
-    ids = (jnp.arange(rows)[:, None] * (length + 1) + segments).ravel()  # (row, segment): one id each
-    scored = weights.ravel() > 0
-    wrong = jax.ops.segment_sum((scored & ~right.ravel()).astype(jnp.int32), ids, rows * (length + 1))
-    has_answer = jax.ops.segment_sum(scored.astype(jnp.int32), ids, rows * (length + 1)) > 0
-    return {
-        "exact_matches": jnp.sum(has_answer & (wrong == 0)).astype(jnp.float32),
-        "examples": jnp.sum(has_answer).astype(jnp.float32),
-    }
+def head_losses(config: ModelConfig, params, features: jax.Array, targets: jax.Array) -> jax.Array:
+    """Each position's cross-entropy of the LM head reading `features` (batch, seq, d_model),
+    a chunk at a time with model.loss_chunk, as the objective's."""
+    if config.loss_chunk:
+        return chunked_losses(config, params, features, targets)[0]
+    return softmax_cross_entropy(head_logits(config, head_weights(config, params), features), targets)
 
 
 def chunked_losses(
@@ -249,16 +211,6 @@ def chunked_losses(
 
     losses, predictions = jax.lax.map(one_chunk, (by_chunk(features), by_chunk(targets)))
     return unchunked(losses), unchunked(predictions)
-
-
-def router_statistics(router: dict, config: ModelConfig) -> dict[str, jax.Array]:
-    """What each MoE layer sowed in the "router" collection (jaxgpt/model/moe.py: its two losses, the
-    load per expert, the dropped fraction, the routing entropy), each stacked over the MoE
-    layers in order (config.moe_layers)."""
-    if config.scan_layers:  # one stack of identical layers: already (n_layer, ...)
-        return {name: value[0] for name, value in router["blocks"]["moe"].items()}
-    layers = [router[f"block_{i}"]["moe"] for i in config.moe_layers]
-    return {name: jnp.stack([layer[name][0] for layer in layers]) for name in layers[0]}
 
 
 def trained_and_fixed(config: ModelConfig, params) -> tuple:
@@ -295,10 +247,7 @@ def gradients(
     batch = as_batch(batch)
     rows = rows_of(batch)
     batch_rows = rows if batch_rows is None else batch_rows
-    if model.config.objective != "masked":  # what scores a row does not depend on its place
-        example_ids = None
-    elif example_ids is None:
-        example_ids = jnp.arange(rows)
+    example_ids = objective_of(model.config).example_ids(rows, example_ids)
     dropout_rng = rng if dropout_rng is None else dropout_rng
     weight = batch_weight(model.config, rng, batch, batch_rows) if weight is None else weight
 
@@ -400,24 +349,22 @@ def train_step(
     return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
-def eval_step(params, batch, *, model: GPT) -> dict[str, jax.Array]:
-    """{"loss": the mean loss over the positions the batch scores}; for the masked objective its
-    "accuracy" too (jaxgpt/training/masked.py), and "scored", the hidden tokens both are means over,
-    which differ from batch to batch (as the scored positions of a batch with weights do: then
-    "scored" is their weight).
-    For a model trained without the causal mask (which sees
-    the token it predicts) "past_only_loss": the same weights under the causal mask, each
-    position predicted from the tokens before it alone, as in generation (the KV-cache
-    decode, where no later token is written yet, computes the same)."""
-    batch = as_batch(batch)
-    if model.config.objective == "masked":  # the same hidden positions at every evaluation
-        key = jax.random.key(EVALUATION_MASKS)
-        hidden = batch_weight(model.config, key, batch)
-        return scored(model, params, batch, key, weight=hidden)[1] | {"scored": hidden}
-    if "weights" in batch:  # examples with what they score: the loss, accuracy, exact matches
-        measured = scored(model, params, batch, jax.random.key(EVALUATION_MASKS), answers=True)[1]
-        return measured | {"scored": scored_weight(batch)}
-    losses = {"loss": cross_entropy(model, params, batch)}
-    if not model.config.causal:
-        losses["past_only_loss"] = cross_entropy(GPT(model.config.replace(causal=True)), params, batch)
-    return losses
+def eval_step(params, batch, *, model: GPT, objective: Objective | None = None) -> dict[str, jax.Array]:
+    """What `objective` (default: the model's) measures of a batch, the model deterministic:
+    "loss", the mean over the positions the batch scores (the masked objective's are the same
+    at every evaluation), what it measures of its predictions, and "scored", the weight those
+    means are over, where batches score unequal numbers of positions. For a model trained
+    without the causal mask (which sees the token it predicts) "past_only_loss": the same
+    weights under the causal mask, each position predicted from the tokens before it alone, as
+    in generation (the KV-cache decode, where no later token is written yet, computes the same)."""
+    batch, config = as_batch(batch), model.config
+    objective = objective or objective_of(config)
+    key = jax.random.key(EVALUATION_MASKS)
+    weight = objective.weight(config, key, batch)
+    measured = scored(model, params, batch, key, objective=objective, weight=weight, evaluating=True)[1]
+    if objective.counts_scored(batch):
+        measured["scored"] = weight
+    if not config.causal and objective.reads_the_past:
+        causal = GPT(config.replace(causal=True))
+        measured["past_only_loss"] = scored(causal, params, batch, key, objective=objective, weight=weight)[1]["loss"]
+    return measured
