@@ -193,6 +193,13 @@ def main(argv: list[str] | None = None) -> None:
     if patching.attribution_refusal(config) is None:
         dla = patching.direct_logit_attribution(config, params, prompts.tokens[:1], int(prompts.last[0]), answer, wrong)
         print("\n".join(attribution_lines(dla)))
+    written = write_outputs(f, source, full, estimate, column_labels, warned)
+    print(f"wrote {', '.join(map(str, written))}")
+
+
+def write_outputs(f, source: str, full, estimate, column_labels: dict, warned: list[str]) -> list[Path]:
+    """The patching tables drawn (PNG), as a page to touch (HTML) and as numbers (JSON), in
+    --out (default: <workdir>/patching), each titled with the logit differences and warnings."""
     out = Path(f.out) if f.out else Path(f.workdir or ".") / "patching"
     title = f"patching ({source}): {f.answer!r} vs {f.wrong!r}; logit difference clean {full.clean:.3f}, " + (
         f"corrupted {full.corrupted:.3f}" + ("\nwarning: " + "; ".join(warned) if warned else "")
@@ -215,8 +222,7 @@ def main(argv: list[str] | None = None) -> None:
     }
     with cli.writing(out / "patching.json", "a folder"):
         (out / "patching.json").write_text(json.dumps(record, indent=1))
-    written.append(out / "patching.json")
-    print(f"wrote {', '.join(map(str, written))}")
+    return [*written, out / "patching.json"]
 
 
 def _define_flags(f: flags.FlagValues) -> None:

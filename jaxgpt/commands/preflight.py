@@ -84,32 +84,7 @@ def run_checks(config, overfit_steps: int, overrides=()) -> list[Row]:
     own = create()
     memory_check = memory_row(step.compile(own, step_batch), own, mesh)
     del own  # its buffers: a large model's check holds one state at a time
-    # The overfit check asks whether the model can learn, not what the schedule does in its first
-    # steps: the same kind of step with the same microbatches, at a constant learning rate with
-    # no weight decay.
-    t = run.train
-    steady = with_train(run, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
-    steady_program = training_program(steady)
-    steady_layout, steady_create = state_layout(steady_program, mesh)
-    _, learner, _ = choose_step(steady_program, mesh, steady_layout)
-    state = steady_create()
-
-    @jax.jit
-    @partial(sharding.traced_on, mesh)
-    def loss_and_norms(params, batch):
-        (_, measured), grads = jax.value_and_grad(lambda p: _objective(run.model, p, batch), has_aux=True)(params)
-        return measured["loss"], gradient_norms(grads)
-
-    initial, norms = loss_and_norms(state.params, batch)
-    rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
-    state, overfit = overfit_row(
-        learner.compile(state, step_batch),
-        state,
-        step_batch,
-        overfit_steps,
-        t.lr,
-        objective_of(run.model).draws_each_step,
-    )
+    rows, overfit = learning_rows(run, mesh, batch, step_batch, overfit_steps)
     return rows + [
         overfit,
         sized[0],
@@ -181,6 +156,34 @@ def size_row(params, model_config) -> Row:
         return Row("size", None, detail + ")")
     every_expert = flops + 6 * (count_params(params) - active_params(model_config, params))
     return Row("size", None, detail + f", N the active parameters; {every_expert / 1e6:,.1f} were every expert used)")
+
+
+def learning_rows(run, mesh, batch, step_batch, overfit_steps: int) -> tuple[list[Row], Row]:
+    """(the initial loss and gradients rows, the overfit row) of a fresh state: whether the
+    model can learn, not what the schedule does in its first steps, so the same kind of step
+    with the same microbatches at a constant learning rate with no weight decay."""
+    from jaxgpt.hardware.mesh_step import state_layout
+    from jaxgpt.hardware.step_choice import choose_step
+    from jaxgpt.training.program import training_program
+
+    t = run.train
+    steady = with_train(run, warmup_steps=0, steps=10**9, min_lr=t.lr, weight_decay=0.0)
+    steady_program = training_program(steady)
+    steady_layout, steady_create = state_layout(steady_program, mesh)
+    _, learner, _ = choose_step(steady_program, mesh, steady_layout)
+    state = steady_create()
+
+    @jax.jit
+    @partial(sharding.traced_on, mesh)
+    def loss_and_norms(params, batch):
+        (_, measured), grads = jax.value_and_grad(lambda p: _objective(run.model, p, batch), has_aux=True)(params)
+        return measured["loss"], gradient_norms(grads)
+
+    initial, norms = loss_and_norms(state.params, batch)
+    rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
+    draws = objective_of(run.model).draws_each_step
+    _, overfit = overfit_row(learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr, draws)
+    return rows, overfit
 
 
 def kv_cache_row(model_config) -> Row:

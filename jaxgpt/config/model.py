@@ -394,38 +394,27 @@ def _check_multi_token(c: ModelConfig, problems: Problems) -> None:
         )
 
 
-def _check_model(c: ModelConfig) -> None:
-    problems = Problems("model", c)
-    problems.positive_integers("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model")
-    if c.mlp_hidden is not None:
-        problems.positive_integers("mlp_hidden")
-    problems.one_of("activation", ACTIVATIONS)
-    problems.one_of("norm", NORMS)
-    problems.one_of("norm_position", NORM_POSITIONS)
-    problems.one_of("position", POSITIONS)
-    problems.one_of("attention", ATTENTION_KERNELS)
-    problems.one_of("remat", REMAT_POLICIES)
-    problems.one_of("rope_pairing", ROPE_PAIRINGS)
+def _check_adapters(c: ModelConfig, problems: Problems) -> None:
     problems.not_negative("lora_rank")
-    if c.lora_rank:
-        problems.positive("lora_alpha")
-        if isinstance(c.lora_rank, int) and isinstance(c.d_model, int) and c.lora_rank > c.d_model:
-            problems.add(
-                "lora_rank",
-                f"is above d_model={c.d_model}: every adapted projection reads or writes the d_model-wide stream, so "
-                f"A·B has rank at most {c.d_model} and the rest is parameters that add nothing; choose at most that",
-            )
-        unknown = [t for t in c.adapted if t not in LORA_TARGETS]
-        if unknown or not c.adapted:
-            named = ", ".join(unknown) or "nothing"
-            problems.add("lora_targets", f"names {named}; choose from {', '.join(LORA_TARGETS)}")
-        if c.moe is not None and {"up", "down"} & set(c.adapted):
-            problems.add("lora_targets", "adapts the MLP, and a mixture of experts has no adapters; use qkv,out")
-    problems.one_of("objective", OBJECTIVES)
-    problems.one_of("dtype", DTYPES)
-    problems.one_of("param_dtype", DTYPES)
-    problems.raise_if_any()  # the divisibility checks below assume positive integers
+    if not c.lora_rank:
+        return
+    problems.positive("lora_alpha")
+    if isinstance(c.lora_rank, int) and isinstance(c.d_model, int) and c.lora_rank > c.d_model:
+        problems.add(
+            "lora_rank",
+            f"is above d_model={c.d_model}: every adapted projection reads or writes the d_model-wide stream, so "
+            f"A·B has rank at most {c.d_model} and the rest is parameters that add nothing; choose at most that",
+        )
+    unknown = [t for t in c.adapted if t not in LORA_TARGETS]
+    if unknown or not c.adapted:
+        named = ", ".join(unknown) or "nothing"
+        problems.add("lora_targets", f"names {named}; choose from {', '.join(LORA_TARGETS)}")
+    if c.moe is not None and {"up", "down"} & set(c.adapted):
+        problems.add("lora_targets", "adapts the MLP, and a mixture of experts has no adapters; use qkv,out")
 
+
+def _check_heads(c: ModelConfig, problems: Problems) -> None:
+    """How the width splits into heads, and what the positions and projections ask of them."""
     if c.d_model % c.n_head:
         problems.add("d_model", f"is not divisible by n_head={c.n_head}; choose d_model as a multiple of n_head")
     if c.n_head % c.n_kv_head:
@@ -453,6 +442,27 @@ def _check_model(c: ModelConfig) -> None:
         )
     if c.qkv_bias and not c.qkv_projections:
         problems.add("qkv_bias", "needs the projections it biases; set qkv_projections=True or qkv_bias=False")
+
+
+def _check_model(c: ModelConfig) -> None:
+    problems = Problems("model", c)
+    problems.positive_integers("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model")
+    if c.mlp_hidden is not None:
+        problems.positive_integers("mlp_hidden")
+    problems.one_of("activation", ACTIVATIONS)
+    problems.one_of("norm", NORMS)
+    problems.one_of("norm_position", NORM_POSITIONS)
+    problems.one_of("position", POSITIONS)
+    problems.one_of("attention", ATTENTION_KERNELS)
+    problems.one_of("remat", REMAT_POLICIES)
+    problems.one_of("rope_pairing", ROPE_PAIRINGS)
+    _check_adapters(c, problems)
+    problems.one_of("objective", OBJECTIVES)
+    problems.one_of("dtype", DTYPES)
+    problems.one_of("param_dtype", DTYPES)
+    problems.raise_if_any()  # the divisibility checks below assume positive integers
+
+    _check_heads(c, problems)
     if c.objective == "masked":
         _check_masked(c, problems)
     has_encoder = problems.whole_number("encoder_layers", "of blocks, or 0 for a decoder alone") and c.encoder_layers

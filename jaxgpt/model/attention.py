@@ -220,6 +220,28 @@ def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, j
     return qkv[:, :, :, :group], qkv[:, :, :, group], qkv[:, :, :, group + 1]
 
 
+def rotated(module: nn.Module, q: jnp.ndarray, k: jnp.ndarray, positions: jnp.ndarray) -> tuple:
+    """Queries and keys rotated by their positions (RoPE, jaxgpt/model/positions.py), each
+    shown at its site."""
+    c = module.config
+    inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, c.block_size)
+    interleaved = c.rope_pairing == "interleaved"
+    q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
+    k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)
+    return site(module, "hook_rot_q", q, heads_view(q)), site(module, "hook_rot_k", k)
+
+
+def attention_mask(c: ModelConfig, cache_index, segments) -> tuple[Mask, float | None]:
+    """(what each query may see, the scores' scale: None for the standard 1/sqrt(head_dim))."""
+    slopes = None
+    if c.position == "alibi":
+        slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
+    scale = None if c.scale_attention else 1.0
+    if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
+        scale = 0.0
+    return Mask(cache_index, slopes, c.attention_window, c.causal, segments), scale
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-/multi-query) self-attention with an optional KV cache: causal
     in a decoder, over both sides in an encoder (config.causal=False; the name keeps the case
@@ -270,20 +292,10 @@ class CausalSelfAttention(nn.Module):
         q, k, v = head_sites(self, q, k, v)
 
         if c.position == "rope":
-            inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, c.block_size)
-            interleaved = c.rope_pairing == "interleaved"
-            q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
-            k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)
-            q, k = site(self, "hook_rot_q", q, heads_view(q)), site(self, "hook_rot_k", k)
+            q, k = rotated(self, q, k, positions)
         if cache_index is not None:
             k, v = kv_cache.extend(self, k, v, cache_index)
-        slopes = None
-        if c.position == "alibi":
-            slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
-        mask = Mask(cache_index, slopes, c.attention_window, c.causal, segments)
-        scale = None if c.scale_attention else 1.0  # None: the standard 1/sqrt(head_dim)
-        if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
-            scale = 0.0
+        mask, scale = attention_mask(c, cache_index, segments)
         y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
 
