@@ -262,9 +262,12 @@ class HuggingFaceTokenizer:
             eos = eos[0] if eos else None
         if isinstance(eos, int):
             return eos
-        token = tokenizer_config.get("eos_token")
-        token = token.get("content") if isinstance(token, dict) else token
-        return self._tokenizer.token_to_id(token) if isinstance(token, str) else None
+        for name in ("eos_token", "sep_token"):  # BERT's WordPiece has no end of text: its [SEP] ends a text
+            token = tokenizer_config.get(name)
+            token = token.get("content") if isinstance(token, dict) else token
+            if isinstance(token, str) and self._tokenizer.token_to_id(token) is not None:
+                return self._tokenizer.token_to_id(token)
+        return self._tokenizer.token_to_id("[SEP]")
 
     def encode(self, text: str) -> list[int]:
         return self._tokenizer.encode(text, add_special_tokens=False).ids
@@ -467,8 +470,15 @@ def base_tokenizer(tokenizer):
 
 def separator_id(tokenizer) -> int:
     """The token that ends every document of a prepared corpus: the end-of-text token, or
-    where the tokenizer has none, the newline's."""
-    return tokenizer.eot_id if tokenizer.eot_id is not None else tokenizer.encode("\n")[0]
+    where the tokenizer has none, the newline's; one line where it writes a newline as nothing."""
+    if tokenizer.eot_id is not None:
+        return tokenizer.eot_id
+    if newline := tokenizer.encode("\n"):
+        return newline[0]
+    raise UserError(
+        f"the tokenizer {tokenizer.name!r} has no end-of-text token and writes a newline as nothing, so nothing can "
+        "end a document; give it an end-of-text token (tokenizer_config.json's eos_token or sep_token)"
+    )
 
 
 RUN_TOKENIZER_KEY = "name"  # a jaxgpt run's tokenizer.json is {"name": ..., ...}; the `tokenizers` library's is not

@@ -120,7 +120,7 @@ def test_a_row_packs_whole_examples_and_scores_their_answers_alone():
     assert scored == "...c\n...ef\n.."
     assert row["segments"].tolist() == [1] * 6 + [2] * 6 + [0]
     assert row["positions"].tolist() == [0, 1, 2, 3, 4, 5, 0, 1, 2, 3, 4, 5, 0]
-    rows = rows_in_order(examples, 13)
+    rows = rows_in_order(examples, 13, packed_row)
     assert [r["segments"].max() for r in rows] == [2, 1]  # every example once, in order
 
 

@@ -16,7 +16,7 @@ POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3", "longrope")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
-OBJECTIVES = ("next_token", "masked")
+OBJECTIVES = ("next_token", "masked", "classification")
 LORA_TARGETS = ("qkv", "out", "up", "down", "q", "kv")  # projections an adapter may sit beside (jaxgpt/model/lora.py)
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -213,13 +213,18 @@ class ModelConfig:
     objective: what the model is trained to predict. "next_token": each token from those
         before it (a decoder). "masked": hidden tokens from both sides (an encoder, BERT's
         masked-token prediction; needs causal=False; jaxgpt/training/masked.py): the last id of the
-        vocabulary is the mask token.
+        vocabulary is the mask token. "classification": each labelled text's class (data.source
+        labels:PATH; jaxgpt/data/labels.py) from its last token (a decoder) or its first (an
+        encoder, causal=False), read by a classifier of model.classes outputs.
     mask_rate: the share of positions the masked objective hides and scores (BERT: 0.15).
     encoder_layers: blocks of a bidirectional encoder in front of the decoder (the original
         Transformer's encoder–decoder, Vaswani et al. 2017); each decoder block then attends
         to the encoder's output (cross-attention) between its self-attention and its MLP. The
         encoder reads a batch's sources (text pairs: jaxgpt/data/pairs.py), shares the token
         embedding, and is built by the same switches as the decoder; 0: decoder-only.
+    classes: the classifier's outputs, for model.objective=classification: a linear layer over
+        the final norm's output in the LM head's place, read at one position of each example
+        (jaxgpt/data/labels.py); 0: as many as the labelled texts have labels.
     mtp_weight: multi-token prediction (DeepSeek-V3's, at depth 1; Gloeckle et al. 2024): a
         module beside the head that predicts the token after next, from the last block's output
         and the next token's embedding through one more block, read out by the shared head;
@@ -287,6 +292,7 @@ class ModelConfig:
     mask_rate: float = 0.15
     encoder_layers: int = 0
     mtp_weight: float = 0.0
+    classes: int = 0
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_embeddings: bool = False
@@ -356,7 +362,7 @@ FIELD_KINDS = {
     **dict.fromkeys(
         ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "mlp_hidden", "activation", "norm",
          "norm_position", "norm_eps", "position", "rope_theta", "rope_scaling", "bias", "qkv_bias", "tie_embeddings",
-         "moe", "logits_bias", "mask_token", "objective", "encoder_layers"),
+         "moe", "logits_bias", "mask_token", "objective", "encoder_layers", "classes"),
         "architecture",
     ),
     **dict.fromkeys(
@@ -382,6 +388,17 @@ def default_mlp_hidden(d_model: int, activation: str) -> int:
     if activation == "swiglu":
         return 64 * math.ceil(2 * 4 * d_model / 3 / 64)
     return 4 * d_model
+
+
+def _check_classifier(c: ModelConfig, problems: Problems) -> None:
+    if not problems.whole_number("classes", "of labels, or 0 for as many as the data has"):
+        return
+    if c.classes and c.objective != "classification":
+        problems.add("classes", f"gives a classifier, which model.objective={c.objective!r} does not train; set 0")
+    if c.objective == "classification" and c.classes == 1:
+        problems.add("classes", "is 1, and a classifier tells at least 2 apart; leave it 0 for the data's labels")
+    if c.objective == "classification" and c.loss_chunk:
+        problems.add("loss_chunk", "chunks the vocabulary's logits, and a classifier has a few; set 0")
 
 
 def _check_multi_token(c: ModelConfig, problems: Problems) -> None:
@@ -469,6 +486,7 @@ def _check_model(c: ModelConfig) -> None:
     if has_encoder and (c.objective != "next_token" or not c.causal):
         problems.add("encoder_layers", "give the encoder to a causal next-token decoder (objective=next_token)")
     _check_multi_token(c, problems)
+    _check_classifier(c, problems)
     if c.mask_token is not None and not (isinstance(c.mask_token, int) and 0 <= c.mask_token < c.vocab_size):
         problems.add("mask_token", f"must be a token id below vocab_size={c.vocab_size}, or None for the last one")
     if c.head_transform and c.activation == "swiglu":

@@ -18,8 +18,9 @@ class DataConfig:
     source: builtin:python-docs | builtin:repeated-random | text:PATH | hf:NAME[:CONFIG] (see
         jaxgpt/data/sources.py): a token stream cut into windows; or pairs:PATH | builtin:dates |
         builtin:reverse | builtin:sort (jaxgpt/data/pairs.py): examples of a source and its
-        target, the loss on the target; or chat:PATH.jsonl | builtin:arithmetic-chat
-        (jaxgpt/data/conversations.py): conversations rendered by the chat template, the loss
+        target, the loss on the target; or labels:PATH | builtin:brackets (jaxgpt/data/labels.py):
+        texts and their labels, to classify (model.objective=classification); or chat:PATH.jsonl
+        | builtin:arithmetic-chat (jaxgpt/data/conversations.py): conversations rendered by the chat template, the loss
         on the assistant's turns. builtin:arithmetic is sums written out, a stream to pretrain on.
     tokenizer: char | byte | gpt2 | r50k_base | cl100k_base | o200k_base, a folder holding the
         tokenizer.json `jaxgpt tokenizer` trained, or a run's workdir (the tokenizer it was
@@ -85,13 +86,19 @@ class DataConfig:
         return is_chat_source(self.source)
 
     @property
+    def labelled(self) -> bool:
+        """Whether the source is labelled texts, to classify (jaxgpt/data/labels.py)."""
+        return is_labelled_source(self.source)
+
+    @property
     def examples(self) -> bool:
-        """Whether batches pack whole examples (pairs, conversations), the loss on their answers,
-        rather than cut windows from a stream."""
-        return self.pairs or self.chat
+        """Whether batches pack whole examples (pairs, conversations, labelled texts), the loss
+        on what each scores, rather than cut windows from a stream."""
+        return self.pairs or self.chat or self.labelled
 
 
 BUILTIN_PAIRS = ("dates", "reverse", "sort")  # builtin:NAME sources of text pairs (jaxgpt/data/pairs.py)
+BUILTIN_LABELLED = ("brackets",)  # builtin:NAME sources of labelled texts (jaxgpt/data/labels.py)
 BUILTIN_CHATS = ("arithmetic-chat",)  # builtin:NAME sources of conversations (jaxgpt/data/conversations.py)
 LOSS_ON = ("assistant", "all")
 
@@ -101,6 +108,12 @@ def is_pairs_source(source: str) -> bool:
     others a token stream."""
     kind, _, rest = source.partition(":")
     return kind == "pairs" or (kind == "builtin" and rest in BUILTIN_PAIRS)
+
+
+def is_labelled_source(source: str) -> bool:
+    """labels:PATH and builtin:brackets give labelled texts."""
+    kind, _, rest = source.partition(":")
+    return kind == "labels" or (kind == "builtin" and rest in BUILTIN_LABELLED)
 
 
 def is_chat_source(source: str) -> bool:
@@ -306,6 +319,11 @@ class RunConfig:
             raise ConfigError(
                 f"model.encoder_layers={self.model.encoder_layers} gives the model an encoder, and a chat source's "
                 "conversations are read by a decoder alone; set model.encoder_layers=0"
+            )
+        if self.data.labelled != (self.model.objective == "classification"):
+            raise ConfigError(
+                f"data.source={self.data.source!r} and model.objective={self.model.objective!r}: labelled texts "
+                "(labels:PATH, builtin:brackets) train a classifier and a classifier needs them; set both or neither"
             )
         if self.model.encoder_layers and not self.data.pairs:
             raise ConfigError(

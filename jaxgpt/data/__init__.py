@@ -35,6 +35,7 @@ from jaxgpt.data.batches import (
     validation_set,
     window_offsets,
 )
+from jaxgpt.data.labels import class_names
 from jaxgpt.data.pairs import PairValidation, TrainPairs
 from jaxgpt.data.prepared import (
     WORKERS_ENV,
@@ -65,6 +66,7 @@ __all__ = [
     "cache_root",
     "check_batches_fit",
     "check_long_enough",
+    "class_names",
     "prefetch",
     "read_windows",
     "prepare",

@@ -157,13 +157,19 @@ def document_spans(dataset) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.nda
     document of a prepared corpus lies in its split's stream, between the separator before it
     (the stream's start, for the first) and the one after it; a document the split cuts in
     two belongs to neither."""
+    starts, ends, train, val = document_splits(dataset)
+    n_train = len(dataset.train)
+    return (starts[train], ends[train]), (starts[val] - n_train, ends[val] - n_train)
+
+
+def document_splits(dataset) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """(each document's start and end in the whole stream, whether it lies in the training
+    split, whether in the validation split), by the documents' order in the corpus."""
     documents = np.asarray(dataset.documents)
     n_train, total = len(dataset.train), len(dataset.train) + len(dataset.val)
     starts = np.where(np.arange(len(documents)) == 0, 0, documents + 1)
     ends = np.append(documents[1:], total - 1)  # the separator after each: the stream ends with one
-    train = ends <= n_train
-    val = starts >= n_train
-    return (starts[train], ends[train]), (starts[val] - n_train, ends[val] - n_train)
+    return starts, ends, ends <= n_train, starts >= n_train
 
 
 def split_examples(dataset, seq_len: int) -> tuple[Examples, Examples]:
@@ -311,26 +317,24 @@ def row_maker(encoder: bool):
     return encoder_decoder_row if encoder else packed_row
 
 
-def random_rows(
-    examples: Examples, seq_len: int, seed: int, stream: int, index: int, rows: range, encoder: bool = False
-) -> dict:
-    """Rows `rows` of batch `index` of a stream: row r packs examples drawn at random from
-    (seed, stream, index, r) alone, so every process builds its own rows and a resumed run the
-    same batches."""
+def random_rows(examples, seq_len: int, seed: int, stream: int, index: int, rows: range, make_row) -> dict:
+    """Rows `rows` of batch `index` of a stream, each packed by make_row(examples, chosen,
+    seq_len) (`row_maker`): row r packs examples drawn at random from (seed, stream, index, r)
+    alone, so every process builds its own rows and a resumed run the same batches."""
 
     def drawn(r: int):
         rng = np.random.default_rng([seed, stream, index, r])
         while True:
             yield int(rng.integers(0, len(examples)))
 
-    return stacked([row_maker(encoder)(examples, drawn(r), seq_len) for r in rows])
+    return stacked([make_row(examples, drawn(r), seq_len) for r in rows])
 
 
-def rows_in_order(examples: Examples, seq_len: int, encoder: bool = False) -> list[dict]:
-    """Every example once, packed in order: the fixed validation rows."""
+def rows_in_order(examples, seq_len: int, make_row) -> list[dict]:
+    """Every example once, packed in order by `make_row`: the fixed validation rows."""
     rows, i = [], 0
     while i < len(examples):
-        row = row_maker(encoder)(examples, iter(range(i, len(examples))), seq_len)
+        row = make_row(examples, iter(range(i, len(examples))), seq_len)
         i += int(row["segments"].max())
         rows.append(row)
     return rows
@@ -350,7 +354,9 @@ class TrainPairs:
 
         def rows(start: int, stop: int) -> dict:
             part = range(start, stop)
-            return random_rows(self.examples, run.model.block_size, t.seed, stream, index, part, self.encoder)
+            return random_rows(
+                self.examples, run.model.block_size, t.seed, stream, index, part, row_maker(self.encoder)
+            )
 
         return global_batch(mesh, rows, t.batch_size)
 
@@ -399,7 +405,7 @@ class PairValidation:
 def pair_validation(
     examples: Examples, token_bytes: np.ndarray, seq_len: int, batch_size: int, most: int, encoder: bool = False
 ):
-    rows = rows_in_order(examples, seq_len, encoder)
+    rows = rows_in_order(examples, seq_len, row_maker(encoder))
     count = min(most * batch_size, -(-len(rows) // batch_size) * batch_size)
     kept = rows[:count]
     scored_examples = sum(int(row["segments"].max()) for row in kept)

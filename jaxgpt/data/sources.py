@@ -11,6 +11,9 @@ text:PATH            a file, a directory, or a glob: .jsonl and .parquet files a
 hf:NAME[:CONFIG]     a Hugging Face Hub dataset, streamed, using its text column.
 pairs:PATH, builtin:dates, builtin:reverse, builtin:sort
                      text pairs, a document "source<TAB>target" each (jaxgpt/data/pairs.py).
+labels:PATH, builtin:brackets
+                     labelled texts, a document each text, its label beside it
+                     (jaxgpt/data/labels.py).
 chat:PATH.jsonl, builtin:arithmetic-chat
                      conversations, a document each as the chat template renders it;
 builtin:arithmetic   and sums written out to pretrain on (jaxgpt/data/conversations.py).
@@ -31,6 +34,7 @@ import numpy as np
 
 from jaxgpt.config import BUILTIN_CHATS, BUILTIN_PAIRS, DataConfig
 from jaxgpt.data.conversations import builtin_documents, read_conversations
+from jaxgpt.data.labels import labelled_examples
 from jaxgpt.data.pairs import builtin_pairs, read_pairs
 from jaxgpt.errors import UserError
 
@@ -56,6 +60,9 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "pairs" and rest:
         docs = read_pairs(rest)
         return docs, len(docs)
+    if config.labelled and (rest or kind == "builtin"):  # the texts; their labels stay beside them
+        docs = labelled_examples(config.source)[1]
+        return docs, len(docs)
     if kind == "builtin" and rest in (*BUILTIN_CHATS, "arithmetic"):
         docs = builtin_documents(rest)
         return docs, len(docs)
@@ -69,7 +76,8 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     raise UserError(
         f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, "
         "builtin:arithmetic, text:PATH (file, directory or glob), hf:NAME[:CONFIG], for text pairs pairs:PATH or "
-        "builtin:dates, reverse or sort, or for conversations chat:PATH.jsonl or builtin:arithmetic-chat"
+        "builtin:dates, reverse or sort, for labelled texts labels:PATH or builtin:brackets, or for conversations "
+        "chat:PATH.jsonl or builtin:arithmetic-chat"
     )
 
 

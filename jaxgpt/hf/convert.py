@@ -48,10 +48,13 @@ FAMILIES: dict[str, Family] = {  # config.json's model_type -> the family
 def family_of(c: ModelConfig) -> str:
     """Which Hugging Face family a jaxgpt model exports as; else one line naming the setting
     none of them has."""
+    objective = objective_of(c)
+    if "export" not in objective.commands:
+        raise UserError(f"the model is {objective.described}; no Hugging Face family jaxgpt writes holds its head")
     if c.encoder_layers:
         bart.check_exportable(c)
         return "bart"
-    if objective_of(c).exports_as == "bert":  # an encoder trained on blanks
+    if objective.exports_as == "bert":  # an encoder trained on blanks
         bert.check_exportable(c)
         return "bert"
     if c.moe is not None:

@@ -28,7 +28,7 @@ TAGS = {
     "val_perplexity": "loss/val_perplexity",
     "val_loss_past_only": "loss/val_past_only",
     "val_bpb_past_only": "loss/val_bits_per_byte_past_only",
-    "val_accuracy": "loss/val_masked_accuracy",
+    "val_accuracy": "loss/val_accuracy",  # the masked tokens right, or the texts classified right
     "val_token_accuracy": "loss/val_answer_token_accuracy",
     "val_exact_match": "loss/val_exact_match",
     "train_ahead_loss": "loss/train_token_after_next",
@@ -40,6 +40,11 @@ TAGS = {
     "mfu": "speed/mfu",
     "elapsed_sec": "speed/elapsed_sec",
 }
+
+
+def is_scalar(value) -> bool:
+    """A number TensorBoard and W&B can draw (a classifier's confusion matrix is not)."""
+    return isinstance(value, int | float) and not isinstance(value, bool)
 
 
 def training_record(
@@ -212,7 +217,7 @@ class MetricsLog:
         self.file.write(json.dumps(json_safe(record)) + "\n")
         self.file.flush()
         step = record["step"]
-        scalars = {TAGS.get(key, key): value for key, value in record.items() if key != "step"}
+        scalars = {TAGS.get(key, key): value for key, value in record.items() if key != "step" and is_scalar(value)}
         if self.tensorboard is not None:
             for tag, value in scalars.items():
                 if math.isfinite(value):  # as metrics.jsonl's null: no point drawn for inf or NaN

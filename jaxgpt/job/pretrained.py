@@ -34,6 +34,7 @@ from jaxgpt.config_files import tokens_needed
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest, recorded_config
 from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, same_tokenizer
+from jaxgpt.training.objectives import objective_of
 
 # The fields that decide what the weights compute (not dropout, dtypes or layout): what two sets
 # of weights must agree on for one to continue the other
@@ -114,6 +115,7 @@ def with_source_architecture(
         return run
     theirs, ours = resumed or source_model(source), run.model
     model = theirs.replace(**{f: getattr(ours, f) for f in RUN_CHOICES}, moe=_moe(theirs, ours))
+    model = model.replace(**{f: getattr(ours, f) for f in objective_of(ours).own_fields})  # a head of its own
     if ours.block_size < theirs.block_size and theirs.position != "learned":
         model = model.replace(block_size=ours.block_size)  # shorter windows: the positions read as before
     explicit = {key.split(".")[1] for key in overrides if key.startswith("model.")}
@@ -222,6 +224,7 @@ def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig, grows: bool 
         f
         for f in ARCHITECTURE_FIELDS
         if f not in EXTENSIBLE_FIELDS
+        and f not in objective_of(ours).own_fields
         and not (f == "block_size" and ours.position != "learned")
         and not (f == "vocab_size" and grows and ours.vocab_size > theirs.vocab_size)
     ]
@@ -292,6 +295,9 @@ def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None)
         params = unstack_blocks(params)
     elif ours.scan_layers and not pretrained.scan_layers:
         params = stack_blocks(params, ours.n_layer)
+    if objective_of(ours).own_fields:  # the body's weights, and a head of its own as initialised
+        params = {name: params.get(name, fresh) for name, fresh in state.params.items()}
+        origin += f", its head replaced by a fresh {objective_of(ours).name} head"
     if ours.lora_rank and not pretrained.lora_rank:  # the base's weights, and the adapters as initialised
         from jaxgpt.model.lora import with_fresh_adapters
 

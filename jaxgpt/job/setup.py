@@ -99,9 +99,26 @@ def check_runnable(config, notes: list[str] | None = None, overrides=(), workdir
 def with_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
     """`run` with model.vocab_size the tokenizer's (a character corpus's), or where it starts
     from weights, their rows, which the tokenizer must fill."""
-    if run.train.init_from:
-        return with_source_vocabulary(run, tokenizer)
-    return with_tokenizer_vocab(run, tokenizer.vocab_size)
+    run = (
+        with_source_vocabulary(run, tokenizer)
+        if run.train.init_from
+        else with_tokenizer_vocab(run, tokenizer.vocab_size)
+    )
+    return with_classes(run)
+
+
+def with_classes(run: RunConfig) -> RunConfig:
+    """`run` with model.classes its labelled texts' labels (jaxgpt/data/labels.py), where it
+    classifies them and left the count unset; one line where a count set differs."""
+    if not run.data.labelled:
+        return run
+    names = data.class_names(run.data.source)
+    if run.model.classes in (0, len(names)):
+        return dataclasses.replace(run, model=run.model.replace(classes=len(names)))
+    raise UserError(
+        f"model.classes={run.model.classes}, but data.source {run.data.source} has {len(names)} labels "
+        f"({', '.join(names[:8])}{', ...' if len(names) > 8 else ''}); leave model.classes unset"
+    )
 
 
 def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool, overrides=(), fresh=False) -> ResolvedRun:

@@ -55,8 +55,11 @@ from jaxgpt.training.train_step import per_layer
 def describe_val(record: dict) -> str:
     """The validation loss as what it is: with bits per byte for a next-token loss (and the
     past-only loss of a model trained without the causal mask), with the accuracy on the hidden
-    tokens for the masked objective; "nan" before the first evaluation."""
+    tokens for the masked objective, the share classified right for a classifier; "nan" before
+    the first evaluation."""
     loss = f"{record.get('val_loss', float('nan')):.4f}"
+    if "val_confusion" in record:
+        return f"{loss} (classification loss; {record['val_accuracy']:.1%} of held-out texts classified right)"
     if "val_accuracy" in record:
         return f"{loss} (masked-token loss; {record['val_accuracy']:.1%} of hidden tokens right)"
     past_only = f", past-only {record['val_loss_past_only']:.4f}" if "val_loss_past_only" in record else ""
@@ -116,7 +119,7 @@ def train_and_evaluate(
             return trainer.train(start, progress=progress and main, stop_at=stop_at)
 
 
-COUNTS = ("exact_matches", "examples")  # added over the batches, not averaged
+COUNTS = ("exact_matches", "examples", "confusion")  # added over the batches, not averaged
 
 
 def _validation_batch(validation, index: int, mesh) -> dict:
@@ -128,7 +131,10 @@ def mean_losses(batches: list[dict]) -> dict:
     different numbers of tokens ("scored": the masked objective's hidden ones, the answers of
     text pairs), else over the batches; counts (COUNTS) summed. A nested measurement (a mixture
     of experts' router statistics, per layer) is averaged leaf by leaf."""
-    counts = {key: float(sum(float(b[key]) for b in batches)) for key in COUNTS if key in batches[0]}
+    counts = {
+        key: np.sum([np.asarray(b[key], np.float64) for b in batches], axis=0) for key in COUNTS if key in batches[0]
+    }
+    counts = {key: float(value) if value.ndim == 0 else value for key, value in counts.items()}
     means = [key for key in batches[0] if key not in COUNTS and key != "scored"]
     scored = np.array([float(b["scored"]) for b in batches]) if "scored" in batches[0] else None
 

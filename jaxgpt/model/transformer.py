@@ -201,6 +201,10 @@ class GPT(nn.Module):
         if c.mtp_weight and not decode:  # training's second prediction, read by its loss term
             ahead = TokenAfterNext(c, name="mtp")(x, wte, tokens, positions, segments, train=train)
             self.sow("ahead", "features", ahead)
+        if c.classes:  # a classifier in the LM head's place (model.objective=classification)
+            final = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
+            classifier = nn.Dense(c.classes, kernel_init=embedding_init(c), name="classifier", **dtypes(c))
+            return classifier(final).astype(jnp.float32)  # (batch, seq, classes)
         features = self._head_input()
         final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
         if not head:

@@ -32,6 +32,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.training.batch import length_of, rows_of, scored_weight
@@ -48,9 +49,10 @@ class Objective:
     reads_the_past: bool = True  # predicts each token from the ones before it, as generation does
     draws_each_step: bool = False  # what it scores is drawn from the step's key
     exports_as: str | None = None  # the Hugging Face family its models export as, where it decides it
-    commands: tuple[str, ...] = ("sample", "chat", "evaluate", "logit-lens", "patch")  # that need its predictions
+    commands: tuple[str, ...] = ("sample", "chat", "evaluate", "logit-lens", "patch", "export")  # that need it
     described: str = "a decoder (model.objective=next_token), which predicts each next token and never sees a blank"
     instead: str = "python -m jaxgpt sample --workdir ... shows its continuations"  # what suits a run of it
+    own_fields: tuple[str, ...] = ()  # model fields it sets over train.init_from's: a head of its own
 
     def example_ids(self, rows: int, given: jax.Array | None) -> jax.Array | None:
         """Each row's place in the batch, where it decides what the row is shown: nowhere here
@@ -74,11 +76,14 @@ class Objective:
         """Whether the model's most likely tokens are measured: in an evaluation of examples."""
         return evaluating and "weights" in batch and "segments" in batch
 
-    def measured(self, right: jax.Array | None, scores, batch: dict, weight) -> dict:
-        """What is measured of the predictions (`right`: each position's most likely token is
-        its target): the scored tokens' accuracy, and whole answers right (`exact_matches`)."""
-        if right is None:
+    def measured(
+        self, config: ModelConfig, predictions: jax.Array | None, targets, scores, batch: dict, weight
+    ) -> dict:
+        """What is measured of the predictions (each position's most likely token, where
+        `predicts`): the scored tokens' accuracy, and whole answers right (`exact_matches`)."""
+        if predictions is None:
             return {}
+        right = predictions == targets
         return {"accuracy": (right * scores).sum() / weight} | exact_matches(right, scores, batch["segments"])
 
     def counts_scored(self, batch: dict) -> bool:
@@ -112,7 +117,7 @@ class Masked(Objective):
     reads_the_past: bool = False
     draws_each_step: bool = True
     exports_as: str | None = "bert"
-    commands: tuple[str, ...] = ("fill",)
+    commands: tuple[str, ...] = ("fill", "export")
     described: str = "an encoder (model.objective=masked), which fills in blanks rather than predicting the next token"
     instead: str = "python -m jaxgpt fill --workdir ... --prompt '... [MASK] ...' shows its guesses"
 
@@ -140,8 +145,8 @@ class Masked(Objective):
     def predicts(self, batch: dict, evaluating: bool) -> bool:
         return True  # the accuracy on the hidden tokens, in training too
 
-    def measured(self, right, scores, batch, weight) -> dict:
-        return {"accuracy": (right * scores).sum() / weight}
+    def measured(self, config, predictions, targets, scores, batch, weight) -> dict:
+        return {"accuracy": ((predictions == targets) * scores).sum() / weight}
 
     def counts_scored(self, batch: dict) -> bool:
         return True  # each batch hides its own number of tokens
@@ -151,8 +156,46 @@ class Masked(Objective):
         return {"val_loss": val["loss"], "val_accuracy": val["accuracy"], "eval_train_loss": train["loss"]}
 
 
-NEXT_TOKEN, MASKED = Objective(), Masked()
-OBJECTIVES = {objective.name: objective for objective in (NEXT_TOKEN, MASKED)}
+@dataclasses.dataclass(frozen=True)
+class Classified(Objective):
+    """Each labelled text's class (jaxgpt/data/labels.py), read by the model's classifier at the
+    one position of each example the batch weighs 1 (its last token, or an encoder's first),
+    the target there the class: the weighted case of the next-token objective, over classes
+    instead of tokens. Measured: the accuracy over examples, and in an evaluation the
+    confusion matrix (row: the true class, column: the one predicted)."""
+
+    name: str = "classification"
+    reads_the_past: bool = False
+    commands: tuple[str, ...] = ()
+    described: str = "a classifier (model.objective=classification), whose outputs are classes, not tokens"
+    instead: str = "its evaluations (metrics.jsonl's val_accuracy and val_confusion) are what it reports"
+    own_fields: tuple[str, ...] = ("objective", "classes")  # a classifier over the weights' body
+
+    def predicts(self, batch: dict, evaluating: bool) -> bool:
+        return True
+
+    def measured(self, config, predictions, targets, scores, batch, weight) -> dict:
+        accuracy = ((predictions == targets) * scores).sum() / weight
+        classes = jnp.arange(config.classes)
+        said = (targets[..., None] == classes) * scores[..., None]  # (rows, seq, classes): the true class, scored
+        chosen = (predictions[..., None] == classes).astype(jnp.float32)
+        return {"accuracy": accuracy, "confusion": jnp.einsum("btc,btd->cd", said, chosen)}
+
+    def counts_scored(self, batch: dict) -> bool:
+        return True
+
+    def record(self, val: dict, train: dict, bits_per_nat: float) -> dict:
+        confusion = np.asarray(val["confusion"])
+        return {
+            "val_loss": val["loss"],
+            "val_accuracy": float(np.trace(confusion) / max(confusion.sum(), 1)),
+            "val_confusion": confusion.astype(int).tolist(),
+            "eval_train_loss": train["loss"],
+        }
+
+
+NEXT_TOKEN, MASKED, CLASSIFIED = Objective(), Masked(), Classified()
+OBJECTIVES = {objective.name: objective for objective in (NEXT_TOKEN, MASKED, CLASSIFIED)}
 
 
 def objective_of(config: ModelConfig) -> Objective:

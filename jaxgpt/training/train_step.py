@@ -144,7 +144,7 @@ def scored(
     outputs, sown = forward(model, params, inputs, batch, dropout_rng, sown_collections(config, evaluating))
     losses, predictions = per_position(config, params, outputs, targets, predict)
     loss = (losses if scores is None else losses * scores).sum() / weight
-    measured = {"loss": loss} | objective.measured(predictions == targets if predict else None, scores, batch, weight)
+    measured = {"loss": loss} | objective.measured(config, predictions, targets, scores, batch, weight)
     losses_of = partial(head_losses, config, params)
     beside = Scored(targets, scores, batch.get("segments"), weight, rows / batch_rows, losses_of)
     added, statistics = auxiliary_terms(config, sown, beside)
