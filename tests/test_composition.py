@@ -5,7 +5,8 @@ and the same weights. A cell that cannot be is refused in one line when the conf
 (REFUSED).
 
 The objectives: next-token prediction on a text, masked-token prediction (an encoder), an
-encoder–decoder on text pairs, a decoder on text pairs, conversations. The settings: plain, a
+encoder–decoder on text pairs, a decoder on text pairs, conversations, classification of
+labelled texts. The settings: plain, a
 mixture of experts, low-rank adapters, 2 microbatches, the batch split over 2 CPU cores (one
 program per core, as train.py runs on a 2-core machine), scanned layers, a chunked loss, full
 rematerialisation, multi-token prediction. The next-token row is in the quick set (26 s on a
@@ -34,6 +35,7 @@ OBJECTIVES = {
     "encoder-decoder": {"model.encoder_layers": 1, "data.source": "builtin:reverse"},
     "decoder-on-pairs": {"data.source": "builtin:reverse"},
     "conversations": {"data.source": "builtin:arithmetic-chat", "data.tokenizer": "byte"},
+    "classification": {"model.objective": "classification", "data.source": "builtin:brackets"},
 }
 SETTINGS = {
     "plain": {},
@@ -46,9 +48,17 @@ SETTINGS = {
     "remat-full": {"model.remat": "full"},
     "multi-token": {"model.mtp_weight": 0.5},
 }
-# Cells that cannot be, refused when the config is read: multi-token prediction guesses the token
-# after next from the ones before, which an encoder (both sides) and an encoder–decoder do not.
-REFUSED = {("masked", "multi-token"), ("encoder-decoder", "multi-token")}
+# Cells that cannot be, refused when the config is read, and the line that says why: multi-token
+# prediction guesses the token after next from the ones before, which an encoder (both sides), an
+# encoder–decoder and a classifier do not; a chunked loss chunks a vocabulary's logits, and a
+# classifier has a few.
+NOT_NEXT_TOKENS = "model.mtp_weight=0.5 .*needs a causal next-token decoder"
+REFUSED = {
+    ("masked", "multi-token"): NOT_NEXT_TOKENS,
+    ("encoder-decoder", "multi-token"): NOT_NEXT_TOKENS,
+    ("classification", "multi-token"): NOT_NEXT_TOKENS,
+    ("classification", "chunked-loss"): "model.loss_chunk=8 chunks the vocabulary's logits, and a classifier has a few",
+}
 
 
 def cell_config(objective: str, setting: str):
@@ -79,7 +89,7 @@ def trains_and_resumes_exactly(objective: str, setting: str, tmp_path, request):
     config = cell_config(objective, setting)
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     if (objective, setting) in REFUSED:
-        with pytest.raises(ConfigError, match="model.mtp_weight=0.5 .*needs a causal next-token decoder"):
+        with pytest.raises(ConfigError, match=REFUSED[objective, setting]):
             train_and_evaluate(config, straight, progress=False)
         assert not straight.exists() or not any(straight.iterdir())  # refused before anything is written
         return
