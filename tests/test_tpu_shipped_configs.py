@@ -36,6 +36,7 @@ V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"
 # Where each shipped config is compiled here. A new config must be added (the test below says so).
 GENERATIONS = {
     "arithmetic": (V6E,),
+    "brackets": (V5E,),  # a classifier: each packed string scored at one position
     "encoder_tiny": (V5E,),  # the masked objective's program
     "dates": (V5E,),  # packed text pairs: a batch with loss weights, segments and positions
     "finetune_gpt2": (V5E,),

@@ -144,12 +144,21 @@ def summarise(rows: list[dict]) -> list[dict]:
     return out
 
 
+def scored_as(final: dict, loss_key: str) -> str:
+    """How a run's val loss was scored: "past-only", "masked", "classified" or "as trained"."""
+    if loss_key != "val_loss":
+        return "past-only"
+    if "val_confusion" in final:
+        return "classified"
+    return "masked" if "val_accuracy" in final else "as trained"
+
+
 def markdown(summary: list[dict]) -> str:
     answers = any(not math.isnan(s["val_exact_match"]) for s in summary)  # runs on pairs or conversations
     columns = "| variant | seeds | val loss | val bits/byte |" + (" exact match |" if answers else "")
     columns += " params | tokens/s* | training s* |"
     head = columns + "\n" + "|---" * (7 + answers) + "|\n"
-    marks = {"past-only": " (past-only)", "masked": " (masked)"}
+    marks = {"past-only": " (past-only)", "masked": " (masked)", "classified": " (classifier)"}
 
     def spread(s: dict, key: str, form: str) -> str:
         return "-" if math.isnan(s[key]) else f"{s[key]:{form}} ± {s[f'{key}_spread'] / 2:{form}}"
@@ -181,6 +190,11 @@ def markdown(summary: list[dict]) -> str:
         notes += (
             "(masked: an encoder's loss on the tokens it hides, read from both sides; not comparable with a "
             "next-token loss, and not a rate of compression, so no bits per byte)\n"
+        )
+    if any(s["scored"] == "classified" for s in summary):
+        notes += (
+            "(classifier: the loss over each held-out text's class, one position a text; its exact match is the "
+            "share of texts classified right)\n"
         )
     return head + body + notes
 
@@ -278,6 +292,7 @@ def compare(
         final = [r for r in records if "val_loss" in r][-1]
         loss_key, bpb_key = scored_key(records, "val_loss"), scored_key(records, "val_bpb")
         model = run_config_from_dict(json.loads((workdir / "config.json").read_text())).model
+        classifier = "val_confusion" in final
         params = count_params(jax.eval_shape(lambda m=model: init_params(m, jax.random.key(0))))
         rows.append(
             {
@@ -287,12 +302,10 @@ def compare(
                 **{k: final[k] for k in ("step", "tokens_per_sec", "elapsed_sec")},
                 "val_loss": final[loss_key],
                 "val_bpb": final.get(bpb_key, math.nan),  # none for a masked-token loss
-                "val_exact_match": final.get("val_exact_match", math.nan),  # pairs and conversations only
-                "scored": "past-only"
-                if loss_key != "val_loss"
-                else "masked"
-                if "val_accuracy" in final
-                else "as trained",
+                "val_exact_match": final.get(
+                    "val_exact_match", final.get("val_accuracy", math.nan) if classifier else math.nan
+                ),  # pairs, conversations, a classifier's texts
+                "scored": scored_as(final, loss_key),
             }
         )
         runs.setdefault(name, []).append(workdir)
