@@ -161,7 +161,7 @@ class TrainConfig:
         compute their shares with one program over all the cores, compiled once, instead of a
         program per core: a fresh start compiles about a third less, but each step waits for the
         host's work between steps (3-10% slower steps at 4 unscanned layers): for short runs
-        (docs/benchmarks.md, "Kept as a choice").
+        (docs/benchmarks.md, "What train.py does for speed").
     dtype: compute dtype, "float32" or "bfloat16" (parameters and optimizer state stay
         float32: mixed precision).
     decay_embeddings: also apply weight decay to the token/position embeddings.

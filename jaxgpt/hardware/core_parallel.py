@@ -14,15 +14,11 @@ their shares, and the host joins them:
 What crosses between cores is few arrays each way (`Packing`): every leaf of 32 KiB or more
 (the matrices) as it is, the small ones (biases, norms' scales) raveled into one array; the
 parameters packed on the first core (`shared_inputs`), each core's gradient packed where it was
-computed (`packed_core_gradients`). The host's Python puts every array on its core, at tens of
-microseconds a leaf, on the cores the step runs on: a leaf per parameter (52 for configs/tiny.py)
-took the host 10-16 ms of CPU a step at tiny's T=64 shape on a 2-core Zen 3, one flat array 3-4
-ms, and train.py's tokens/s rose by 7% (the median of 12 interleaved pairs). But a raveled leaf
-is copied inside every core's program, in and out, and the copies count in the temporaries that
-decide the microbatches: with every leaf raveled, moe_tiny's 9 MiB of expert matrices added 17
-MiB to a core's temporaries and its step took 1.3 times as long on a Zen 4 (docs/benchmarks.md).
-The matrices are few (18 of tiny's 52 leaves) and hold nearly all the bytes, so they travel
-alone and only the small leaves are copied.
+computed (`packed_core_gradients`). Why both: the host's Python puts every array on its core at
+a fixed cost a leaf, on the cores the step runs on, so fewer arrays are a faster step; but a
+raveled leaf is copied inside every core's program, and large ones would fill the temporaries
+that decide the microbatches. The matrices are few and hold nearly all the bytes, so they travel
+alone and only the small leaves are copied (the measurements: git log -p -- docs/benchmarks.md).
 
 The state lives on the first core, in exactly the layout of a one-device run, so checkpoints
 do not depend on the core count. No thread ever waits for another inside XLA: a starved core
@@ -143,12 +139,9 @@ def add_and_apply(
     return apply_gradients(state, measured, gradient, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 
-# Every so many steps the host waits, asleep, until the cores have finished the step. Left to run
-# ahead, it waits instead inside the runtime's copies of arrays not yet computed (the parameters
-# put on the other cores, their shares put back), and that wait spins: on a 2-core Zen 5 the
-# host's thread took 5.7 ms of CPU a step at tiny's T=64 shape against 3.4 ms when waiting here
-# every 20 steps, and the steps ran 8% faster; train.py's loop, which waited only at its logged
-# steps, 4-5% (docs/benchmarks.md). Draining costs the cores one step's dispatch per WAIT_EVERY.
+# Every so many steps the host waits, asleep, until the cores have finished the step: left to run
+# ahead, it waits inside the runtime's copies of arrays not yet computed, and that wait spins on
+# a core the step needs (docs/benchmarks.md). Draining costs one step's dispatch per WAIT_EVERY.
 WAIT_EVERY = 20
 
 

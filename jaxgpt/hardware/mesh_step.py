@@ -24,8 +24,7 @@ def state_layout(program: TrainingProgram, mesh):
 
     The model's initialisation is traced once, here: the program that creates the state replays
     that trace with the shardings its shapes gave, instead of tracing the model again (a Flax
-    initialisation is slow to trace: for a 2-layer model on a 2-core Zen 3, about 40% of the
-    time its training step's tracing takes)."""
+    initialisation is slow to trace, a large part of what tracing its training step takes)."""
     key_data = seed_key_data(program.run.train.seed)
     traced = jax.jit(program.create_state).trace(key_data)
     layout = sharding.laid_out(traced.out_info, mesh)

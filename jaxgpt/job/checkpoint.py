@@ -45,8 +45,8 @@ def _write_each_cpu_array_whole() -> None:
     """Orbax's default splits the writing of a replicated array among its replicas, so that
     devices copy their parts to the host in parallel (and hosts write theirs). CPU devices share
     the host's memory: nothing is copied, and the split costs one slicing operation per replica
-    per array, each compiled at its first save (2 s of a small model's 7 s run on 8 CPU devices,
-    measured). On CPU one replica writes each array whole; the files are the same."""
+    per array, each compiled at its first save (a large part of a small model's run on several
+    CPU devices). On CPU one replica writes each array whole; the files are the same."""
     if jax.process_count() == 1 and all(device.platform == "cpu" for device in jax.devices()):
         # orbax's own default handler, but for the split; its metadata store keeps what a plain
         # array lacks (a PRNG key's type: without it the key restores as uint32 words)

@@ -170,8 +170,8 @@ def json_safe(record: dict) -> dict:
 def summary_writer_class():
     """tensorboardX's SummaryWriter, imported without PyTorch. tensorboardX imports torch, where it
     is installed, only to recognise torch tensors among the values it is given; this log gives
-    it Python floats, and importing torch would add 1.8 s to every run's start (measured on a
-    2-vCPU AMD EPYC). A None in sys.modules makes `import torch` fail as if it were absent
+    it Python floats, and importing torch would add seconds to every run's start. A None in
+    sys.modules makes `import torch` fail as if it were absent
     (Python's import system documents it); a torch already imported is left as it is."""
     if "tensorboardX" in sys.modules or "torch" in sys.modules:
         from tensorboardX import SummaryWriter

@@ -192,8 +192,7 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
     def compile_step() -> float:
         # from shapes alone, as choosing the microbatches compiles (a restored state and the first
         # batch have the same): the step then compiles beside the state's initialisation and the
-        # data's reading. Where XLA's compiles leave cores idle, a fresh start is shorter (on a
-        # 2-core Zen 4 by 0.7 s of a one-step speedrun's 9 s, docs/benchmarks.md)
+        # data's reading: where XLA's compiles leave cores idle, a fresh start is shorter
         started = time.perf_counter()
         step.compile(resolved.layout, batch_layout(program, step.batch_mesh))
         return time.perf_counter() - started

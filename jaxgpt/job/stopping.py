@@ -142,8 +142,8 @@ class RunawayWatch:
 
 def all_finite(tree) -> bool:
     """Whether every value in `tree` (jax arrays) is finite. Arrays on this process's CPU are
-    the host's own memory: numpy reads them in place, with no program to compile (a third of a
-    second of a fresh start, configs/nanogpt_speedrun.py on a Zen 4). Elsewhere one compiled
+    the host's own memory: numpy reads them in place, with no program to compile (which would
+    lengthen a fresh start). Elsewhere one compiled
     reduction on the devices, so that nothing is copied to the host."""
     leaves = jax.tree.leaves(tree)
     if all(x.is_fully_addressable and {d.platform for d in x.devices()} == {"cpu"} for x in leaves):

@@ -20,7 +20,7 @@ ceil(capacity_factor * t * top_k / experts) rows per expert, or t when dropless 
 receive a token twice). Filling them is a gather (each row reads its token) and combining a
 gather (each assignment reads its row): the activations are never scattered and no one-hot
 table of queues is built, whose temporaries made a CPU step choose twice the microbatches
-(docs/benchmarks.md, "A mixture of experts per step"). The router's two losses, and what a
+(docs/benchmarks.md, "A mixture of experts"). The router's two losses, and what a
 learner wants to see of it (the load per expert, the dropped fraction), are sown into the
 "router" collection: train_step adds the losses to the objective; nothing is kept when the
 collection is not mutable.

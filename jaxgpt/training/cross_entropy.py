@@ -3,21 +3,18 @@
 For GPT-2's 50,304-token vocabulary the logits are the largest tensor of a step (64 x 1024 x
 50,304 is 3.3 G numbers), so each pass over them costs as much as a layer's matmuls. The usual
 way, log_softmax and then picking the target's entry (optax.softmax_cross_entropy_with_integer_labels),
-differentiates the pick as a scatter into a zero tensor of the logits' shape; on an H200
-(docs/benchmarks.md) XLA then wrote the softmax's gradient in float32, scattered into it and
-converted the result to bfloat16: three kernels, 10.1 ms of a 150 ms GPT-2 step, and a float32
-tensor of the logits' shape held at the step's peak.
+differentiates the pick as a scatter into a zero tensor of the logits' shape; on a GPU XLA then
+writes the softmax's gradient in float32, scatters into it and converts the result: three
+kernels, and a float32 tensor of the logits' shape held at the step's peak.
 
 `one_pass_cross_entropy` writes the gradient down instead, softmax(logits) - onehot(target)
 times the incoming gradient, which XLA's GPU backend fuses into one kernel that reads the
-logits and writes their gradient in bfloat16 (4.6 ms there; the step's temporaries 28.8 ->
-22.7 GiB; its time did not move measurably, 150.3 -> 149.8 ms). XLA's CPU backend does the
-opposite with it: it evaluates the expression inside both of the head's backward matmuls'
-operands, one of them transposed (the copy feeding the weight gradient took 80 ms of a profiled
-step instead of 41), and a step at a 16,384-token vocabulary ran 10 to 20% slower than with
-optax's (three pairs, side by side); an optimisation barrier did not stop it. So a
-GPU gets the one-pass gradient and every other backend optax's, decided when the step is
-traced, as the attention kernels are (model/kernels.py).
+logits and writes their gradient in their own dtype (less memory at the peak; the H200's figures
+are in docs/benchmarks.md). XLA's CPU backend does the opposite with it: it evaluates the
+expression inside both of the head's backward matmuls' operands, one of them transposed, and
+the step runs slower than with optax's; an optimisation barrier did not stop it. So a GPU gets
+the one-pass gradient and every other backend optax's, decided when the step is traced, as the
+attention kernels are (model/kernels.py).
 """
 
 from __future__ import annotations
