@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model import kv_cache, lora
+from jaxgpt.model import kv_cache
 from jaxgpt.model.layers import dtypes, residual_output_init
 from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
 from jaxgpt.model.sites import changes_site, reads_site, site
@@ -271,9 +271,8 @@ class CausalSelfAttention(nn.Module):
         # One matmul makes all three (layout in split_qkv). Grouping by key/value head keeps a
         # group's queries next to their keys when the head axis is split over devices.
         if c.qkv_projections:
-            qkv = lora.dense_general(
-                c,
-                "qkv",
+            qkv = nn.DenseGeneral(
+                name="qkv",
                 features=(c.n_kv_head, c.group_size + 2, c.head_dim),
                 use_bias=c.bias or c.qkv_bias,
                 kernel_init=nn.initializers.normal(c.init_std),
@@ -299,9 +298,8 @@ class CausalSelfAttention(nn.Module):
         y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
 
-        return lora.dense_general(
-            c,
-            "out",
+        return nn.DenseGeneral(
+            name="out",
             features=c.d_model,
             axis=(-3, -2, -1),
             use_bias=c.bias,
@@ -325,11 +323,11 @@ class CrossAttention(nn.Module):
     ) -> jnp.ndarray:
         c = self.config
         init = nn.initializers.normal(c.init_std)
-        q = lora.dense_general(
-            c, "q", features=(c.n_kv_head, c.group_size, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
+        q = nn.DenseGeneral(
+            name="q", features=(c.n_kv_head, c.group_size, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
         )(x)
-        kv = lora.dense_general(
-            c, "kv", features=(c.n_kv_head, 2, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
+        kv = nn.DenseGeneral(
+            name="kv", features=(c.n_kv_head, 2, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
         )(memory)
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]  # (b, s, k, d)
         q, k, v = head_sites(self, q, k, v)
@@ -339,7 +337,5 @@ class CrossAttention(nn.Module):
         )
         y = attend(self, c.attention, q, k, v, mask, None)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
-        return lora.dense_general(
-            c, "out", features=c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c),
-            **dtypes(c),
-        )(y)  # fmt: skip
+        out = dict(features=c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c))
+        return nn.DenseGeneral(name="out", **out, **dtypes(c))(y)

@@ -10,7 +10,6 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model import lora
 from jaxgpt.model.sites import site
 
 
@@ -58,16 +57,16 @@ class MLP(nn.Module):
         c = self.config
         dense = dict(use_bias=c.bias, **dtypes(c))
         if c.activation == "swiglu":
-            gate_up = lora.dense_general(
-                c, "up", features=(2, c.mlp_hidden), kernel_init=nn.initializers.normal(c.init_std), **dense
+            gate_up = nn.DenseGeneral(
+                name="up", features=(2, c.mlp_hidden), kernel_init=nn.initializers.normal(c.init_std), **dense
             )(x)
             gate, up = site(self, "hook_pre", gate_up[..., 0, :]), site(self, "hook_pre_linear", gate_up[..., 1, :])
             h = nn.silu(gate) * up  # (b, t, hidden)
         else:
-            h = lora.dense(c, "up", features=c.mlp_hidden, kernel_init=nn.initializers.normal(c.init_std), **dense)(x)
+            h = nn.Dense(name="up", features=c.mlp_hidden, kernel_init=nn.initializers.normal(c.init_std), **dense)(x)
             h = ACTIVATION_FUNCTIONS[c.activation](site(self, "hook_pre", h))
         h = site(self, "hook_post", h)
-        return lora.dense(c, "down", features=c.d_model, kernel_init=residual_output_init(c), **dense)(h)
+        return nn.Dense(name="down", features=c.d_model, kernel_init=residual_output_init(c), **dense)(h)
 
 
 ACTIVATION_FUNCTIONS = {

@@ -18,21 +18,20 @@ Tokens the fine-tuning adds (a chat template's, jaxgpt/data/conversations.py) st
 rather than another. model.lora_embeddings trains the token embedding (and an untied head) in
 full beside the adapters, as PEFT's "modules_to_save" does; measured in docs/lab.md section 14.
 
-Tokens the fine-tuning adds (a chat template's, jaxgpt/data/conversations.py) start as rows alike
-(the mean of the trained ones): frozen, the model could not tell them apart, nor predict one
-rather than another. model.lora_embeddings trains the token embedding (and an untied head) in
-full beside the adapters, as PEFT's "modules_to_save" does; measured in docs/lab.md section 14.
-
 The adapted projections are model.lora_targets, by module name: qkv and out (attention), up and
 down (the MLP; SwiGLU's fused gate-and-up is one `up`). A and B live in the projection's own
-module, named lora_a and lora_b beside its kernel: the base's parameters keep their names, so a
+module, named lora_a and lora_b beside its kernel, added by a method interceptor (`adapting`)
+so that the layers' code writes plain projections: the base's parameters keep their names, so a
 base checkpoint or Hugging Face weights fill them as before (jaxgpt/job/resume.py), and the
 adapters keep their fresh initialisation.
 """
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import math
+from functools import partial
 
 import flax.linen as nn
 import jax
@@ -61,41 +60,42 @@ def _axes(axis, ndim: int) -> tuple[int, ...]:
     return tuple(a % ndim for a in axis)
 
 
-class AdaptedDenseGeneral(nn.DenseGeneral):
-    """nn.DenseGeneral, its kernel and bias as they were, plus the adapter (`lora_delta`)."""
-
-    config: ModelConfig | None = None
-
-    @nn.compact
-    def __call__(self, x):
-        y = super().__call__(x)
-        features = (self.features,) if isinstance(self.features, int) else tuple(self.features)
-        return y + lora_delta(self, x, _axes(self.axis, x.ndim), features, self.config).astype(y.dtype)
+def adapting(config: ModelConfig):
+    """A context in which every projection config.lora_targets names (an nn.Dense or
+    nn.DenseGeneral of that name: attention's qkv and out, cross-attention's q and kv, the MLP's
+    up and down) adds its adapter to what it computes (`lora_delta`). The model's layers write
+    plain projections; GPT.__call__ runs inside this context. Nothing where the model has none."""
+    if not config.lora_rank:
+        return contextlib.nullcontext()
+    return nn.intercept_methods(partial(_adapted, config))
 
 
-class AdaptedDense(nn.Dense):
-    """nn.Dense, its kernel and bias as they were, plus the adapter (`lora_delta`)."""
+def adapted(method):
+    """`method` of a module with a config (GPT.__call__) run inside `adapting(self.config)`."""
 
-    config: ModelConfig | None = None
+    @functools.wraps(method)
+    def call(self, *args, **kwargs):
+        with adapting(self.config):
+            return method(self, *args, **kwargs)
 
-    @nn.compact
-    def __call__(self, x):
-        y = super().__call__(x)
-        return y + lora_delta(self, x, (x.ndim - 1,), (self.features,), self.config).astype(y.dtype)
-
-
-def dense_general(config: ModelConfig, name: str, **kwargs) -> nn.Module:
-    """The projection `name`: nn.DenseGeneral, adapted where config.lora_targets names it."""
-    if name in config.adapted:
-        return AdaptedDenseGeneral(name=name, config=config, **kwargs)
-    return nn.DenseGeneral(name=name, **kwargs)
+    return call
 
 
-def dense(config: ModelConfig, name: str, **kwargs) -> nn.Module:
-    """The projection `name`: nn.Dense, adapted where config.lora_targets names it."""
-    if name in config.adapted:
-        return AdaptedDense(name=name, config=config, **kwargs)
-    return nn.Dense(name=name, **kwargs)
+def _adapted(config: ModelConfig, next_fun, args, kwargs, context):
+    """A flax method interceptor: an adapted projection's output plus its adapter."""
+    y = next_fun(*args, **kwargs)
+    module = context.module
+    if context.method_name != "__call__" or type(module) not in (nn.Dense, nn.DenseGeneral):
+        return y
+    if module.name not in config.adapted:
+        return y
+    x = args[0]
+    if isinstance(module, nn.DenseGeneral):
+        features = (module.features,) if isinstance(module.features, int) else tuple(module.features)
+        in_axes = _axes(module.axis, x.ndim)
+    else:
+        features, in_axes = (module.features,), (x.ndim - 1,)
+    return y + lora_delta(module, x, in_axes, features, config).astype(y.dtype)
 
 
 # The token embedding and the LM head's own weights (an untied head, a bias per token), by path.

@@ -17,6 +17,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model import lora
 from jaxgpt.model.attention import CausalSelfAttention, CrossAttention
 from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
 from jaxgpt.model.moe import MixtureOfExpertsLayer
@@ -155,6 +156,7 @@ class GPT(nn.Module):
     config: ModelConfig
 
     @nn.compact
+    @lora.adapted  # low-rank adapters beside the projections model.lora_targets names, where it has them
     def __call__(
         self,
         tokens: jnp.ndarray,
