@@ -191,18 +191,12 @@ def generate(
     return jax.lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, out, finished))[3]
 
 
-def generate_stream(
-    config: ModelConfig,
-    params,
-    prompt: jax.Array,
-    rng: jax.Array,
-    *,
-    max_new_tokens: int,
-    sampling: SamplingConfig = SamplingConfig(),
-    eot_id: int | None = None,
-    memory: jax.Array | None = None,
-) -> Iterator[jax.Array]:
-    """The same tokens as `generate`, yielded one step (batch,) at a time as they are made."""
+def generate_stream(config: ModelConfig, params, prompt: jax.Array, rng: jax.Array, **options) -> Iterator[jax.Array]:
+    """The same tokens as `generate`, given its arguments, yielded one step (batch,) at a time
+    as they are made."""
+    max_new_tokens, eot_id, memory = options["max_new_tokens"], options.get("eot_id"), options.get("memory")
+    sampling = options.get("sampling", SamplingConfig())
+    assert set(options) <= {"max_new_tokens", "sampling", "eot_id", "memory"}, options
     first = jax.jit(prefill, static_argnames=("config", "sampling"))
     step = jax.jit(decode_step, static_argnames=("config", "sampling"), donate_argnums=(2,))
     token, cache = first(config, params, prompt, rng, sampling=sampling, memory=memory)
