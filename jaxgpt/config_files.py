@@ -117,17 +117,8 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     model["vocab_size"] = model.get("vocab_size") or VOCAB_FROM_TOKENIZER
     mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
     model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
-    if model.objective == "masked" and notes is not None:
-        notes.append(
-            f"model.objective=masked: an encoder, scored on the {model.mask_rate:.0%} of tokens it hides "
-            "(val_loss and val_accuracy); not comparable with a next-token loss"
-        )
-    elif not model.causal and notes is not None:
-        notes.append(
-            "model.causal=false: training sees the token each position predicts, so val_loss is not a language "
-            "model's loss; every evaluation also scores the weights from the past alone (val_loss_past_only, as "
-            "generation uses them), and jaxgpt compare ranks the run by that"
-        )
+    if notes is not None and model.objective_note():
+        notes.append(model.objective_note())
     run = RunConfig(model, data, train, mesh)
     return with_tokenizer_vocab(run, vocab_size) if vocab_size else run
 
@@ -136,7 +127,7 @@ def tokens_needed(model: ModelConfig, vocab_size: int) -> int:
     """The token rows `model` needs for a tokenizer of `vocab_size` ids: one more for the masked
     objective's own mask token, the last id, where the model names none (jaxgpt/training/masked.py;
     BERT's [MASK] is one of its tokenizer's ids)."""
-    return vocab_size + (model.objective == "masked" and model.mask_token is None)
+    return vocab_size + model.adds_a_mask_token
 
 
 def with_tokenizer_vocab(run: RunConfig, vocab_size: int) -> RunConfig:

@@ -343,6 +343,26 @@ class ModelConfig:
         """Query heads per key/value head."""
         return self.n_head // self.n_kv_head
 
+    @property
+    def adds_a_mask_token(self) -> bool:
+        """Whether the masked objective's mask token is its own id after the tokenizer's."""
+        return self.objective == "masked" and self.mask_token is None
+
+    def objective_note(self) -> str | None:
+        """What a run says at its start where its val_loss is not a language model's, else None."""
+        if self.objective == "masked":
+            return (
+                f"model.objective=masked: an encoder, scored on the {self.mask_rate:.0%} of tokens it hides "
+                "(val_loss and val_accuracy); not comparable with a next-token loss"
+            )
+        if self.objective == "next_token" and not self.causal:
+            return (
+                "model.causal=false: training sees the token each position predicts, so val_loss is not a language "
+                "model's loss; every evaluation also scores the weights from the past alone (val_loss_past_only, as "
+                "generation uses them), and jaxgpt compare ranks the run by that"
+            )
+        return None
+
     def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 

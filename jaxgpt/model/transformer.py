@@ -204,9 +204,7 @@ class GPT(nn.Module):
             ahead = TokenAfterNext(c, name="mtp")(x, wte, tokens, positions, segments, train=train)
             self.sow("ahead", "features", ahead)
         if c.classes:  # a classifier in the LM head's place (model.objective=classification)
-            final = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
-            classifier = nn.Dense(c.classes, kernel_init=embedding_init(c), name="classifier", **dtypes(c))
-            return classifier(final).astype(jnp.float32)  # (batch, seq, classes)
+            return self._classifier(x)
         features = self._head_input()
         final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
         if not head:
@@ -218,6 +216,14 @@ class GPT(nn.Module):
             lens = [head_logits(c, weights, features(r)) for r in residuals]
             self.sow("intermediates", "logit_lens", jnp.stack(lens))
         return head_logits(c, weights, final)
+
+    def _classifier(self, x: jnp.ndarray) -> jnp.ndarray:
+        """Each position's class logits (batch, seq, classes) float32: a linear layer over the
+        final norm's output (pre-norm), read where the batch scores a text."""
+        c = self.config
+        final = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
+        classifier = nn.Dense(c.classes, kernel_init=embedding_init(c), name="classifier", **dtypes(c))
+        return classifier(final).astype(jnp.float32)
 
     def _head_input(self):
         """The function from the residual stream to what the LM head reads: the final norm
