@@ -6,6 +6,7 @@ without a test noticing."""
 
 import json
 
+import numpy as np
 import pytest
 from conftest import run_script
 
@@ -45,3 +46,29 @@ def test_nanogpt_data_writes_the_split_train_py_trains_on(tmp_path):
     assert "--dataset=corpus" in done.stdout
     refused = run_script("bench/nanogpt_data.py", str(tmp_path / "data"), timeout=120)
     assert refused.returncode != 0 and "has no train.py" in refused.stderr
+
+
+@pytest.mark.slow  # one train.py process of a one-layer tiny: 8-12 s
+def test_first_steps_records_a_config_and_names_the_first_field_a_change_moves(tmp_path):
+    """bench/first_steps.py, the check that a change of the engine leaves the shipped configs'
+    losses alone: it records tiny's logged steps without their timings, finds a run equal to
+    itself, and names the step and field where a copy with one loss moved in its last bit
+    differs."""
+    import importlib.util
+
+    from conftest import ROOT
+
+    out = tmp_path / "steps.json"
+    done = run_script("bench/first_steps.py", "--configs", "tiny", "--steps", "2", "--eval_every", "2",
+                      "--out", str(out), devices=1, timeout=300)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = json.loads(out.read_text())["tiny"]
+    assert isinstance(records, list), records  # else the end of its error output
+    assert [r["step"] for r in records] == [1, 2] and "val_loss" in records[-1] and "mfu" not in records[-1]
+    spec = importlib.util.spec_from_file_location("first_steps", ROOT / "bench" / "first_steps.py")
+    first_steps = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(first_steps)
+    assert first_steps.first_difference(records, records) == "identical (2 records)"
+    moved = json.loads(json.dumps(records))
+    moved[1]["train_loss"] = float(np.nextafter(moved[1]["train_loss"], np.inf))
+    assert first_steps.first_difference(records, moved).startswith("differs at step 2: train_loss")
