@@ -154,7 +154,8 @@ def scored_as(final: dict, loss_key: str) -> str:
 
 
 def markdown(summary: list[dict]) -> str:
-    answers = any(not math.isnan(s["val_exact_match"]) for s in summary)  # runs on pairs or conversations
+    answers = any(not math.isnan(s["val_exact_match"]) for s in summary)  # pairs, conversations, classifiers
+    generated = any(not math.isnan(s["val_exact_match"]) and s["scored"] != "classified" for s in summary)
     columns = "| variant | seeds | val loss | val bits/byte |" + (" exact match |" if answers else "")
     columns += " params | tokens/s* | training s* |"
     head = columns + "\n" + "|---" * (7 + answers) + "|\n"
@@ -175,7 +176,7 @@ def markdown(summary: list[dict]) -> str:
         + (
             "(exact match: the held-out examples whose every answer token is the most likely one, what greedy "
             "decoding writes)\n"
-            if answers
+            if generated
             else ""
         )
         + "(* wall-clock, each run timed alone in its turn: they move with whatever else the machine was doing "
