@@ -78,6 +78,22 @@ def test_layer_matches_repeat_kv_reference(n_kv_head):
     np.testing.assert_allclose(ours, reference_attention(x, params, config), **TOL)
 
 
+@pytest.mark.parametrize("head_dim", [16, 4], ids=["wider", "narrower"])
+def test_heads_of_a_width_of_their_own_match_the_reference(head_dim):
+    """model.head_dim other than d_model / n_head (Qwen3's and Gemma's wider heads, or narrower):
+    queries n_head x head_dim, keys and values n_kv_head x head_dim, and the output projection
+    back to d_model; the float64 reference reads the same parameters head by head."""
+    config = attention_config(2, head_dim=head_dim)
+    layer, params, x = init_layer(config)
+    assert params["qkv"]["kernel"].shape == (32, 2, 4, head_dim) and params["out"]["kernel"].shape == (
+        2,
+        2,
+        head_dim,
+        32,
+    )
+    np.testing.assert_allclose(run_layer(layer, params, x), reference_attention(x, params, config), **TOL)
+
+
 def test_alibi_layer_matches_reference():
     config = attention_config(2, position="alibi")
     layer, params, x = init_layer(config)

@@ -138,7 +138,14 @@ def test_kv_cache_decoding_matches_full_forward(n_kv_head, position):
     np.testing.assert_allclose(decode_stepwise(config, params, tokens, 5), forward(config, params, tokens), atol=1e-5)
 
 
-@pytest.mark.parametrize("changes", [dict(scan_layers=True), dict(attention="dot_product"), LLAMA_STYLE])
+HEADS_OF_THEIR_OWN = dict(LLAMA_STYLE, n_kv_head=2, head_dim=24)  # 4 heads x 24 = 96 wide over a 32-wide stream
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [dict(scan_layers=True), dict(attention="dot_product"), LLAMA_STYLE, HEADS_OF_THEIR_OWN],
+    ids=["scanned", "dot_product", "llama", "head_dim"],
+)
 def test_kv_cache_decoding_matches_full_forward_in_other_layouts(changes):
     config = tiny(block_size=16, **changes)
     params = params_for(config)

@@ -128,7 +128,11 @@ class ModelConfig:
     n_kv_head: number of key/value heads (Ainslie et al. 2023): n_head gives multi-head
         attention, 1 gives multi-query attention, anything dividing n_head in between gives
         grouped-query attention. None means n_head.
-    d_model: width of the residual stream; head_dim = d_model // n_head.
+    d_model: width of the residual stream.
+    head_dim: each head's width; None: d_model // n_head. Set, the queries are n_head x head_dim
+        wide and the keys and values n_kv_head x head_dim, whatever d_model, and the output
+        projection maps the heads back to d_model (Gemma's and Qwen3's heads are wider than
+        d_model / n_head).
     mlp_hidden: hidden width of the MLP. None means 4 * d_model, or for SwiGLU the Llama rule
         2/3 * 4 * d_model rounded up to a multiple of 64 (keeps the parameter count of a
         4x GELU MLP while adding the gate).
@@ -250,6 +254,7 @@ class ModelConfig:
     n_head: int = 4
     n_kv_head: int | None = None
     d_model: int = 128
+    head_dim: int | None = None
     mlp_hidden: int | None = None
     activation: str = "gelu"
     norm: str = "layernorm"
@@ -302,6 +307,8 @@ class ModelConfig:
         # Resolve the derived defaults first so validation sees the numbers the model uses.
         if self.n_kv_head is None:
             object.__setattr__(self, "n_kv_head", self.n_head)
+        if self.head_dim is None and _divides(self.n_head, self.d_model):
+            object.__setattr__(self, "head_dim", self.d_model // self.n_head)
         if isinstance(self.rope_scaling, dict):
             object.__setattr__(self, "rope_scaling", RopeScaling(**self.rope_scaling))
         if isinstance(self.moe, dict):
@@ -319,10 +326,6 @@ class ModelConfig:
     def has_logits_bias(self) -> bool:
         """Whether the LM head adds a bias per token (BERT's head, or logits_bias)."""
         return self.head_transform or self.logits_bias
-
-    @property
-    def head_dim(self) -> int:
-        return self.d_model // self.n_head
 
     @property
     def expert_hidden(self) -> int:
@@ -380,7 +383,8 @@ class ModelConfig:
 # tests/test_config.py fails on a field of ModelConfig in none of them.
 FIELD_KINDS = {
     **dict.fromkeys(
-        ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "mlp_hidden", "activation", "norm",
+        ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "head_dim", "mlp_hidden",
+         "activation", "norm",
          "norm_position", "norm_eps", "position", "rope_theta", "rope_scaling", "bias", "qkv_bias", "tie_embeddings",
          "moe", "logits_bias", "mask_token", "objective", "encoder_layers", "classes"),
         "architecture",
@@ -402,6 +406,10 @@ FIELD_KINDS = {
 def fields_of_kind(kind: str) -> tuple[str, ...]:
     """The ModelConfig fields FIELD_KINDS gives `kind`, in the dataclass's order."""
     return tuple(f.name for f in dataclasses.fields(ModelConfig) if FIELD_KINDS.get(f.name) == kind)
+
+
+def _divides(n, d) -> bool:
+    return isinstance(n, int) and isinstance(d, int) and n > 0 and d % n == 0
 
 
 def default_mlp_hidden(d_model: int, activation: str) -> int:
@@ -452,18 +460,21 @@ def _check_adapters(c: ModelConfig, problems: Problems) -> None:
 
 def _check_heads(c: ModelConfig, problems: Problems) -> None:
     """How the width splits into heads, and what the positions and projections ask of them."""
-    if c.d_model % c.n_head:
-        problems.add("d_model", f"is not divisible by n_head={c.n_head}; choose d_model as a multiple of n_head")
+    if c.head_dim is None:  # left to the width, which does not split
+        problems.add(
+            "d_model", f"is not divisible by n_head={c.n_head}; choose d_model as a multiple of n_head, or a head_dim"
+        )
+        return
+    if not (isinstance(c.head_dim, int) and c.head_dim > 0):
+        problems.add("head_dim", "must be a positive whole number of features a head, or None for d_model / n_head")
+        return
     if c.n_head % c.n_kv_head:
         problems.add(
             "n_head", f"is not divisible by n_kv_head={c.n_kv_head}; each key/value head must serve a whole group"
         )
     if c.position == "rope" and c.head_dim % 2:
-        problems.add(
-            "d_model",
-            f"and n_head={c.n_head} give an odd head_dim={c.head_dim}; RoPE rotates pairs of dimensions, so choose "
-            "them to give an even head_dim",
-        )
+        problems.add("head_dim", f"is odd (d_model={c.d_model}, n_head={c.n_head}); RoPE rotates pairs of dimensions, "
+                     "so choose an even head_dim")  # fmt: skip
     if c.position == "sinusoidal" and c.d_model % 2:
         problems.add("d_model", "is odd; sinusoidal positions need an even d_model")
     if c.uniform_attention and c.position == "alibi":
@@ -471,6 +482,12 @@ def _check_heads(c: ModelConfig, problems: Problems) -> None:
             "position",
             "is 'alibi', which biases the scores that uniform_attention ignores; choose another position or "
             "uniform_attention=False",
+        )
+    if not c.qkv_projections and c.n_head * c.head_dim != c.d_model:
+        problems.add(
+            "qkv_projections",
+            f"off makes each head's slice of the input its query, but head_dim={c.head_dim} x n_head={c.n_head} is "
+            f"not d_model={c.d_model}; leave head_dim unset",
         )
     if not c.qkv_projections and c.n_kv_head != c.n_head:
         problems.add(

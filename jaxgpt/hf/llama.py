@@ -73,16 +73,11 @@ def read_config(hf: dict) -> ModelConfig:
         raise UserError(f"config.json hidden_act={hf['hidden_act']!r}: jaxgpt's Llama recipe is SwiGLU ('silu')")
     if hf.get("attention_bias", False) != hf.get("mlp_bias", False):
         raise UserError("config.json attention_bias and mlp_bias differ: jaxgpt's `bias` covers both or neither")
-    head_dim = hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"]
-    if head_dim * hf["num_attention_heads"] != hf["hidden_size"]:
-        raise UserError(
-            f"config.json head_dim={head_dim} x num_attention_heads={hf['num_attention_heads']} is not "
-            f"hidden_size={hf['hidden_size']}: jaxgpt's heads split the residual width exactly"
-        )
     rope_theta, rope_scaling = read_rope(hf)
     return ModelConfig(
         **read_sizes(hf, SIZES),
         n_kv_head=hf.get("num_key_value_heads") or hf["num_attention_heads"],
+        head_dim=hf.get("head_dim") or hf["hidden_size"] // hf["num_attention_heads"],
         mlp_hidden=hf["intermediate_size"],
         activation="swiglu",
         norm="rmsnorm",
