@@ -101,6 +101,11 @@ def reference_model(kind: str):
             **LLAMA, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
         )
         return with_visible_weights(transformers.LlamaForCausalLM(config))
+    if kind == "qwen3":  # Llama plus an RMSNorm over each head's queries and keys, heads 16 wide over 32
+        config = transformers.Qwen3Config(
+            **LLAMA, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
+        )
+        return with_visible_weights(transformers.Qwen3ForCausalLM(config))
     if kind == "qwen2":  # Llama plus biases on the query, key and value projections
         config = transformers.Qwen2Config(**LLAMA, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
         return with_visible_weights(transformers.Qwen2ForCausalLM(config))
@@ -117,7 +122,8 @@ def tokens(shape=(2, 16), seed=0):
 
 
 @pytest.fixture(
-    scope="module", params=["gpt2", "llama", "llama3.1", "longrope", "mistral", "qwen2", "mixtral", "llama-head_dim"]
+    scope="module",
+    params=["gpt2", "llama", "llama3.1", "longrope", "mistral", "qwen2", "mixtral", "llama-head_dim", "qwen3"],
 )
 def saved(request, tmp_path_factory):
     model = reference_model(request.param)
@@ -144,6 +150,7 @@ def test_logits_equal_transformers(saved):
         ("llama3.1", {"rope_scaling": None}, "rope scaling"),
         ("longrope", {"rope_scaling": None}, "rope scaling"),
         ("mistral", {"attention_window": 0}, "sliding window"),
+        ("qwen3", {"qk_norm": False}, "each head's query and key norm"),
     ],
 )
 def test_the_parity_depends_on_the_feature_under_test(kind, without, config_field, tmp_path):

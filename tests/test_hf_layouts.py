@@ -64,6 +64,7 @@ DECODERS = {
         with_rotary_buffers(2, 8),
     ),
     "qwen2": ("Qwen2Model", "Qwen2ForCausalLM", transformers.Qwen2Config(**TIED), lambda w: w),
+    "qwen3": ("Qwen3Model", "Qwen3ForCausalLM", transformers.Qwen3Config(**TIED, head_dim=16), lambda w: w),
     "mixtral": (
         "MixtralModel", "MixtralForCausalLM",
         transformers.MixtralConfig(**TIED, num_local_experts=4, num_experts_per_tok=2), lambda w: w,

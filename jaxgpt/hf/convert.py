@@ -39,6 +39,7 @@ FAMILIES: dict[str, Family] = {  # config.json's model_type -> the family
     "llama": llama.LLAMA,
     "mistral": llama.MISTRAL,  # Llama with a sliding window
     "qwen2": llama.QWEN2,  # Llama with query, key and value biases
+    "qwen3": llama.QWEN3,  # Llama with each head's queries and keys normed, heads of their own width
     "mixtral": mixtral.FAMILY,  # Mistral with experts
     "bert": bert.FAMILY,  # an encoder
     "bart": bart.FAMILY,  # an encoder–decoder
@@ -65,6 +66,8 @@ def family_of(c: ModelConfig) -> str:
     llama_recipe = (c.position, c.norm, c.activation, c.norm_position) == ("rope", "rmsnorm", "swiglu", "pre")
     if llama_recipe and switched == ["attention_window"] and not c.qkv_bias:
         switched = []  # Mistral: Llama with a sliding window
+    if llama_recipe and switched == ["qk_norm"] and not c.qkv_bias:
+        switched = []  # Qwen3: Llama with its queries and keys normed per head
     if switched:
         raise UserError(
             f"model.{switched[0]}={getattr(c, switched[0])!r} has no counterpart in Hugging Face's GPT-2, Llama or "
@@ -81,7 +84,7 @@ def family_of(c: ModelConfig) -> str:
     if llama_recipe and c.qkv_bias and not c.bias:
         return "qwen2"
     if llama_recipe and not c.qkv_bias:
-        return "mistral" if c.attention_window else "llama"
+        return "qwen3" if c.qk_norm else "mistral" if c.attention_window else "llama"
     raise UserError(
         "this model is neither GPT-2 (learned positions, LayerNorm, GELU, biases, multi-head) nor Llama (RoPE, "
         "RMSNorm, SwiGLU): Hugging Face has no matching architecture to export it to"

@@ -1,6 +1,7 @@
 """LlamaForCausalLM (Llama 3.1's and LongRoPE's scaling included), MistralForCausalLM (Llama
-with a sliding window) and Qwen2ForCausalLM (Llama with biases on the query, key and value
-projections). torch `nn.Linear` stores (out, in) and is transposed. Llama's q/k projections are
+with a sliding window), Qwen2ForCausalLM (Llama with biases on the query, key and value
+projections) and Qwen3ForCausalLM (Llama with an RMSNorm over each head's queries and keys, and
+heads of their own width). torch `nn.Linear` stores (out, in) and is transposed. Llama's q/k projections are
 laid out for the "rotate half" RoPE (pairs i and i + head_dim/2), which is jaxgpt's layout too,
 so they load without permutation; query head h reads key/value head h // group in both."""
 
@@ -111,8 +112,11 @@ def to_params(c: ModelConfig, w: dict, feed_forward=None) -> dict:
                 ],
                 axis=1,
             )
+        attn = {"qkv": qkv, "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)}}
+        if c.qk_norm:  # Qwen3: an RMSNorm over each head's queries and keys
+            attn |= {name: {"scale": w[p + f"self_attn.{name}.weight"]} for name in ("q_norm", "k_norm")}
         return feed_forward(c, w, p) | {
-            "attn": {"qkv": qkv, "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)}},
+            "attn": attn,
             "norm_1": {"scale": w[p + "input_layernorm.weight"]},
             "norm_2": {"scale": w[p + "post_attention_layernorm.weight"]},
         }
@@ -143,6 +147,13 @@ def read_qwen2_config(hf: dict) -> ModelConfig:
     return read_config(hf | {"sliding_window": None}).replace(qkv_bias=True)
 
 
+def read_qwen3_config(hf: dict) -> ModelConfig:
+    """Qwen3: Llama's recipe with an RMSNorm over each head's queries and keys before RoPE
+    (jaxgpt's qk_norm), heads of their own width (head_dim), no biases; its sliding window, as
+    Qwen2's, applies only where use_sliding_window is set."""
+    return read_qwen2_config(hf).replace(qkv_bias=hf.get("attention_bias", False), qk_norm=True)
+
+
 def to_weights(c: ModelConfig, params: dict, feed_forward_weights=None) -> dict:
     """`feed_forward_weights(c, block, prefix)`: a block's MLP (`dense_mlp_weights`), or Mixtral's experts."""
     feed_forward_weights = feed_forward_weights or dense_mlp_weights
@@ -157,6 +168,9 @@ def to_weights(c: ModelConfig, params: dict, feed_forward_weights=None) -> dict:
         w[p + "self_attn.k_proj.weight"] = qkv[:, :, G].reshape(D, K * hd).T
         w[p + "self_attn.v_proj.weight"] = qkv[:, :, G + 1].reshape(D, K * hd).T
         w[p + "self_attn.o_proj.weight"] = b["attn"]["out"]["kernel"].reshape(K * G * hd, D).T
+        if c.qk_norm:
+            for name in ("q_norm", "k_norm"):
+                w[p + f"self_attn.{name}.weight"] = b["attn"][name]["scale"]
         if c.qkv_bias:
             bias = b["attn"]["qkv"]["bias"]  # (K, G + 2, hd)
             w[p + "self_attn.q_proj.bias"] = bias[:, :G].reshape(K * G * hd)
@@ -178,7 +192,8 @@ def dense_mlp_weights(c: ModelConfig, b: dict, p: str) -> dict:
 
 def to_hf_config(c: ModelConfig, family: str = "llama") -> dict:
     """config.json of the Llama-family model `c` is, as `family`: llama, mistral (a sliding
-    window), qwen2 (query, key and value biases) or mixtral (experts: jaxgpt/hf/mixtral.py)."""
+    window), qwen2 (query, key and value biases), qwen3 (each head's queries and keys normed) or
+    mixtral (experts: jaxgpt/hf/mixtral.py)."""
     config = written_sizes(c, SIZES) | {
         "intermediate_size": c.expert_hidden,  # the MLP's width, or each expert's
         "num_key_value_heads": c.n_kv_head,
@@ -193,7 +208,7 @@ def to_hf_config(c: ModelConfig, family: str = "llama") -> dict:
     }
     if family in ("mistral", "mixtral"):
         config["sliding_window"] = c.attention_window or None
-    if family == "qwen2":
+    if family in ("qwen2", "qwen3"):
         config |= {"use_sliding_window": False, "sliding_window": None}
     return config
 
@@ -231,4 +246,8 @@ MISTRAL = Family(
 QWEN2 = Family(
     "Qwen2ForCausalLM", read_qwen2_config, to_params, to_weights, partial(to_hf_config, family="qwen2"),
     base_model("Qwen2Model"),
+)  # fmt: skip
+QWEN3 = Family(
+    "Qwen3ForCausalLM", read_qwen3_config, to_params, to_weights, partial(to_hf_config, family="qwen3"),
+    base_model("Qwen3Model"),
 )  # fmt: skip
