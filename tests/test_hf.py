@@ -866,3 +866,50 @@ def test_the_commands_that_read_a_decoder_alone_refuse_barts_weights_in_one_line
     with pytest.raises(SystemExit) as exited:
         logit_lens.main(["--init_from", folder, "--prompt", "w3 w4"])
     assert exited.value.code == 2
+
+
+@pytest.mark.slow
+def test_a_qwen3_folder_runs_every_lab_command_and_fine_tunes(tmp_path, capsys):
+    """Qwen3 (per-head query and key norms, heads 16 wide over a 32-wide stream) beside a
+    byte-level BPE tokenizer.json: activations lists TransformerLens's names with the heads'
+    own width (hook_q: 4 heads x 16), logit-lens, attention-maps and patch run on it, and
+    train.init_from fine-tunes it from its own weights (two steps at lr 1e-9 leave them within
+    1e-6). About 35 s on 2 cores."""
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    from jaxgpt.commands import activations, attention_maps, logit_lens, patch
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    text = "the cat sat on the mat; the dog sat on the log. " * 40
+    bpe = Tokenizer(models.BPE())
+    bpe.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    trainer = trainers.BpeTrainer(
+        vocab_size=290, special_tokens=["</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+    )
+    bpe.train_from_iterator([text], trainer)
+    folder = tmp_path / "qwen3"
+    config = transformers.Qwen3Config(**LLAMA | {"vocab_size": 320, "max_position_embeddings": 64}, head_dim=16)
+    with_visible_weights(transformers.Qwen3ForCausalLM(config)).save_pretrained(folder)
+    bpe.save(str(folder / "tokenizer.json"))
+    source = ["--init_from", str(folder)]
+    activations.main([*source, "--prompt", "the cat sat"])
+    listed = capsys.readouterr().out
+    assert re.search(r"blocks\.0\.attn\.hook_q\s+\(1, \d+, 4, 16\)", listed), listed
+    logit_lens.main([*source, "--prompt", "the cat sat on the"])
+    assert "layer" in capsys.readouterr().out
+    attention_maps.main([*source, "--prompt", "the cat sat", "--out", str(tmp_path / "maps.png")])
+    assert (tmp_path / "maps.png").stat().st_size > 0
+    patch.main([*source, "--clean", "the cat sat on the", "--corrupted", "the dog sat on the", "--answer", " mat",
+                "--wrong", " log", "--out", str(tmp_path / "patching")])  # fmt: skip
+    assert (tmp_path / "patching" / "patching.json").exists()
+    (tmp_path / "text").mkdir()
+    for name in ("a", "b"):
+        (tmp_path / "text" / f"{name}.txt").write_text(text)
+    run = finetune_config(folder)
+    run.data.update(source=f"text:{tmp_path / 'text'}", tokenizer=str(folder), val_fraction=0.5)
+    train_and_evaluate(run, tmp_path / "run", progress=False)
+    trained_run, trained, _, _ = load_latest(tmp_path / "run")
+    assert (trained_run.model.qk_norm, trained_run.model.head_dim) == (True, 16)
+    _, pretrained, _ = load_pretrained(str(folder))
+    jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), trained, pretrained)
