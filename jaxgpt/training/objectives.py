@@ -13,6 +13,9 @@ record, `check`, `export` and the commands, so none of them asks which objective
               objective: jaxgpt/training/masked.py): each example's hidden positions drawn from
               the step's key and its place in the batch; the accuracy on them is measured, and
               no bits per byte (the loss is not a rate of compressing the text).
+  CLASSIFIED  each labelled text's class (jaxgpt/data/labels.py), read by a classifier at one
+              position of each text: the weighted case of the next-token objective over
+              classes; its evaluation reports the accuracy and the confusion matrix.
 
 Every objective's loss is the same sum: each scored position's cross-entropy times its weight,
 divided by what the whole batch scores (`weight`), so the pieces a batch is split into
