@@ -157,6 +157,22 @@ def gpt2_bpe(tmp_path_factory, monkeypatch):
     return cache
 
 
+def cross_entropy(model, params, batch, rng=None):
+    """A reference for the training loss by the short road: the mean of `token_losses` over
+    the positions a batch scores (its weights' average, where it has weights), not through the
+    objective, the auxiliary terms or the pieces' shares that `scored` adds up."""
+    import jax.numpy as jnp
+
+    from jaxgpt.training.batch import as_batch
+    from jaxgpt.training.train_step import token_losses
+
+    batch = as_batch(batch)
+    losses = token_losses(model, params, batch, rng)
+    if "weights" not in batch:
+        return losses.mean()
+    return (losses * batch["weights"]).sum() / jnp.maximum(batch["weights"].sum(), 1.0)
+
+
 def small_run_config(**train):
     """A run that trains in seconds: 2 layers x 32 wide on the built-in corpus."""
     from jaxgpt.config_files import base_config

@@ -3,12 +3,11 @@
 import jax
 import numpy as np
 import pytest
-from conftest import small_run_config
+from conftest import cross_entropy, small_run_config
 
 from jaxgpt.commands import evaluate
 from jaxgpt.config_files import resolve
 from jaxgpt.model.transformer import GPT, init_params
-from jaxgpt.training.train_step import cross_entropy
 
 
 def model_and_params(position="rope"):

@@ -151,7 +151,9 @@ def test_the_gradient_is_the_adapters_alone_and_is_theirs_in_the_whole_model():
     the adapters alone (no frozen weight's, not even as zeros), summed over two microbatches, and
     each adapter's is the gradient the whole model's loss gives it (jax.grad over every parameter)."""
     microbatches = 2
-    from jaxgpt.training.train_step import cross_entropy, gradients
+    from conftest import cross_entropy
+
+    from jaxgpt.training.train_step import gradients
 
     config = BASE.replace(lora_rank=2)
     model = GPT(config)

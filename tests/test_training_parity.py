@@ -23,14 +23,14 @@ transformers = pytest.importorskip(
 
 import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
-from conftest import matrix  # noqa: E402
+from conftest import cross_entropy, matrix  # noqa: E402
 from test_hf import VOCAB, reference_model  # noqa: E402  (weights of std 0.3, eval mode: no dropout)
 
 from jaxgpt.config import TrainConfig  # noqa: E402
 from jaxgpt.hf import FAMILIES, load_pretrained  # noqa: E402
 from jaxgpt.model.transformer import GPT  # noqa: E402
 from jaxgpt.training.optimizer import make_optimizer  # noqa: E402
-from jaxgpt.training.train_step import TrainState, cross_entropy, train_step  # noqa: E402
+from jaxgpt.training.train_step import TrainState, train_step  # noqa: E402
 
 SEQ, BATCH, MICROBATCHES, STEPS = 16, 4, 2, 10
 # A large learning rate and a small clip, so that updates move parameters visibly, the warmup

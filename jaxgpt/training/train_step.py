@@ -21,7 +21,7 @@ import optax
 from jaxgpt.config import ModelConfig
 from jaxgpt.model import lora
 from jaxgpt.model.transformer import GPT, head_logits, head_weights, init_params, zeros_shaped
-from jaxgpt.training.batch import MODEL_INPUTS, as_batch, rows_of, scored_weight
+from jaxgpt.training.batch import MODEL_INPUTS, as_batch, rows_of
 from jaxgpt.training.cross_entropy import softmax_cross_entropy
 from jaxgpt.training.objectives import Objective, Scored, auxiliary_terms, objective_of, sown_collections
 
@@ -93,16 +93,6 @@ def token_losses(
     if chunked:
         return chunked_losses(model.config, params, outputs, targets)[0]
     return softmax_cross_entropy(outputs, targets)
-
-
-def cross_entropy(model: GPT, params, batch, rng: jax.Array | None = None) -> jax.Array:
-    """Mean next-token cross-entropy over the positions a batch scores (its weights'
-    average, where it has weights): the training loss."""
-    batch = as_batch(batch)
-    losses = token_losses(model, params, batch, rng)
-    if "weights" not in batch:
-        return losses.mean()
-    return (losses * batch["weights"]).sum() / jnp.maximum(scored_weight(batch), 1.0)
 
 
 def batch_weight(config: ModelConfig, rng: jax.Array, batch, batch_rows: int | None = None) -> jax.Array | float:
