@@ -132,7 +132,19 @@ def test_train_py_learns_to_classify_and_reports_the_confusion_matrix(causal, tm
     assert last["val_accuracy"] >= 0.9, last
 
 
-def test_a_classifier_refuses_commands_that_read_tokens_and_data_it_cannot_classify(tmp_path):
+def test_a_classifier_refuses_data_without_labels_and_commands_that_read_tokens(tmp_path):
+    """Each in one line: a classifier on a stream of text before anything is written; sample,
+    chat, patch, evaluate and export given a classifier (`Objective.commands`)."""
+    from jaxgpt.commands import cli
+    from jaxgpt.hf import family_of
+
+    classifier = ModelConfig(vocab_size=16, block_size=8, n_layer=1, n_head=2, d_model=16, objective="classification",
+                             classes=2)  # fmt: skip
+    for command in ("sample", "chat", "patch", "evaluate"):
+        with pytest.raises(UserError, match="is a classifier .* whose outputs are classes, not tokens"):
+            cli.refuse_unless_served(classifier, command, "runs/x", "it has nothing to sample")
+    with pytest.raises(UserError, match="no Hugging Face family jaxgpt writes holds its head"):
+        family_of(classifier)
     config = small_run_config()
     config.model.objective = "classification"  # on a stream of text, with no labels
     with pytest.raises(UserError, match="labelled texts .* train a classifier and a classifier needs them"):

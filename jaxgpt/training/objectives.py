@@ -164,8 +164,9 @@ class Classified(Objective):
     """Each labelled text's class (jaxgpt/data/labels.py), read by the model's classifier at the
     one position of each example the batch weighs 1 (its last token, or an encoder's first),
     the target there the class: the weighted case of the next-token objective, over classes
-    instead of tokens. Measured: the accuracy over examples, and in an evaluation the
-    confusion matrix (row: the true class, column: the one predicted)."""
+    instead of tokens. Measured: the accuracy over examples and the confusion matrix (row: the
+    true class, column: the one predicted; in training too, a classes x classes sum the step's
+    metrics carry at no cost worth a branch), which the evaluation's record reports."""
 
     name: str = "classification"
     reads_the_past: bool = False
