@@ -26,6 +26,7 @@ from jaxgpt.config.model import (
 from jaxgpt.config.problems import ConfigError
 from jaxgpt.config.run import (
     BUILTIN_CHATS,
+    BUILTIN_LABELLED,
     BUILTIN_PAIRS,
     DataConfig,
     MeshConfig,
@@ -42,6 +43,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION_KERNELS",
     "BUILTIN_CHATS",
+    "BUILTIN_LABELLED",
     "BUILTIN_PAIRS",
     "DTYPES",
     "NORMS",

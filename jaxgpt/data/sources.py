@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.config import BUILTIN_CHATS, BUILTIN_PAIRS, DataConfig
+from jaxgpt.config import BUILTIN_CHATS, BUILTIN_LABELLED, BUILTIN_PAIRS, DataConfig
 from jaxgpt.data.conversations import builtin_documents, read_conversations
-from jaxgpt.data.labels import labelled_examples
+from jaxgpt.data.labels import bracket_examples, read_labelled
 from jaxgpt.data.pairs import builtin_pairs, read_pairs
 from jaxgpt.errors import UserError
 
@@ -60,8 +60,11 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "pairs" and rest:
         docs = read_pairs(rest)
         return docs, len(docs)
-    if config.labelled and (rest or kind == "builtin"):  # the texts; their labels stay beside them
-        docs = labelled_examples(config.source)[1]
+    if kind == "builtin" and rest in BUILTIN_LABELLED:  # the texts; their labels stay beside them
+        docs = bracket_examples()[1]
+        return docs, len(docs)
+    if kind == "labels" and rest:
+        docs = read_labelled(rest)[1]
         return docs, len(docs)
     if kind == "builtin" and rest in (*BUILTIN_CHATS, "arithmetic"):
         docs = builtin_documents(rest)

@@ -97,14 +97,13 @@ def check_runnable(config, notes: list[str] | None = None, overrides=(), workdir
 
 
 def with_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
-    """`run` with model.vocab_size the tokenizer's (a character corpus's), or where it starts
-    from weights, their rows, which the tokenizer must fill."""
-    run = (
-        with_source_vocabulary(run, tokenizer)
-        if run.train.init_from
-        else with_tokenizer_vocab(run, tokenizer.vocab_size)
-    )
-    return with_classes(run)
+    """`run` with its classifier's labels counted (`with_classes`) and model.vocab_size the
+    tokenizer's (a character corpus's), or where it starts from weights, their rows, which the
+    tokenizer must fill."""
+    run = with_classes(run)  # a classifier's count of labels, which no vocabulary changes
+    if run.train.init_from:
+        return with_source_vocabulary(run, tokenizer)
+    return with_tokenizer_vocab(run, tokenizer.vocab_size)
 
 
 def with_classes(run: RunConfig) -> RunConfig:
