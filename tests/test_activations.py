@@ -258,3 +258,39 @@ def test_the_command_refuses_a_name_or_file_it_cannot_use_in_one_line(trained_sm
         activations.main(["--workdir", str(trained_small_run), "--prompt", "import os", *flags])
     error = capsys.readouterr().err.strip()
     assert exit_status.value.code == 2 and "\n" not in error and message in error, error
+
+
+def test_windowed_and_global_blocks_interleave_with_their_own_rotary_bases():
+    """global_every=3 over 6 blocks: blocks 2 and 5 see the whole prefix, the others the window of
+    2 (each query itself and the one before: exactly 0 further back, on the pattern the lab
+    reads); the windowed blocks rotate at rope_local_theta's base, the global ones at rope_theta's
+    (hook_rot_q against numpy's rotation of hook_q at each base)."""
+    config, params = model(n_layer=6, position="rope", attention_window=2, global_every=3, rope_local_theta=100.0,
+                           rope_theta=10000.0)  # fmt: skip
+    _, cache = every_site(config, params, tokens())
+    distance = np.arange(9)[:, None] - np.arange(9)[None, :]
+    for layer in range(6):
+        pattern = np.asarray(cache[f"blocks.{layer}.attn.hook_pattern"])
+        far = pattern[..., distance >= 2]
+        assert np.all(far == 0) if layer in (0, 1, 3, 4) else np.all(far > 0), layer
+        q, rotated = (np.asarray(cache[f"blocks.{layer}.attn.{n}"], np.float64) for n in ("hook_q", "hook_rot_q"))
+        base = 10000.0 if layer in (2, 5) else 100.0
+        angles = np.arange(9)[:, None] * base ** -(np.arange(0, 8, 2) / 8)  # (t, pairs)
+        cos, sin = np.cos(angles)[None, :, None], np.sin(angles)[None, :, None]
+        x1, x2 = q[..., :4], q[..., 4:]
+        np.testing.assert_allclose(rotated, np.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], -1), **CLOSE)
+
+
+def test_a_sandwich_block_writes_its_branches_normed():
+    """norm_position=sandwich (Gemma's four norms a block): what each branch adds to the stream
+    (hook_attn_out, hook_mlp_out) is RMS-normed, the output norms' scales at their init of 1: a
+    root mean square of 1 at every position; and the stream still adds them."""
+    config, params = model(norm="rmsnorm", norm_position="sandwich", activation="geglu", norm_eps=1e-12)
+    _, cache = every_site(config, params, tokens())
+    assert set(params["block_0"]) >= {"norm_1", "norm_1_out", "norm_2", "norm_2_out"}
+    for layer in range(2):
+        at = lambda name, layer=layer: np.asarray(cache[f"blocks.{layer}.{name}"], np.float64)  # noqa: E731
+        for written in ("hook_attn_out", "hook_mlp_out"):
+            np.testing.assert_allclose(np.sqrt(np.mean(at(written) ** 2, -1)), 1.0, **CLOSE)
+        np.testing.assert_allclose(at("hook_resid_mid"), at("hook_resid_pre") + at("hook_attn_out"), **CLOSE)
+        np.testing.assert_allclose(at("hook_resid_post"), at("hook_resid_mid") + at("hook_mlp_out"), **CLOSE)

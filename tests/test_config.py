@@ -86,6 +86,12 @@ def test_rope_scaling_accepts_a_plain_dict():
         (dict(mask_token=256), "mask_token=256 must be a token id below vocab_size=256"),
         (dict(block_size=96, loss_chunk=64), "loss_chunk=64 must divide block_size=96; choose a divisor such as 48"),
         (dict(loss_chunk=-1), "loss_chunk=-1 must be a whole number of positions"),
+        (dict(global_every=2), "global_every=2 interleaves windowed and global blocks, but attention_window=0"),
+        (dict(attention_window=4, global_every=5), "global_every=5 is more than n_layer=4"),
+        (dict(attention_window=4, global_every=2, scan_layers=True), "which scan_layers cannot iterate as one"),
+        (dict(position="rope", rope_local_theta=100.0), "rope_local_theta=100.0 is the RoPE base of windowed blocks"),
+        (dict(attention_scale_dim=0), "attention_scale_dim=0 must be a positive whole number"),
+        (dict(head_transform=True, activation="geglu"), "head_transform=True applies an elementwise activation"),
     ],
 )
 def test_bad_config_names_field_and_value(changes, message):

@@ -80,6 +80,24 @@ LONGROPE = {
 }
 
 
+# Gemma 3's text model, small: three layers, two windowed (4 tokens, well inside the 16-token
+# inputs) and the third global, each kind with its RoPE (the global one's stretched linearly, the
+# windowed ones' at a base of their own); heads 16 wide over 32, scores scaled by 24 ** -0.5
+# rather than head_dim's 16 ** -0.5, the embedding tied (Gemma's default)
+GEMMA3 = LLAMA | dict(
+    tie_word_embeddings=True,
+    num_hidden_layers=3,
+    head_dim=16,
+    query_pre_attn_scalar=24,
+    layer_types=["sliding_attention", "sliding_attention", "full_attention"],
+    sliding_window=4,
+    rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 2.0, "rope_theta": 1000.0},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 50.0},
+    },
+)
+
+
 def reference_model(kind: str):
     """A small random transformers model."""
     if kind == "gpt2":
@@ -106,6 +124,8 @@ def reference_model(kind: str):
             **LLAMA, head_dim=16, rope_parameters={"rope_type": "default", "rope_theta": 500.0}
         )
         return with_visible_weights(transformers.Qwen3ForCausalLM(config))
+    if kind == "gemma3":  # four norms a block, GeGLU, windowed and global layers (GEMMA3)
+        return with_visible_weights(transformers.Gemma3ForCausalLM(transformers.Gemma3TextConfig(**GEMMA3)))
     if kind == "qwen2":  # Llama plus biases on the query, key and value projections
         config = transformers.Qwen2Config(**LLAMA, rope_parameters={"rope_type": "default", "rope_theta": 500.0})
         return with_visible_weights(transformers.Qwen2ForCausalLM(config))
@@ -123,7 +143,18 @@ def tokens(shape=(2, 16), seed=0):
 
 @pytest.fixture(
     scope="module",
-    params=["gpt2", "llama", "llama3.1", "longrope", "mistral", "qwen2", "mixtral", "llama-head_dim", "qwen3"],
+    params=[
+        "gpt2",
+        "llama",
+        "llama3.1",
+        "longrope",
+        "mistral",
+        "qwen2",
+        "mixtral",
+        "llama-head_dim",
+        "qwen3",
+        "gemma3",
+    ],
 )
 def saved(request, tmp_path_factory):
     model = reference_model(request.param)
@@ -151,6 +182,13 @@ def test_logits_equal_transformers(saved):
         ("longrope", {"rope_scaling": None}, "rope scaling"),
         ("mistral", {"attention_window": 0}, "sliding window"),
         ("qwen3", {"qk_norm": False}, "each head's query and key norm"),
+        ("gemma3", {"norm_position": "pre"}, "the norms after each branch"),
+        ("gemma3", {"activation": "swiglu"}, "the GELU gate"),
+        ("gemma3", {"scale_embeddings": False}, "the embedding's sqrt(d_model)"),
+        ("gemma3", {"attention_scale_dim": None}, "query_pre_attn_scalar"),
+        ("gemma3", {"global_every": 0, "rope_local_theta": 0.0}, "the global layer"),
+        ("gemma3", {"rope_local_theta": 0.0}, "the windowed layers' RoPE base"),
+        ("gemma3", {"rope_scaling": None}, "the global layer's RoPE scaling"),
     ],
 )
 def test_the_parity_depends_on_the_feature_under_test(kind, without, config_field, tmp_path):
@@ -174,6 +212,104 @@ def test_qwen2s_parity_depends_on_its_query_key_value_biases(tmp_path):
     ids = jnp.asarray(tokens())
     logits = lambda p: np.asarray(GPT(config).apply({"params": p}, ids))  # noqa: E731
     assert np.abs(logits(params) - logits(unbiased)).max() > 0.1
+
+
+def test_gemma3s_norms_are_read_as_one_plus_their_weights(tmp_path):
+    """Gemma's RMSNorm multiplies by 1 + w: each of a block's four norms, the query and key
+    norms and the final one read as scale = 1 + w, to the bit (and written back as w)."""
+    reference_model("gemma3").save_pretrained(tmp_path)
+    _, params, _ = load_pretrained(str(tmp_path))
+    stored = load_file(tmp_path / "model.safetensors")
+    read = {"input_layernorm": "norm_1", "post_attention_layernorm": "norm_1_out",
+            "pre_feedforward_layernorm": "norm_2", "post_feedforward_layernorm": "norm_2_out"}  # fmt: skip
+    for theirs, ours in read.items():
+        np.testing.assert_array_equal(params["block_1"][ours]["scale"], 1.0 + stored[f"model.layers.1.{theirs}.weight"])
+    np.testing.assert_array_equal(
+        params["block_2"]["attn"]["k_norm"]["scale"], 1 + stored["model.layers.2.self_attn.k_norm.weight"]
+    )
+    np.testing.assert_array_equal(params["norm_f"]["scale"], 1.0 + stored["model.norm.weight"])
+
+
+def gemma3_multimodal(directory, seed: int = 0):
+    """Gemma3ForConditionalGeneration (the 4B checkpoints' class) with GEMMA3's text model beside a
+    small SigLIP vision tower, saved by transformers (the Hub's `language_model.model.` names)."""
+    vision = dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2, image_size=28,
+                  patch_size=14)  # fmt: skip
+    config = transformers.Gemma3Config(
+        text_config=GEMMA3, vision_config=vision, mm_tokens_per_image=4, image_token_index=63, boi_token_index=61,
+        eoi_token_index=62,
+    )  # fmt: skip
+    model = with_visible_weights(transformers.Gemma3ForConditionalGeneration(config), seed)
+    model.save_pretrained(directory)
+    return model
+
+
+@pytest.mark.parametrize("layout", ["hub", "transformers-5"])
+def test_gemma3s_text_model_loads_from_beside_its_vision_tower(layout, tmp_path, capsys):
+    """A 4B-style folder (model_type gemma3, the text model's config in text_config): its text model
+    is read, with transformers' logits on text alone, from the Hub's names (`language_model.model.`)
+    and from transformers 5's own (`model.language_model.`, which it reads too); the vision tower's
+    weights are named as not loaded."""
+    model = gemma3_multimodal(tmp_path)
+    if layout == "transformers-5":
+
+        def rename(name):  # transformers 5's own names for the parts of the model
+            name = re.sub(r"^(vision_tower|multi_modal_projector)\.", r"model.\1.", name)
+            return re.sub(r"^language_model\.model\.", "model.language_model.", name)
+
+        rewrite_weights(tmp_path, lambda w: {rename(n): a for n, a in w.items()})
+        assert any(n.startswith("model.language_model.layers.") for n in load_file(tmp_path / "model.safetensors"))
+        model = transformers.Gemma3ForConditionalGeneration.from_pretrained(tmp_path).eval()
+    config, params, family = load_pretrained(str(tmp_path))
+    assert family == "gemma3" and (config.global_every, config.rope_local_theta) == (3, 50.0)
+    assert re.search(
+        r"the \d+ weights of the rest \(multi_modal_projector, vision_tower\) are not loaded", capsys.readouterr().err
+    )
+    ids = tokens()
+    ours = np.asarray(GPT(config).apply({"params": params}, jnp.asarray(ids)))
+    with torch.no_grad():
+        theirs = model(input_ids=torch.tensor(ids)).logits.numpy()
+    assert np.abs(theirs).max() > 1.0 and np.abs(ours - theirs).max() < 1e-4
+
+
+def test_gemma3s_config_as_the_hub_writes_it_loads_as_transformers_reads_it(tmp_path):
+    """gemma-3-1b's config.json predates layer_types and rope_parameters: a sliding_window_pattern,
+    rope_theta and rope_local_base_freq, and what equals Gemma's defaults left out. transformers
+    reads that file to the model jaxgpt reads from it."""
+    reference_model("gemma3").save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    for key in ("layer_types", "rope_parameters", "query_pre_attn_scalar", "rms_norm_eps"):
+        del hf[key]
+    hf |= {"sliding_window_pattern": 3, "rope_theta": 1000.0, "rope_local_base_freq": 50.0, "rope_scaling": None}
+    (tmp_path / "config.json").write_text(json.dumps(hf))
+    config, params, _ = load_pretrained(str(tmp_path))
+    assert (config.global_every, config.rope_local_theta, config.rope_theta) == (3, 50.0, 1000.0)
+    assert (config.attention_scale_dim, config.norm_eps, config.rope_scaling) == (256, 1e-6, None)
+    model = transformers.AutoModelForCausalLM.from_pretrained(tmp_path).eval()
+    ids = tokens()
+    ours = np.asarray(GPT(config).apply({"params": params}, jnp.asarray(ids)))
+    with torch.no_grad():
+        theirs = model(torch.tensor(ids)).logits.numpy()
+    assert np.abs(ours - theirs).max() < 1e-4
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        ({"attn_logit_softcapping": 50.0}, "attn_logit_softcapping is set (Gemma 2's cap on attention scores)"),
+        ({"layer_types": ["full_attention", "sliding_attention", "sliding_attention"]},
+         "jaxgpt interleaves one global layer every k (model.global_every), and these are not so"),
+        ({"hidden_activation": "gelu"}, "config.json hidden_activation='gelu'"),
+        ({"rope_parameters": GEMMA3["rope_parameters"] | {"sliding_attention": {"rope_type": "linear", "factor": 2.0,
+          "rope_theta": 50.0}}}, "config.json scales the windowed layers' RoPE"),
+    ],
+)  # fmt: skip
+def test_an_unsupported_gemma_variant_is_refused_naming_the_field(edit, message, tmp_path):
+    reference_model("gemma3").save_pretrained(tmp_path)
+    hf = json.loads((tmp_path / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(hf | edit))
+    with pytest.raises(UserError, match=re.escape(message)):
+        load_pretrained(str(tmp_path))
 
 
 @pytest.mark.parametrize("block_size, which", [(32, "long_factor"), (4, "short_factor")])
@@ -290,8 +426,30 @@ def test_export_loads_in_transformers_with_the_same_logits(saved, tmp_path):
             attention_window=8,
             rope_scaling=RopeScaling("llama3", 2.0, original_block_size=32),
         ),
+        ModelConfig(
+            vocab_size=VOCAB,
+            block_size=64,
+            n_layer=4,
+            n_head=4,
+            n_kv_head=2,
+            d_model=32,
+            head_dim=16,
+            position="rope",
+            norm="rmsnorm",
+            norm_position="sandwich",
+            activation="geglu",
+            bias=False,
+            qk_norm=True,
+            scale_embeddings=True,
+            attention_scale_dim=12,
+            attention_window=8,
+            global_every=2,
+            rope_local_theta=100.0,
+            rope_scaling=RopeScaling("linear", 4.0),
+            logit_softcap=30.0,
+        ),  # fmt: skip
     ],
-    ids=["gpt2", "llama", "mistral-with-llama3-rope"],
+    ids=["gpt2", "llama", "mistral-with-llama3-rope", "gemma3"],
 )
 def test_round_trip_through_a_hugging_face_directory_is_exact(config, tmp_path):
     params = jax.jit(init_params, static_argnums=0)(config, jax.random.key(3))
@@ -868,13 +1026,25 @@ def test_the_commands_that_read_a_decoder_alone_refuse_barts_weights_in_one_line
     assert exited.value.code == 2
 
 
+FOLDERS = {  # a family's small model, as test_the_new_families_folders_run_every_lab_command_and_fine_tune saves it
+    "qwen3": lambda: transformers.Qwen3ForCausalLM(
+        transformers.Qwen3Config(**LLAMA | {"vocab_size": 320, "max_position_embeddings": 64}, head_dim=16)
+    ),
+    "gemma3": lambda: transformers.Gemma3ForCausalLM(
+        transformers.Gemma3TextConfig(**GEMMA3 | {"vocab_size": 320, "max_position_embeddings": 64})
+    ),
+}
+
+
 @pytest.mark.slow
-def test_a_qwen3_folder_runs_every_lab_command_and_fine_tunes(tmp_path, capsys):
-    """Qwen3 (per-head query and key norms, heads 16 wide over a 32-wide stream) beside a
-    byte-level BPE tokenizer.json: activations lists TransformerLens's names with the heads'
-    own width (hook_q: 4 heads x 16), logit-lens, attention-maps and patch run on it, and
-    train.init_from fine-tunes it from its own weights (two steps at lr 1e-9 leave them within
-    1e-6). About 35 s on 2 cores."""
+@pytest.mark.parametrize("family", list(FOLDERS))
+def test_the_new_families_folders_run_every_lab_command_and_fine_tune(family, tmp_path, capsys):
+    """Qwen3 (per-head query and key norms, heads 16 wide over a 32-wide stream) and Gemma 3 (its
+    four norms a block, GeGLU, windowed and global layers) beside a byte-level BPE tokenizer.json:
+    activations lists TransformerLens's names with the heads' own width (hook_q: 4 heads x 16),
+    logit-lens, attention-maps and patch run on it, and train.init_from fine-tunes it from its own
+    weights (two steps at lr 1e-9 leave them within 1e-6), its architecture kept. About 35 s a
+    family on 2 cores."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
     from jaxgpt.commands import activations, attention_maps, logit_lens, patch
@@ -888,9 +1058,8 @@ def test_a_qwen3_folder_runs_every_lab_command_and_fine_tunes(tmp_path, capsys):
         vocab_size=290, special_tokens=["</s>"], initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
     )
     bpe.train_from_iterator([text], trainer)
-    folder = tmp_path / "qwen3"
-    config = transformers.Qwen3Config(**LLAMA | {"vocab_size": 320, "max_position_embeddings": 64}, head_dim=16)
-    with_visible_weights(transformers.Qwen3ForCausalLM(config)).save_pretrained(folder)
+    folder = tmp_path / family
+    with_visible_weights(FOLDERS[family]()).save_pretrained(folder)
     bpe.save(str(folder / "tokenizer.json"))
     source = ["--init_from", str(folder)]
     activations.main([*source, "--prompt", "the cat sat"])
@@ -910,6 +1079,7 @@ def test_a_qwen3_folder_runs_every_lab_command_and_fine_tunes(tmp_path, capsys):
     run.data.update(source=f"text:{tmp_path / 'text'}", tokenizer=str(folder), val_fraction=0.5)
     train_and_evaluate(run, tmp_path / "run", progress=False)
     trained_run, trained, _, _ = load_latest(tmp_path / "run")
+    imported, pretrained, _ = load_pretrained(str(folder))
+    assert trained_run.model == imported.replace(block_size=trained_run.model.block_size)
     assert (trained_run.model.qk_norm, trained_run.model.head_dim) == (True, 16)
-    _, pretrained, _ = load_pretrained(str(folder))
     jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, atol=1e-6), trained, pretrained)

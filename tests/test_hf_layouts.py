@@ -24,6 +24,7 @@ transformers = pytest.importorskip(
 
 from safetensors.numpy import load_file  # noqa: E402
 from test_hf import (  # noqa: E402
+    GEMMA3,
     LLAMA,
     bart_logits,
     bart_model,
@@ -65,6 +66,7 @@ DECODERS = {
     ),
     "qwen2": ("Qwen2Model", "Qwen2ForCausalLM", transformers.Qwen2Config(**TIED), lambda w: w),
     "qwen3": ("Qwen3Model", "Qwen3ForCausalLM", transformers.Qwen3Config(**TIED, head_dim=16), lambda w: w),
+    "gemma3": ("Gemma3TextModel", "Gemma3ForCausalLM", transformers.Gemma3TextConfig(**GEMMA3), lambda w: w),
     "mixtral": (
         "MixtralModel", "MixtralForCausalLM",
         transformers.MixtralConfig(**TIED, num_local_experts=4, num_experts_per_tok=2), lambda w: w,

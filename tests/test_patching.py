@@ -114,9 +114,11 @@ def test_the_direct_logit_attribution_parts_sum_to_the_logit_difference(changes)
     assert parts.heads.shape == (2, 4) and np.abs(parts.heads).max() > 0
 
 
-def test_direct_logit_attribution_refuses_a_model_without_a_linear_readout():
-    config, params = model(norm_position="post")
-    with pytest.raises(ValueError, match=r"a post-norm model \(norm_position='post'\) has none"):
+@pytest.mark.parametrize("norm_position", ["post", "sandwich"])
+def test_direct_logit_attribution_refuses_a_model_without_a_linear_readout(norm_position):
+    config, params = model(norm_position=norm_position)
+    refused = rf"a model whose blocks norm what they write \(norm_position='{norm_position}'\) has none"
+    with pytest.raises(ValueError, match=refused):
         P.direct_logit_attribution(config, params, np.asarray([CLEAN]), 7, 13, 21)
 
 

@@ -9,9 +9,10 @@ import math
 
 from jaxgpt.config.problems import Problems
 
-ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu")
+ACTIVATIONS = ("gelu", "gelu_exact", "relu", "relu2", "swiglu", "geglu")
+GATED_ACTIVATIONS = ("swiglu", "geglu")  # down(act(gate(x)) * up(x)): two matrices in, one out
 NORMS = ("layernorm", "rmsnorm", "none")
-NORM_POSITIONS = ("pre", "post")
+NORM_POSITIONS = ("pre", "post", "sandwich")
 POSITIONS = ("rope", "learned", "sinusoidal", "alibi", "none")
 ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3", "longrope")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
@@ -137,15 +138,19 @@ class ModelConfig:
         2/3 * 4 * d_model rounded up to a multiple of 64 (keeps the parameter count of a
         4x GELU MLP while adding the gate).
     activation: "gelu" (tanh approximation, as GPT-2), "gelu_exact" (the erf form), "relu",
-        "relu2" (relu(x)^2, So et al. 2021, "Primer"), or "swiglu" (Shazeer 2020).
+        "relu2" (relu(x)^2, So et al. 2021, "Primer"), or the gated "swiglu" and "geglu"
+        (Shazeer 2020: down(act(gate(x)) * up(x)), silu or GPT-2's tanh GELU; Llama, Gemma).
     norm: "layernorm", "rmsnorm" (Zhang & Sennrich 2019), or "none" (an ablation: no norms).
     norm_position: "pre" (x + f(norm(x)), GPT-2 onwards; trains stably without warmup
-        tricks) or "post" (norm(x + f(x)), the original Transformer).
+        tricks), "post" (norm(x + f(x)), the original Transformer) or "sandwich"
+        (x + norm'(f(norm(x))), a norm before and after each branch: Gemma 2 and 3).
     norm_eps: epsilon inside the norms (GPT-2 uses 1e-5, Llama 1e-5 or 1e-6).
     position: "rope" (Su et al. 2021), "learned" (GPT-2), "sinusoidal" (Vaswani et al. 2017),
         "alibi" (Press et al. 2022) or "none" (causal attention alone carries order).
     rope_theta: RoPE base; frequencies are theta ** (-2i / head_dim).
     rope_scaling: a `RopeScaling`, or None for plain RoPE.
+    attention_scale_dim: the scores are multiplied by attention_scale_dim ** -0.5 rather than
+        divided by sqrt(head_dim) (Gemma's query_pre_attn_scalar); None: head_dim.
     bias: whether linear layers and LayerNorm have biases.
     qkv_bias: biases on the query, key and value projection even where `bias` is off (Qwen2:
         the Llama recipe plus these three biases).
@@ -176,6 +181,12 @@ class ModelConfig:
         grow past the cap, which keeps early training from overconfident spikes.
     attention_window: when > 0, each query sees only itself and the window - 1 tokens before it
         (sliding-window attention; Beltagy et al. 2020, Mistral 7B); 0 sees the whole prefix.
+    global_every: with attention_window, every global_every-th block (blocks every-1,
+        2*every-1, ...; as moe.every counts) sees the whole prefix and the others the window:
+        local and global layers interleaved (Gemma 2: 2, Gemma 3: 6). 0: every block windowed.
+    rope_local_theta: the RoPE base of the windowed blocks where they are interleaved with
+        global ones (Gemma 3's rope_local_base_freq; 0: rope_theta). Those blocks use plain
+        RoPE: rope_scaling stretches the global blocks' alone, which see the long context.
     x0_mix: each block reads a learned mix of the residual stream and the first block's input
         (the embeddings), a * x + b * x0, with its own two numbers starting at a = 1, b = 0
         (modded-nanogpt's x0 skip): every layer can reach the tokens' identities directly.
@@ -263,6 +274,7 @@ class ModelConfig:
     position: str = "learned"
     rope_theta: float = 10000.0
     rope_scaling: RopeScaling | None = None
+    attention_scale_dim: int | None = None
     bias: bool = True
     qkv_bias: bool = False
     tie_embeddings: bool = True
@@ -278,6 +290,8 @@ class ModelConfig:
     zero_init_residual: bool = False
     logit_softcap: float = 0.0
     attention_window: int = 0
+    global_every: int = 0
+    rope_local_theta: float = 0.0
     x0_mix: bool = False
     value_embeddings: bool = False
     scale_attention: bool = True
@@ -332,6 +346,18 @@ class ModelConfig:
         """Hidden width of one expert MLP (of a shared one too)."""
         return (self.moe.expert_hidden if self.moe else None) or self.mlp_hidden
 
+    def is_windowed_layer(self, layer: int) -> bool:
+        """Whether block `layer` (from 0) attends within attention_window rather than over the
+        whole prefix (global_every interleaves the two)."""
+        every = self.global_every
+        return bool(self.attention_window) and not (every and layer % every == every - 1)
+
+    @property
+    def has_final_norm(self) -> bool:
+        """Whether the stream is normed before the head: pre-norm and sandwich blocks leave it
+        unnormed, post-norm blocks end normed."""
+        return self.norm_position != "post"
+
     def is_moe_layer(self, layer: int) -> bool:
         """Whether block `layer` (from 0) holds a mixture of experts rather than a dense MLP."""
         return self.moe is not None and layer % self.moe.every == self.moe.every - 1
@@ -384,14 +410,15 @@ class ModelConfig:
 FIELD_KINDS = {
     **dict.fromkeys(
         ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "head_dim", "mlp_hidden",
-         "activation", "norm",
-         "norm_position", "norm_eps", "position", "rope_theta", "rope_scaling", "bias", "qkv_bias", "tie_embeddings",
-         "moe", "logits_bias", "mask_token", "objective", "encoder_layers", "classes"),
+         "activation", "norm", "norm_position", "norm_eps", "position", "rope_theta", "rope_scaling",
+         "attention_scale_dim", "bias", "qkv_bias", "tie_embeddings", "moe", "logits_bias", "mask_token",
+         "objective", "encoder_layers", "classes"),
         "architecture",
     ),
     **dict.fromkeys(
-        ("qk_norm", "logit_softcap", "attention_window", "scale_attention", "causal", "residual", "rope_pairing",
-         "mlp", "uniform_attention", "qkv_projections", "scale_embeddings", "embedding_norm", "head_transform",
+        ("qk_norm", "logit_softcap", "attention_window", "global_every", "rope_local_theta", "scale_attention",
+         "causal", "residual", "rope_pairing", "mlp", "uniform_attention", "qkv_projections", "scale_embeddings",
+         "embedding_norm", "head_transform",
          "x0_mix", "value_embeddings", "mtp_weight"),
         "workbench",
     ),
@@ -413,7 +440,7 @@ def _divides(n, d) -> bool:
 
 
 def default_mlp_hidden(d_model: int, activation: str) -> int:
-    if activation == "swiglu":
+    if activation in GATED_ACTIVATIONS:
         return 64 * math.ceil(2 * 4 * d_model / 3 / 64)
     return 4 * d_model
 
@@ -526,14 +553,16 @@ def _check_model(c: ModelConfig) -> None:
     _check_classifier(c, problems)
     if c.mask_token is not None and not (isinstance(c.mask_token, int) and 0 <= c.mask_token < c.vocab_size):
         problems.add("mask_token", f"must be a token id below vocab_size={c.vocab_size}, or None for the last one")
-    if c.head_transform and c.activation == "swiglu":
+    if c.head_transform and c.activation in GATED_ACTIVATIONS:
         problems.add(
-            "head_transform", "applies an elementwise activation, and swiglu is gated; choose gelu, gelu_exact or relu"
+            "head_transform",
+            f"applies an elementwise activation, and {c.activation} is gated; choose gelu, gelu_exact or relu",
         )
     problems.below_one("dropout")
     problems.positive("rope_theta", "norm_eps", "init_std")
     problems.not_negative("logit_softcap")
     problems.whole_number("attention_window", "of tokens, or 0 for the whole prefix")
+    _check_local_layers(c, problems)
     if (
         problems.whole_number("loss_chunk", "of positions, or 0 for the whole sequence at once")
         and c.loss_chunk
@@ -545,6 +574,33 @@ def _check_model(c: ModelConfig) -> None:
     _check_rope_scaling(c, problems)
     _check_moe(c, problems)
     problems.raise_if_any()
+
+
+def _check_local_layers(c: ModelConfig, problems: Problems) -> None:
+    """Interleaved windowed and global blocks (global_every, rope_local_theta)."""
+    if c.attention_scale_dim is not None and not (isinstance(c.attention_scale_dim, int) and c.attention_scale_dim > 0):
+        problems.add("attention_scale_dim", "must be a positive whole number, or None to scale by head_dim")
+    problems.not_negative("rope_local_theta")
+    if not problems.whole_number("global_every", "of blocks, or 0 for every block windowed"):
+        return
+    if c.global_every and not c.attention_window:
+        problems.add(
+            "global_every", "interleaves windowed and global blocks, but attention_window=0; set a window or 0"
+        )
+    elif c.global_every > c.n_layer:
+        problems.add(
+            "global_every", f"is more than n_layer={c.n_layer}, so no block would be global; choose at most that"
+        )
+    if c.rope_local_theta and not (c.global_every and c.position == "rope"):
+        problems.add(
+            "rope_local_theta", "is the RoPE base of windowed blocks between global ones; set global_every and "
+            "position='rope', or 0"
+        )  # fmt: skip
+    if c.scan_layers and c.global_every:
+        problems.add(
+            "global_every",
+            "mixes windowed and global blocks, which scan_layers cannot iterate as one; set scan_layers=False",
+        )
 
 
 def largest_divisor(c: ModelConfig) -> int:

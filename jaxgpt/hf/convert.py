@@ -19,8 +19,8 @@ import jax
 import numpy as np
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.errors import UserError
-from jaxgpt.hf import bart, bert, gpt2, llama, mixtral
+from jaxgpt.errors import UserError, warn_once
+from jaxgpt.hf import bart, bert, gemma, gpt2, llama, mixtral
 from jaxgpt.hf.family import BaseModel, Family, switched_on
 from jaxgpt.hf.files import (
     ReadWeights,
@@ -43,7 +43,20 @@ FAMILIES: dict[str, Family] = {  # config.json's model_type -> the family
     "mixtral": mixtral.FAMILY,  # Mistral with experts
     "bert": bert.FAMILY,  # an encoder
     "bart": bart.FAMILY,  # an encoder–decoder
+    "gemma3_text": gemma.GEMMA3,  # sandwich norms, GeGLU, windowed layers and global ones
+    "gemma3": gemma.GEMMA3_MULTIMODAL,  # its text model, read from beside a vision tower
 }
+
+
+# The workbench switches Gemma 3 has (its text model)
+GEMMA_SWITCHES = (
+    "qk_norm",
+    "scale_embeddings",
+    "attention_window",
+    "global_every",
+    "rope_local_theta",
+    "logit_softcap",
+)
 
 
 def family_of(c: ModelConfig) -> str:
@@ -52,6 +65,20 @@ def family_of(c: ModelConfig) -> str:
     objective = objective_of(c)
     if "export" not in objective.commands:
         raise UserError(f"the model is {objective.described}; no Hugging Face family jaxgpt writes holds its head")
+    gemma_recipe = (c.norm_position, c.activation) == ("sandwich", "geglu") and c.moe is None and not c.encoder_layers
+    if c.attention_scale_dim not in (None, c.head_dim) and not gemma_recipe:
+        raise UserError(
+            f"model.attention_scale_dim={c.attention_scale_dim} scales the scores as only Gemma 3 does; export a "
+            "model with it unset, or Gemma's recipe (norm_position=sandwich, activation=geglu)"
+        )
+    if gemma_recipe:
+        gemma.check_exportable(c)
+        if switched := switched_on(c, besides=GEMMA_SWITCHES):
+            raise UserError(
+                f"model.{switched[0]}={getattr(c, switched[0])!r} has no counterpart in Hugging Face's Gemma 3; "
+                "only a model with the other workbench switches off can be exported"
+            )
+        return "gemma3_text"
     if c.encoder_layers:
         bart.check_exportable(c)
         return "bart"
@@ -112,6 +139,8 @@ def task_model_names(names, base: BaseModel) -> dict[str, str]:
     (`transformer.h.0.attn.c_attn.weight`), a task model's keep theirs (so another task's head,
     a classifier, shows as itself), and the original BERT's LayerNorm gamma and beta become
     weight and bias."""
+    if base.renamed is not None:  # a larger model's part (Gemma 3's text model)
+        return {name: base.renamed(name) for name in names}
     prefix = "" if _is_task_model(names, base) else base.prefix
     return {name: re.sub(r"\.gamma$", ".weight", re.sub(r"\.beta$", ".bias", prefix + name)) for name in names}
 
@@ -166,7 +195,7 @@ def pretrained_config(config_json: str | Path) -> tuple[ModelConfig, str]:
     if family not in FAMILIES:
         raise UserError(
             f"{config_json}: model_type {family!r} is not supported; jaxgpt converts gpt2, llama, mistral, qwen2, "
-            "mixtral, bert and bart"
+            "qwen3, mixtral, gemma3_text, gemma3 (its text model), bert and bart"
         )
     try:
         return FAMILIES[family].config(hf), family
@@ -188,6 +217,12 @@ def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
     stored, of = read_weights(directory), FAMILIES[family]
     _check_head(config, of, directory, stored)
     names = task_model_names(stored, of.base)
+    if not_loaded := [name for name in names.values() if name.startswith(of.base.not_loaded)]:
+        parts = sorted({name.removeprefix("model.").split(".")[0] for name in not_loaded})  # vision_tower, ...
+        warn_once(
+            f"{directory} holds a {stored_architecture(directory, of, stored)}: its {of.base.architecture} is read, "
+            f"and the {len(not_loaded)} weights of the rest ({', '.join(parts)}) are not loaded"
+        )
     weights = ReadWeights({names[k]: np.asarray(v, np.float32) for k, v in stored.items()})
     try:
         params = of.params(config, weights)
@@ -198,7 +233,10 @@ def load_pretrained(path_or_name: str) -> tuple[ModelConfig, dict, str]:
         ) from None
     except ValueError as error:  # a reshape that does not fit
         raise UserError(f"{directory}: weights do not fit config.json ({error})") from None
-    if unread := sorted(name for name in set(weights) - weights.read if not _left_by_design(name, config)):
+    left = of.base.not_loaded
+    if unread := sorted(
+        n for n in set(weights) - weights.read if not (_left_by_design(n, config) or n.startswith(left))
+    ):
         shown = ", ".join(unread[:4]) + (f" and {len(unread) - 4} more" if len(unread) > 4 else "")
         raise UserError(
             f"{directory}: {len(unread)} weights have no place in the {family} model its config.json describes "

@@ -21,6 +21,10 @@ class BaseModel(NamedTuple):
     head: tuple[str, ...]  # how the task model's own weights (its head's) start: ("lm_head.",)
     head_name: str  # what that head is, for the line saying it is missing: "language-model head"
     needs_head: Callable[[ModelConfig], tuple[str, ...]]  # the head's weights a model reads, by name
+    # where a checkpoint holds the model inside a larger one (Gemma 3's text model beside a vision
+    # tower): each stored name -> the task model's, and how the names of the parts not read start
+    renamed: Callable[[str], str] | None = None
+    not_loaded: tuple[str, ...] = ()
 
 
 class Family(NamedTuple):

@@ -95,35 +95,43 @@ def read_config(hf: dict) -> ModelConfig:
 def to_params(c: ModelConfig, w: dict, feed_forward=None) -> dict:
     """`feed_forward(c, w, prefix)`: a block's MLP (`dense_mlp`), or Mixtral's experts."""
     feed_forward = feed_forward or dense_mlp
-    K, G, hd, D = c.n_kv_head, c.group_size, c.head_dim, c.d_model
 
     def layer(i):
         p = f"model.layers.{i}."
-        q = w[p + "self_attn.q_proj.weight"].T.reshape(D, K, G, hd)  # query head h = k * G + g
-        k = w[p + "self_attn.k_proj.weight"].T.reshape(D, K, 1, hd)
-        v = w[p + "self_attn.v_proj.weight"].T.reshape(D, K, 1, hd)
-        qkv = {"kernel": np.concatenate([q, k, v], axis=2)}
-        if c.qkv_bias:  # Qwen2
-            qkv["bias"] = np.concatenate(
-                [
-                    w[p + "self_attn.q_proj.bias"].reshape(K, G, hd),
-                    w[p + "self_attn.k_proj.bias"].reshape(K, 1, hd),
-                    w[p + "self_attn.v_proj.bias"].reshape(K, 1, hd),
-                ],
-                axis=1,
-            )
-        attn = {"qkv": qkv, "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)}}
-        if c.qk_norm:  # Qwen3: an RMSNorm over each head's queries and keys
-            attn |= {name: {"scale": w[p + f"self_attn.{name}.weight"]} for name in ("q_norm", "k_norm")}
         return feed_forward(c, w, p) | {
-            "attn": attn,
+            "attn": attention(c, w, p),
             "norm_1": {"scale": w[p + "input_layernorm.weight"]},
             "norm_2": {"scale": w[p + "post_attention_layernorm.weight"]},
         }
 
-    params = {f"block_{i}": layer(i) for i in range(c.n_layer)}
-    params["wte"] = {"embedding": w["model.embed_tokens.weight"]}
-    params["norm_f"] = {"scale": w["model.norm.weight"]}
+    return {f"block_{i}": layer(i) for i in range(c.n_layer)} | embedding_and_head(c, w)
+
+
+def attention(c: ModelConfig, w: dict, p: str) -> dict:
+    """The self-attention of the layer whose weights' names start with `p` (Gemma's too)."""
+    K, G, hd, D = c.n_kv_head, c.group_size, c.head_dim, c.d_model
+    q = w[p + "self_attn.q_proj.weight"].T.reshape(D, K, G, hd)  # query head h = k * G + g
+    k = w[p + "self_attn.k_proj.weight"].T.reshape(D, K, 1, hd)
+    v = w[p + "self_attn.v_proj.weight"].T.reshape(D, K, 1, hd)
+    qkv = {"kernel": np.concatenate([q, k, v], axis=2)}
+    if c.qkv_bias:  # Qwen2
+        qkv["bias"] = np.concatenate(
+            [
+                w[p + "self_attn.q_proj.bias"].reshape(K, G, hd),
+                w[p + "self_attn.k_proj.bias"].reshape(K, 1, hd),
+                w[p + "self_attn.v_proj.bias"].reshape(K, 1, hd),
+            ],
+            axis=1,
+        )
+    attn = {"qkv": qkv, "out": {"kernel": w[p + "self_attn.o_proj.weight"].T.reshape(K, G, hd, D)}}
+    if c.qk_norm:  # Qwen3, Gemma 3: an RMSNorm over each head's queries and keys
+        attn |= {name: {"scale": w[p + f"self_attn.{name}.weight"]} for name in ("q_norm", "k_norm")}
+    return attn
+
+
+def embedding_and_head(c: ModelConfig, w: dict) -> dict:
+    """The token embedding, the final norm and an untied head."""
+    params = {"wte": {"embedding": w["model.embed_tokens.weight"]}, "norm_f": {"scale": w["model.norm.weight"]}}
     if not c.tie_embeddings:
         params["lm_head"] = {"kernel": w["lm_head.weight"].T}
     return params
@@ -157,28 +165,41 @@ def read_qwen3_config(hf: dict) -> ModelConfig:
 def to_weights(c: ModelConfig, params: dict, feed_forward_weights=None) -> dict:
     """`feed_forward_weights(c, block, prefix)`: a block's MLP (`dense_mlp_weights`), or Mixtral's experts."""
     feed_forward_weights = feed_forward_weights or dense_mlp_weights
+    w = embedding_and_head_weights(c, params)
+    for i in range(c.n_layer):
+        b, p = params[f"block_{i}"], f"model.layers.{i}."
+        w |= attention_weights(c, b["attn"], p) | feed_forward_weights(c, b, p)
+        w[p + "input_layernorm.weight"] = b["norm_1"]["scale"]
+        w[p + "post_attention_layernorm.weight"] = b["norm_2"]["scale"]
+    return w
+
+
+def attention_weights(c: ModelConfig, attn: dict, p: str) -> dict:
+    """The inverse of `attention`."""
     K, G, hd, D = c.n_kv_head, c.group_size, c.head_dim, c.d_model
+    qkv = attn["qkv"]["kernel"]  # (D, K, G + 2, hd)
+    w = {
+        p + "self_attn.q_proj.weight": qkv[:, :, :G].reshape(D, K * G * hd).T,
+        p + "self_attn.k_proj.weight": qkv[:, :, G].reshape(D, K * hd).T,
+        p + "self_attn.v_proj.weight": qkv[:, :, G + 1].reshape(D, K * hd).T,
+        p + "self_attn.o_proj.weight": attn["out"]["kernel"].reshape(K * G * hd, D).T,
+    }
+    if c.qk_norm:
+        for name in ("q_norm", "k_norm"):
+            w[p + f"self_attn.{name}.weight"] = attn[name]["scale"]
+    if c.qkv_bias:
+        bias = attn["qkv"]["bias"]  # (K, G + 2, hd)
+        w[p + "self_attn.q_proj.bias"] = bias[:, :G].reshape(K * G * hd)
+        w[p + "self_attn.k_proj.bias"] = bias[:, G].reshape(K * hd)
+        w[p + "self_attn.v_proj.bias"] = bias[:, G + 1].reshape(K * hd)
+    return w
+
+
+def embedding_and_head_weights(c: ModelConfig, params: dict) -> dict:
+    """The inverse of `embedding_and_head`."""
     w = {"model.embed_tokens.weight": params["wte"]["embedding"], "model.norm.weight": params["norm_f"]["scale"]}
     if not c.tie_embeddings:
         w["lm_head.weight"] = params["lm_head"]["kernel"].T
-    for i in range(c.n_layer):
-        b, p = params[f"block_{i}"], f"model.layers.{i}."
-        qkv = b["attn"]["qkv"]["kernel"]  # (D, K, G + 2, hd)
-        w[p + "self_attn.q_proj.weight"] = qkv[:, :, :G].reshape(D, K * G * hd).T
-        w[p + "self_attn.k_proj.weight"] = qkv[:, :, G].reshape(D, K * hd).T
-        w[p + "self_attn.v_proj.weight"] = qkv[:, :, G + 1].reshape(D, K * hd).T
-        w[p + "self_attn.o_proj.weight"] = b["attn"]["out"]["kernel"].reshape(K * G * hd, D).T
-        if c.qk_norm:
-            for name in ("q_norm", "k_norm"):
-                w[p + f"self_attn.{name}.weight"] = b["attn"][name]["scale"]
-        if c.qkv_bias:
-            bias = b["attn"]["qkv"]["bias"]  # (K, G + 2, hd)
-            w[p + "self_attn.q_proj.bias"] = bias[:, :G].reshape(K * G * hd)
-            w[p + "self_attn.k_proj.bias"] = bias[:, G].reshape(K * hd)
-            w[p + "self_attn.v_proj.bias"] = bias[:, G + 1].reshape(K * hd)
-        w |= feed_forward_weights(c, b, p)
-        w[p + "input_layernorm.weight"] = b["norm_1"]["scale"]
-        w[p + "post_attention_layernorm.weight"] = b["norm_2"]["scale"]
     return w
 
 

@@ -184,7 +184,7 @@ def attribution_refusal(c: ModelConfig) -> str | None:
     """Why direct logit attribution cannot split this model's logits, or None: it needs the
     final stream read through a norm and a linear head, and the stream a sum of the parts."""
     lacking = (
-        "a post-norm model (norm_position='post')" * (c.norm_position != "pre")
+        f"a model whose blocks norm what they write (norm_position={c.norm_position!r})" * (c.norm_position != "pre")
         or "a head transform (head_transform)" * bool(c.head_transform)
         or "a soft cap on the logits (logit_softcap)" * bool(c.logit_softcap)
         or "blocks without residual connections (residual=False)" * (not c.residual)

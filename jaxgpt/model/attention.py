@@ -222,24 +222,30 @@ def split_qkv(qkv: jnp.ndarray, group: int) -> tuple[jnp.ndarray, jnp.ndarray, j
 
 def rotated(module: nn.Module, q: jnp.ndarray, k: jnp.ndarray, positions: jnp.ndarray) -> tuple:
     """Queries and keys rotated by their positions (RoPE, jaxgpt/model/positions.py), each
-    shown at its site."""
+    shown at its site: a windowed block between global ones (model.global_every) by plain RoPE
+    at its own base, the others as model.rope_theta and rope_scaling say."""
     c = module.config
-    inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, c.block_size)
+    if c.global_every and module.windowed:
+        inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_local_theta or c.rope_theta)
+    else:
+        inv_freq, rope_scale = rope_frequencies(c.head_dim, c.rope_theta, c.rope_scaling, c.block_size)
     interleaved = c.rope_pairing == "interleaved"
     q = apply_rope(q, positions, inv_freq, rope_scale, interleaved=interleaved)
     k = apply_rope(k, positions, inv_freq, rope_scale, interleaved=interleaved)
     return site(module, "hook_rot_q", q, heads_view(q)), site(module, "hook_rot_k", k)
 
 
-def attention_mask(c: ModelConfig, cache_index, segments) -> tuple[Mask, float | None]:
-    """(what each query may see, the scores' scale: None for the standard 1/sqrt(head_dim))."""
+def attention_mask(c: ModelConfig, cache_index, segments, windowed: bool = True) -> tuple[Mask, float | None]:
+    """(what each query may see, the scores' scale: None for the standard 1/sqrt(head_dim)).
+    windowed: whether the layer keeps to model.attention_window (global_every's global ones do not)."""
     slopes = None
     if c.position == "alibi":
         slopes = jnp.asarray(alibi_slopes(c.n_head)).reshape(c.n_kv_head, c.group_size)
-    scale = None if c.scale_attention else 1.0
+    scale = None if c.attention_scale_dim is None else c.attention_scale_dim**-0.5  # Gemma's query_pre_attn_scalar
+    scale = scale if c.scale_attention else 1.0
     if c.uniform_attention:  # scores times 0: the softmax of the mask alone, 1/t over t visible keys
         scale = 0.0
-    return Mask(cache_index, slopes, c.attention_window, c.causal, segments), scale
+    return Mask(cache_index, slopes, c.attention_window if windowed else 0, c.causal, segments), scale
 
 
 class CausalSelfAttention(nn.Module):
@@ -252,9 +258,11 @@ class CausalSelfAttention(nn.Module):
     values into its cache at positions [cache_index, cache_index + t) (kv_cache.py) and attends
     over the whole cache, the mask hiding unwritten slots. Prefill is one call with the prompt;
     each decode step a call with one token. Static shapes: one compilation for every step.
+    `windowed`: whether it keeps to model.attention_window (the block's, `Block.windowed`).
     """
 
     config: ModelConfig
+    windowed: bool = True
 
     @nn.compact
     def __call__(
@@ -294,7 +302,7 @@ class CausalSelfAttention(nn.Module):
             q, k = rotated(self, q, k, positions)
         if cache_index is not None:
             k, v = kv_cache.extend(self, k, v, cache_index)
-        mask, scale = attention_mask(c, cache_index, segments)
+        mask, scale = attention_mask(c, cache_index, segments, self.windowed)
         y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
 

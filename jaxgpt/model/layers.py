@@ -43,11 +43,12 @@ def make_norm(config: ModelConfig, name: str) -> nn.Module:
 
 
 class MLP(nn.Module):
-    """Two-layer feed-forward network, or its gated SwiGLU form (Shazeer 2020).
+    """Two-layer feed-forward network, or its gated SwiGLU and GeGLU forms (Shazeer 2020).
 
-    GELU/ReLU/ReLU²: down(act(up(x))). SwiGLU: down(silu(gate(x)) * up(x)), with gate and up
-    made by one matmul. The down projection writes into the residual stream, so it is
-    initialised as attention's output projection is (residual_output_init).
+    GELU/ReLU/ReLU²: down(act(up(x))). SwiGLU / GeGLU: down(act(gate(x)) * up(x)), act silu
+    (Llama) or the tanh GELU (Gemma), with gate and up made by one matmul. The down projection
+    writes into the residual stream, so it is initialised as attention's output projection is
+    (residual_output_init).
     """
 
     config: ModelConfig
@@ -56,18 +57,20 @@ class MLP(nn.Module):
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         c = self.config
         dense = dict(use_bias=c.bias, **dtypes(c))
-        if c.activation == "swiglu":
+        if c.activation in GATES:
             gate_up = nn.DenseGeneral(
                 name="up", features=(2, c.mlp_hidden), kernel_init=nn.initializers.normal(c.init_std), **dense
             )(x)
             gate, up = site(self, "hook_pre", gate_up[..., 0, :]), site(self, "hook_pre_linear", gate_up[..., 1, :])
-            h = nn.silu(gate) * up  # (b, t, hidden)
+            h = GATES[c.activation](gate) * up  # (b, t, hidden)
         else:
             h = nn.Dense(name="up", features=c.mlp_hidden, kernel_init=nn.initializers.normal(c.init_std), **dense)(x)
             h = ACTIVATION_FUNCTIONS[c.activation](site(self, "hook_pre", h))
         h = site(self, "hook_post", h)
         return nn.Dense(name="down", features=c.d_model, kernel_init=residual_output_init(c), **dense)(h)
 
+
+GATES = {"swiglu": nn.silu, "geglu": partial(jax.nn.gelu, approximate=True)}  # a gated MLP's act(gate)
 
 ACTIVATION_FUNCTIONS = {
     "gelu": partial(jax.nn.gelu, approximate=True),  # GPT-2's GELU: the tanh approximation (Hendrycks & Gimpel 2016)

@@ -36,7 +36,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, residual_output_init
+from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, GATES, MLP, residual_output_init
 from jaxgpt.sharding import experts_split, rows_split
 
 
@@ -151,7 +151,7 @@ class MixtureOfExpertsLayer(nn.Module):
         c, m = self.config, self.config.moe
         d, hidden = c.d_model, c.expert_hidden
         param_dtype, dtype = jnp.dtype(c.param_dtype), jnp.dtype(c.dtype)
-        gated = c.activation == "swiglu"
+        gated = c.activation in GATES
         up_shape = (m.experts, d, 2, hidden) if gated else (m.experts, d, hidden)
         # the normal initialisers ignore fan-in, so each expert's matrix is drawn as the MLP's is
         up = self.param("experts_up", nn.initializers.normal(c.init_std), up_shape, param_dtype)
@@ -160,7 +160,7 @@ class MixtureOfExpertsLayer(nn.Module):
         if c.bias:  # each expert's bias, (experts, 1, ...) as saved, over its batch and rows
             up_bias = self.param("experts_up_bias", nn.initializers.zeros, (m.experts, 1, *up_shape[2:]), param_dtype)
             h = h + up_bias[:, None]
-        h = nn.silu(h[..., 0, :]) * h[..., 1, :] if gated else ACTIVATION_FUNCTIONS[c.activation](h)
+        h = GATES[c.activation](h[..., 0, :]) * h[..., 1, :] if gated else ACTIVATION_FUNCTIONS[c.activation](h)
         y = jnp.einsum("ebrh,ehd->ebrd", h, down.astype(dtype))
         if c.bias:
             y = y + self.param("experts_down_bias", nn.initializers.zeros, (m.experts, 1, d), param_dtype)[:, None]

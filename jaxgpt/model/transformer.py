@@ -36,16 +36,19 @@ class Block(nn.Module):
 
     pre-norm:  x + attn(norm(x)), then x + mlp(norm(x))
     post-norm: norm(x + attn(x)), then norm(x + mlp(x))
+    sandwich:  x + norm'(attn(norm(x))), then x + norm'(mlp(norm(x)))  (Gemma 2 and 3)
 
     With config.mlp off (attention-only) the second line, its norm included, is not there; in
     a mixture-of-experts block (moe) the experts take the MLP's place (jaxgpt/model/moe.py). Given an
     encoder's output (`memory`: an encoder–decoder's decoder block), cross-attention to it is a
-    residual branch of its own between the two, normed as they are.
+    residual branch of its own between the two, normed as they are. `windowed`: whether its
+    attention keeps to model.attention_window (where global_every interleaves global blocks).
     """
 
     config: ModelConfig
     train: bool = False
     moe: bool = False
+    windowed: bool = True
 
     @nn.compact
     def __call__(
@@ -65,14 +68,19 @@ class Block(nn.Module):
         first block's input, which config.x0_mix mixes into this block's; tokens: the tokens
         themselves (b, t), which config.value_embeddings looks up in this block's own table."""
         c = self.config
-        norm_1 = make_norm(c, "norm_1")
         dropout = nn.Dropout(c.dropout, deterministic=not self.train)
         skip = (lambda x: x) if c.residual else (lambda x: 0)  # noqa: E731  (residual=False: an ablation)
 
-        def residual_branch(x, branch, norm, out_site):
-            """x plus what `branch` writes (the site `out_site`), normed before (pre-norm) or after."""
+        def residual_branch(x, branch, norm_name, out_site):
+            """x plus what `branch` writes (the site `out_site`), normed (the norm `norm_name`)
+            before (pre-norm), after, or what it reads and what it writes both (sandwich: a
+            second norm, `norm_name`_out)."""
+            norm = make_norm(c, norm_name)
             if c.norm_position == "pre":
                 return skip(x) + dropout(site(self, out_site, branch(norm(x))))
+            if c.norm_position == "sandwich":
+                written = make_norm(c, f"{norm_name}_out")(branch(norm(x)))
+                return skip(x) + dropout(site(self, out_site, written))
             return norm(skip(x) + dropout(site(self, out_site, branch(x))))
 
         if c.x0_mix:
@@ -84,18 +92,18 @@ class Block(nn.Module):
             width = c.n_kv_head * c.head_dim
             table = nn.Embed(c.vocab_size, width, embedding_init=embedding_init(c), **dtypes(c), name="value_embed")
             value_embedding = table(tokens)
-        attention = CausalSelfAttention(c, name="attn")
+        attention = CausalSelfAttention(c, windowed=self.windowed, name="attn")
         attention_branch = lambda x: attention(x, positions, cache_index, segments, value_embedding)  # noqa: E731
-        x = residual_branch(x, attention_branch, norm_1, "hook_attn_out")
+        x = residual_branch(x, attention_branch, "norm_1", "hook_attn_out")
         x = site(self, "hook_resid_mid", x)
         if memory is not None:
-            cross, norm_cross = CrossAttention(c, name="cross"), make_norm(c, "norm_cross")
+            cross = CrossAttention(c, name="cross")
             cross_branch = lambda x: cross(x, memory, segments, memory_segments)  # noqa: E731
-            x = residual_branch(x, cross_branch, norm_cross, "hook_cross_attn_out")
+            x = residual_branch(x, cross_branch, "norm_cross", "hook_cross_attn_out")
             x = site(self, "hook_resid_mid_cross", x)
         if c.mlp:  # else the attention-only ablation
             mlp = MixtureOfExpertsLayer(c, name="moe") if self.moe else MLP(c, name="mlp")
-            x = residual_branch(x, mlp, make_norm(c, "norm_2"), "hook_mlp_out")
+            x = residual_branch(x, mlp, "norm_2", "hook_mlp_out")
         return site(self, "hook_resid_post", x)
 
 
@@ -221,7 +229,7 @@ class GPT(nn.Module):
         """Each position's class logits (batch, seq, classes) float32: a linear layer over the
         final norm's output (pre-norm), read where the batch scores a text."""
         c = self.config
-        final = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
+        final = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.has_final_norm else x)
         classifier = nn.Dense(c.classes, kernel_init=embedding_init(c), name="classifier", **dtypes(c))
         return classifier(final).astype(jnp.float32)
 
@@ -230,7 +238,7 @@ class GPT(nn.Module):
         (pre-norm models; post-norm blocks already end normalised), with head_transform BERT's
         dense, activation and norm."""
         c = self.config
-        norm_f = make_norm(c, "norm_f") if c.norm_position == "pre" else (lambda x: x)
+        norm_f = make_norm(c, "norm_f") if c.has_final_norm else (lambda x: x)
         if not c.head_transform:
             return norm_f
         dense = nn.Dense(c.d_model, kernel_init=embedding_init(c), use_bias=c.bias, name="head_dense", **dtypes(c))
@@ -286,7 +294,8 @@ def stacked_blocks(
         return x, []
     residuals = [x]
     for i in range(count):
-        x = block(c, train=train, moe=c.is_moe_layer(i), name=f"{prefix}_{i}")(x, *beside)
+        layer = block(c, train=train, moe=c.is_moe_layer(i), windowed=c.is_windowed_layer(i), name=f"{prefix}_{i}")
+        x = layer(x, *beside)
         residuals.append(x)
     return x, residuals if capturing else []
 
@@ -309,7 +318,7 @@ class Encoder(nn.Module):
         x, _ = stacked_blocks(
             c, x, positions, None, segments, None, None, train=train, tokens=sources, count=self.config.encoder_layers
         )
-        return site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x)
+        return site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.has_final_norm else x)
 
 
 class TokenAfterNext(nn.Module):
@@ -330,7 +339,7 @@ class TokenAfterNext(nn.Module):
         project = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="project", **dtypes(c))
         x = project(joined)  # its own first input, where the block mixes that in (x0_mix)
         x = Block(c, train=train, name="block")(x, positions, None, segments, None, None, x, tokens)
-        return make_norm(c, "norm_f")(x) if c.norm_position == "pre" else x
+        return make_norm(c, "norm_f")(x) if c.has_final_norm else x
 
 
 class LMHead(nn.Module):
