@@ -10,6 +10,15 @@ import math
 from jaxgpt.config.model import ModelConfig
 from jaxgpt.config.problems import ConfigError, Problems
 
+# train.lab's measures (jaxgpt/lab/watch.py), those read on random tokens repeated twice first
+LAB_MEASURES = ("induction", "previous_token", "dla", "entropy", "logit_lens", "norms")
+
+
+def lab_measures(lab: str) -> tuple[str, ...]:
+    """train.lab's measures, in LAB_MEASURES' order ("all": every one)."""
+    named = {m.strip() for m in lab.split(",") if m.strip()}
+    return LAB_MEASURES if named == {"all"} else tuple(m for m in LAB_MEASURES if m in named)
+
 
 @dataclasses.dataclass(frozen=True)
 class DataConfig:
@@ -181,6 +190,10 @@ class TrainConfig:
         except that block_size may change where no parameter has its length (any position
         kind but learned) and rope_theta / rope_scaling may change: a context extension. A
         new run with a fresh optimizer, in its own workdir; config.json records the origin.
+    lab: what the heads and layers do, measured at every evaluation on fixed probes (jaxgpt/lab/watch.py):
+        comma-separated, of induction, previous_token, entropy, logit_lens, dla, norms, or "all";
+        logged as lab_<measure> (a list per block of a value per head, or a value per layer
+        boundary). "" for none. A causal next-token decoder's, on plain text.
     tensorboard: also write the metrics as TensorBoard event files in <workdir>/tensorboard
         (`tensorboard --logdir runs`).
     wandb_project: also log to this Weights & Biases project ("" for none; needs
@@ -218,6 +231,7 @@ class TrainConfig:
     muon_momentum_warmup: int = 0
     muon_momentum_start: float = 0.85
     init_from: str = ""
+    lab: str = ""
     tensorboard: bool = True
     wandb_project: str = ""
 
@@ -225,6 +239,8 @@ class TrainConfig:
         problems = Problems("train", self)
         problems.positive("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every")
         problems.positive("keep_checkpoints", "lr")
+        if unknown := sorted({m.strip() for m in self.lab.split(",") if m.strip()} - {*LAB_MEASURES, "all"}):
+            problems.add("lab", f"names {', '.join(unknown)}; choose from {', '.join(LAB_MEASURES)}, or all")
         if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):
             problems.add(
                 "microbatches",

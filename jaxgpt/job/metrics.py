@@ -157,6 +157,33 @@ def check_sinks_available(wandb_project: str) -> None:
         ) from None
 
 
+def lab_scalars(record: dict) -> dict[str, float]:
+    """train.lab's measures (jaxgpt/lab/watch.py) as one scalar a head or a layer boundary:
+    lab/induction/block_1/head_3; lab/logit_lens/embed (before block 0), then block_0 ... (after it)."""
+    scalars = {}
+    for key, value in record.items():
+        if not key.startswith("lab_"):
+            continue
+        name = key.removeprefix("lab_")
+        if value and isinstance(value[0], list):  # per head: a list per block
+            scalars |= {f"lab/{name}/block_{i}/head_{h}": v for i, row in enumerate(value) for h, v in enumerate(row)}
+        else:  # per layer boundary
+            scalars |= {f"lab/{name}/{'embed' if i == 0 else f'block_{i - 1}'}": v for i, v in enumerate(value)}
+    return scalars
+
+
+def lab_images(record: dict) -> dict[str, np.ndarray]:
+    """Each per-head measure as a small image (blocks down, heads across), scaled to [0, 1] by
+    its own range at that step (the scalars hold the values)."""
+    images = {}
+    for key, value in record.items():
+        if key.startswith("lab_") and value and isinstance(value[0], list):
+            heads = np.asarray(value, np.float64)
+            span = heads.max() - heads.min()
+            images[f"lab/{key.removeprefix('lab_')}/heads"] = (heads - heads.min()) / span if span > 0 else heads * 0
+    return images
+
+
 def json_safe(record: dict) -> dict:
     """The record with NaN and infinities as null (JSON has no such numbers; Python's json
     would write bare NaN, which other readers reject), and a note naming what they were."""
@@ -218,10 +245,13 @@ class MetricsLog:
         self.file.flush()
         step = record["step"]
         scalars = {TAGS.get(key, key): value for key, value in record.items() if key != "step" and is_scalar(value)}
+        scalars |= lab_scalars(record)
         if self.tensorboard is not None:
             for tag, value in scalars.items():
                 if math.isfinite(value):  # as metrics.jsonl's null: no point drawn for inf or NaN
                     self.tensorboard.add_scalar(tag, value, step)
+            for tag, image in lab_images(record).items():
+                self.tensorboard.add_image(tag, image, step, dataformats="HW")
             self.tensorboard.flush()
         if self.wandb is not None:
             self.wandb.log(scalars, step=step)

@@ -51,7 +51,7 @@ from jaxgpt.job.pretrained import (
     with_source_vocabulary,
 )
 from jaxgpt.job.resume import kept_tokenizer
-from jaxgpt.lab import multiple_choice
+from jaxgpt.lab import multiple_choice, watch
 from jaxgpt.model.kernels import kernel_fallback
 from jaxgpt.model.transformer import describe_parameters, flops_per_token
 from jaxgpt.tokenizers import save_tokenizer
@@ -92,6 +92,8 @@ def check_runnable(config, notes: list[str] | None = None, overrides=(), workdir
     given = values_set(config if not isinstance(config, RunConfig) else run.to_dict(), overrides)
     run = with_source_architecture(run, given, notes, continued)
     check_sinks_available(run.train.wandb_project)
+    if why := watch.refusal(run):
+        raise UserError(why)
     kernel_fallback(run.model.attention, jax.default_backend(), training=True)
     return run
 

@@ -49,6 +49,7 @@ from jaxgpt.job.metrics import (
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import RunawayWatch, StopRequests, check_finite
 from jaxgpt.lab import multiple_choice
+from jaxgpt.lab.watch import Watch
 from jaxgpt.training.train_step import per_layer
 
 
@@ -191,6 +192,8 @@ class Trainer:
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
         run = placed.run
         self.runaway = RunawayWatch(run.model.vocab_size, self.checkpoints, warn, run.train.warmup_steps)
+        # train.lab's probes, made once from the seed and the validation split: a resume measures the same
+        self.lab = Watch(run.model, run.train.lab, run.train.seed, self.validation.tokens) if run.train.lab else None
         # evaluation's programs compile beside the step's (one process only: a multi-host
         # evaluation's collectives must run in the same order in every process)
         self._evaluation_compiled = None
@@ -319,7 +322,8 @@ class Trainer:
             self.config.train.eval_batches,
         )
         val, train = mean_losses(jax.device_get(val)), mean_losses(jax.device_get(train))
-        return self.placed.program.objective.record(val, train, v.target_tokens / v.target_bytes / math.log(2))
+        record = self.placed.program.objective.record(val, train, v.target_tokens / v.target_bytes / math.log(2))
+        return record | (self.lab.measure(self.state.params) if self.lab else {})
 
     def ask_questions(self, step: int) -> dict:
         """Both accuracies on train.multiple_choice's questions (jaxgpt/lab/multiple_choice.py), said."""

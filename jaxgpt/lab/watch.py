@@ -1,0 +1,153 @@
+"""The lab inside the training loop: what the heads and layers do, measured at every evaluation
+(train.lab), so a run's metrics show when a circuit forms (Olsson et al. 2022: induction heads
+appear in a phase change, as the in-context loss falls).
+
+Each measure is a small function of one forward pass over a fixed probe made once a run, and all
+the asked-for measures are one compiled program (`Watch.measure`), run beside evaluation:
+
+  induction       per head, on random tokens repeated twice: the attention each token of the
+                  second copy pays to the token after its first occurrence (1: a perfect
+                  induction head; jaxgpt/lab/capture.py's induction_scores)
+  previous_token  per head, on the same tokens: the attention each query pays to the token
+                  just before it (1: a previous-token head)
+  entropy         per head, on held-out text: the attention pattern's entropy in nats, averaged
+                  over queries (near ln t at init, when every key weighs alike; falls as heads
+                  specialise)
+  logit_lens      per layer, on held-out text: the next-token loss of the residual stream read
+                  out through the final norm and head before block 0 and after each block
+  dla             per head, on the repeated tokens' second copy: its direct logit attribution
+                  to the token that comes next (what it writes, through the final norm held at
+                  the last stream's scale, onto that token's unembedding minus the mean one)
+  norms           per layer, on held-out text: the residual stream's mean L2 norm at each layer
+                  boundary
+
+The probes come from the run's seed and its validation split, so a resumed run measures the
+same prompts and continues the same curves. The record holds each measure as lists
+("lab_induction": a list per layer of a value per head), and TensorBoard one scalar per head or
+layer ("lab/induction/block_1/head_3").
+"""
+
+from __future__ import annotations
+
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.config.run import LAB_MEASURES, lab_measures
+from jaxgpt.lab.capture import repeated_random_tokens
+from jaxgpt.model.sites import CACHE
+from jaxgpt.model.transformer import GPT, head_weights, unstack_blocks
+
+ON_REPEATS = LAB_MEASURES[:3]  # read on random tokens repeated twice
+ON_TEXT = LAB_MEASURES[3:]  # read on held-out text
+PROBE_ROWS = 4  # sequences a probe holds
+MAX_HALF = 32  # the repeated probe's half, at most (block_size // 2 below it)
+
+
+def refusal(run) -> str | None:
+    """Why a run (a RunConfig) cannot take train.lab's measures, or None."""
+    from jaxgpt.lab.patching import attribution_refusal
+
+    if not run.train.lab:
+        return None
+    m = run.model
+    if m.objective != "next_token" or not m.causal or m.encoder_layers or run.data.examples:
+        return (
+            f"train.lab={run.train.lab!r} reads a causal next-token decoder's attention on plain text; this run "
+            "trains another kind of model or reads packed examples: set train.lab=''"
+        )
+    if "dla" in lab_measures(run.train.lab) and (why := attribution_refusal(m)):
+        return f"train.lab asks for dla, and {why}; leave dla out"
+    return None
+
+
+class Watch:
+    """The probes and the compiled measures of one run."""
+
+    def __init__(self, config: ModelConfig, lab: str, seed: int, validation_tokens: np.ndarray):
+        self.names = lab_measures(lab)
+        self.config = config.replace(scan_layers=False, dtype="float32", remat="none", attention="xla")
+        half = min(config.block_size // 2, MAX_HALF)
+        self.repeats = repeated_random_tokens(config.vocab_size, half, PROBE_ROWS, seed=seed)
+        t = config.block_size
+        rows = max(1, min(PROBE_ROWS, (len(validation_tokens) - 1) // t))
+        window = np.asarray(validation_tokens[: rows * t + 1], np.int32)
+        self.text = window[:-1].reshape(rows, t)
+        self.targets = window[1:].reshape(rows, t)
+        self._measure = jax.jit(partial(measure, self.config, self.names, config.scan_layers))
+
+    def measure(self, params) -> dict:
+        """The record's entries: each measure as nested lists of floats."""
+        values = jax.device_get(self._measure(params, self.repeats, self.text, self.targets))
+        return {f"lab_{name}": np.asarray(values[name], np.float64).tolist() for name in self.names}
+
+
+def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, repeats, text, targets) -> dict:
+    """Every measure in `names` from one forward pass a probe (unscanned, float32)."""
+    params = unstack_blocks(params) if scanned else params
+    out = {}
+    if set(names) & set(ON_REPEATS):
+        _, state = GPT(config).apply({"params": params}, repeats, mutable=[CACHE])
+        sites = state[CACHE]
+        pattern = per_layer(config, sites, "hook_pattern")  # (L, b, H, t, t)
+        half = repeats.shape[1] // 2
+        if "induction" in names:
+            queries = jnp.arange(half, 2 * half)
+            out["induction"] = pattern[..., queries, queries - half + 1].mean(axis=(1, -1))
+        if "previous_token" in names:
+            queries = jnp.arange(1, 2 * half)
+            out["previous_token"] = pattern[..., queries, queries - 1].mean(axis=(1, -1))
+        if "dla" in names:
+            out["dla"] = direct_logit_attribution(config, params, sites, repeats)
+    if set(names) & set(ON_TEXT):
+        logits, state = GPT(config).apply({"params": params}, text, mutable=["intermediates", CACHE])
+        if "entropy" in names:
+            pattern = per_layer(config, state[CACHE], "hook_pattern")
+            out["entropy"] = -jax.scipy.special.xlogy(pattern, pattern).sum(-1).mean(axis=(1, -1))
+        if "logit_lens" in names:
+            lens = state["intermediates"]["logit_lens"][0]  # (L + 1, b, t, vocab)
+            picked = jnp.take_along_axis(jax.nn.log_softmax(lens, -1), targets[None, ..., None], -1)
+            out["logit_lens"] = -picked.mean(axis=(1, 2, 3))
+        if "norms" in names:
+            residual = state["intermediates"]["residual"][0]  # (L + 1, b, t, d)
+            out["norms"] = jnp.linalg.norm(residual, axis=-1).mean(axis=(1, 2))
+    return out
+
+
+def per_layer(config: ModelConfig, sites, name: str) -> jnp.ndarray:
+    return jnp.stack([sites[f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)])
+
+
+def direct_logit_attribution(config: ModelConfig, params, sites, repeats) -> jnp.ndarray:
+    """(L, H): each head's write onto the logit of the token that comes next, over the second
+    copy's positions, read through the final norm at the last stream's scale (the norm's
+    division frozen, as jaxgpt/lab/patching.py's direct_logit_attribution does), against the
+    mean token's unembedding."""
+    c = config
+    half = repeats.shape[1] // 2
+    positions = jnp.arange(half, 2 * half - 1)  # whose next token is known: the second copy's
+    nxt = repeats[:, positions + 1]  # (b, q)
+    weights = head_weights(c, params)
+    unembed = weights["embedding"].T if "embedding" in weights else weights["kernel"]  # (D, vocab)
+    direction = unembed[:, nxt] - unembed.mean(axis=1)[:, None, None]  # (D, b, q)
+    stream = sites[f"block_{c.n_layer - 1}"]["hook_resid_post"][0][:, positions]  # (b, q, D)
+    scale = params.get("norm_f", {}).get("scale", jnp.ones(c.d_model))
+    if c.norm == "layernorm":
+        divisor = jnp.sqrt(jnp.var(stream, -1, keepdims=True) + c.norm_eps)
+    elif c.norm == "rmsnorm":
+        divisor = jnp.sqrt(jnp.mean(jnp.square(stream), -1, keepdims=True) + c.norm_eps)
+    else:
+        divisor = jnp.ones_like(stream[..., :1])
+    heads = []
+    for layer in range(c.n_layer):
+        w_o = params[f"block_{layer}"]["attn"]["out"]["kernel"].reshape(c.n_head, c.head_dim, c.d_model)
+        z = sites[f"block_{layer}"]["attn"]["hook_z"][0][:, positions]  # (b, q, H, d)
+        written = jnp.einsum("bqhd,hdD->bqhD", z, w_o)
+        if c.norm == "layernorm":
+            written = written - written.mean(-1, keepdims=True)
+        read = written * scale / divisor[:, :, None]
+        heads.append(jnp.einsum("bqhD,Dbq->h", read, direction) / (nxt.size))
+    return jnp.stack(heads)

@@ -1,0 +1,118 @@
+"""The lab inside the training loop (train.lab, jaxgpt/lab/watch.py): each measure against the
+lab's own one-command tools on the same probe (capture's attention weights, residuals and logit
+lens, in numpy; patching's direct logit attribution), the run logging them at every evaluation
+and a resumed run continuing them to the bit, and the runs it cannot measure refused in one line."""
+
+import json
+
+import jax
+import numpy as np
+import pytest
+from conftest import small_run_config
+
+from jaxgpt.config import ModelConfig
+from jaxgpt.config.problems import ConfigError
+from jaxgpt.config_files import resolve
+from jaxgpt.errors import UserError
+from jaxgpt.job.metrics import lab_images, lab_scalars
+from jaxgpt.job.trainer import train_and_evaluate
+from jaxgpt.lab import capture as C
+from jaxgpt.lab import patching as P
+from jaxgpt.lab import watch as W
+from jaxgpt.model.sites import CACHE
+from jaxgpt.model.transformer import GPT, init_params
+
+# float32 sums of a few hundred O(1) products in another order: ~1e-6
+CLOSE = dict(rtol=1e-5, atol=1e-5)
+
+
+def model(**changes):
+    base = dict(vocab_size=24, n_layer=2, n_head=4, d_model=32, block_size=16, init_std=0.3, position="rope")
+    config = ModelConfig(**(base | changes))
+    return config, init_params(config, jax.random.key(2))
+
+
+def validation_text(config, n=200, seed=5):
+    return np.random.default_rng(seed).integers(0, config.vocab_size, n).astype(np.int32)
+
+
+@pytest.mark.parametrize("changes", [{}, {"norm": "rmsnorm", "activation": "swiglu", "n_kv_head": 2}])
+def test_each_measure_is_what_the_lab_computes_from_one_capture(changes):
+    config, params = model(**changes)
+    watch = W.Watch(config, "all", seed=3, validation_tokens=validation_text(config))
+    got = {k.removeprefix("lab_"): np.asarray(v) for k, v in watch.measure(params).items()}
+    assert set(got) == set(W.LAB_MEASURES)
+    repeated = C.capture(config, params, watch.repeats)
+    np.testing.assert_allclose(got["induction"], C.induction_scores(repeated.weights), **CLOSE)
+    t = watch.repeats.shape[1]
+    previous = np.mean([repeated.weights[:, :, :, i, i - 1] for i in range(1, t)], axis=(0, 2))
+    np.testing.assert_allclose(got["previous_token"], previous, **CLOSE)
+    text = C.capture(config, params, watch.text)
+    p = text.weights.astype(np.float64)
+    entropy = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0).sum(-1).mean(axis=(1, 3))
+    np.testing.assert_allclose(got["entropy"], entropy, **CLOSE)
+    lens = C.lens_log_probabilities(text.logit_lens)  # (L + 1, b, t, vocab)
+    picked = np.take_along_axis(lens, watch.targets[None, ..., None], -1)[..., 0]
+    np.testing.assert_allclose(got["logit_lens"], -picked.mean(axis=(1, 2)), **CLOSE)
+    np.testing.assert_allclose(got["norms"], np.linalg.norm(text.residual, axis=-1).mean(axis=(1, 2)), **CLOSE)
+    # the final layer's lens is the model's own loss on the probe
+    final = np.take_along_axis(C.lens_log_probabilities(text.logits[None]), watch.targets[None, ..., None], -1)
+    assert got["logit_lens"][-1] == pytest.approx(-final.mean(), rel=1e-5)
+
+
+def test_the_direct_logit_attribution_is_patchings_averaged_over_the_wrong_tokens():
+    """What a head writes onto the next token's logit against the mean token's is, by linearity,
+    patching's attribution of the next token against each wrong token, averaged over them all:
+    on one repeated sequence, at both positions of its second copy that have a next token."""
+    config, params = model(vocab_size=8, norm="rmsnorm")
+    repeats = np.asarray([[5, 2, 7, 5, 2, 7]], np.int32)
+    _, state = GPT(config).apply({"params": params}, repeats, mutable=[CACHE])
+    ours = np.asarray(W.direct_logit_attribution(config, params, state[CACHE], repeats))
+    by_patching = [
+        P.direct_logit_attribution(config, params, repeats, q, int(repeats[0, q + 1]), wrong).heads
+        for q in (3, 4)
+        for wrong in range(8)
+    ]
+    np.testing.assert_allclose(ours, np.mean(by_patching, axis=0), rtol=1e-4, atol=1e-5)
+    assert np.abs(ours).max() > 1e-3
+
+
+def test_a_run_logs_the_measures_at_every_evaluation_and_a_resume_continues_them(tmp_path):
+    config = lambda: small_run_config(steps=20, eval_every=5, checkpoint_every=5, lab="induction,entropy,norms")  # noqa: E731
+    train_and_evaluate(config(), tmp_path / "straight", progress=False)
+    train_and_evaluate(config(), tmp_path / "resumed", progress=False, stop_at=10)
+    train_and_evaluate(config(), tmp_path / "resumed", progress=False)
+
+    def lab_records(workdir):
+        records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+        return {r["step"]: {k: v for k, v in r.items() if k.startswith("lab_")} for r in records if "val_loss" in r}
+
+    straight = lab_records(tmp_path / "straight")
+    assert sorted(straight) == [5, 10, 15, 20]
+    assert all(set(r) == {"lab_induction", "lab_entropy", "lab_norms"} for r in straight.values())
+    assert np.asarray(straight[20]["lab_induction"]).shape == (2, 2) and len(straight[20]["lab_norms"]) == 3
+    assert straight[5] != straight[20]  # the measures follow the training
+    assert lab_records(tmp_path / "resumed") == straight  # the same probes, the same values, to the bit
+
+
+def test_the_measures_reach_tensorboard_a_scalar_a_head_and_an_image_a_measure():
+    record = {"step": 5, "lab_induction": [[0.1, 0.3], [0.2, 0.9]], "lab_norms": [1.0, 2.0, 3.0]}
+    scalars = lab_scalars(record)
+    assert scalars["lab/induction/block_1/head_1"] == 0.9 and scalars["lab/norms/embed"] == 1.0
+    assert scalars["lab/norms/block_1"] == 3.0 and len(scalars) == 7
+    image = lab_images(record)["lab/induction/heads"]
+    np.testing.assert_allclose(image, [[0.0, 0.25], [0.125, 1.0]])
+
+
+def test_a_run_the_measures_cannot_read_is_refused_in_one_line(tmp_path):
+    with pytest.raises(ConfigError, match="train.lab='induction,attention' names attention; choose from induction"):
+        resolve(small_run_config(lab="induction,attention"))
+    post = small_run_config(steps=2, lab="dla")
+    post.model.norm_position = "post"
+    with pytest.raises(UserError, match="train.lab asks for dla, and direct logit attribution needs a linear readout"):
+        train_and_evaluate(post, tmp_path / "post", progress=False)
+    pairs = small_run_config(steps=2, lab="entropy")
+    pairs.data.source = "builtin:reverse"
+    with pytest.raises(UserError, match="reads a causal next-token decoder's attention on plain text"):
+        train_and_evaluate(pairs, tmp_path / "pairs", progress=False)
+    assert not (tmp_path / "post").exists() and not (tmp_path / "pairs").exists()
