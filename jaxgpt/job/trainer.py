@@ -199,6 +199,8 @@ class Trainer:
         self._evaluation_compiled = None
         if jax.process_count() == 1:
             self._evaluation_compiled = in_background(partial(self._score_a_batch_a_device, self.state.params))
+            if self.lab is not None:  # the measures' program too, as evaluation's
+                self._lab_compiled = in_background(partial(self.lab.measure, self.state.params))
 
     @classmethod
     def on_this_machine(cls, resolved: setup.ResolvedRun, workdir: Path, say) -> Trainer:
@@ -347,6 +349,8 @@ class Trainer:
         them compiling); before the first step, which donates step 0's parameters."""
         if self._evaluation_compiled is not None:
             self._evaluation_compiled.result()
+            if self.lab is not None:
+                self._lab_compiled.result()
         seconds = self.placed.compiling.result()  # raises what compiling raised
         self.say(f"compiled {self.step.what} in {seconds:.1f} s")
         return self.step.compile(self.state, batch)  # compiled: the step itself
