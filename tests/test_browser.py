@@ -7,6 +7,7 @@ Needs Debian's chromium and chromium-driver (`apt-get install chromium chromium-
 installs them where it can) and selenium (requirements-test.txt); without them it skips, saying
 which is missing. Slow: a browser start is about 1.5 s a page."""
 
+import json
 import re
 import shutil
 from pathlib import Path
@@ -140,3 +141,38 @@ def test_each_page_shows_its_key_and_a_space_as_a_mark(browser, tmp_path):
     browser.get((tmp_path / "lens.html").as_uri())
     assert {cell.text for cell in browser.find_elements(By.CSS_SELECTOR, "#lens td")} == {"␣"}
     assert console_errors(browser) == []
+
+
+def test_the_timeline_slider_shows_each_steps_patterns_and_a_chart_its_values(browser, tmp_path):
+    """The timeline page (jaxgpt/lab/timeline.py) from records of two steps: the slider at each
+    step draws that step's pattern of each head, hovering the loss chart lists the nearest step's
+    values, and nothing is fetched or fails."""
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    from jaxgpt.lab.timeline import timeline_data, timeline_view
+
+    maps = [random_maps(layers=2, heads=2, t=3, s=3, seed=seed).tolist() for seed in (3, 4)]
+    records = [
+        {"step": step, "train_loss": loss, "val_loss": loss + 0.1, "lab_induction": [[0.1, 0.2], [0.3, 0.4 + i]],
+         "lab_pattern": maps[i], "lab_pattern_tokens": [0, 1, 2]}
+        for i, (step, loss) in enumerate(((10, 3.0), (20, 2.0)))
+    ]  # fmt: skip
+    page = timeline_view(timeline_data(records, lambda ids: ["a", "b", "c"]), title="timeline")
+    path = page.save(tmp_path / "timeline.html")
+    browser.get(path.as_uri())
+    slider = browser.find_element(By.ID, "step")
+    for i in (1, 0):
+        browser.execute_script(
+            "arguments[0].value = arguments[1]; arguments[0].dispatchEvent(new Event('input'))", slider, i
+        )
+        assert browser.find_element(By.ID, "stepname").text == str(records[i]["step"])
+        canvases = browser.find_elements(By.CSS_SELECTOR, "#patterns canvas")
+        shown = [json.loads(c.get_attribute("data-weights")) for c in canvases]
+        np.testing.assert_allclose(shown, np.asarray(maps[i]).reshape(4, 3, 3), rtol=1e-12)  # as recorded
+    chart = browser.find_element(By.ID, "loss")
+    ActionChains(browser).move_to_element_with_offset(chart, 440, 0).perform()  # the right half: step 20
+    assert browser.find_element(By.ID, "readout").text == "train loss at step 20: 2.0000\nval loss at step 20: 2.1000"
+    assert browser.find_element(By.ID, "probe").text == "probe: abc"
+    assert console_errors(browser) == []
+    assert browser.save_screenshot(str(tmp_path / "timeline.png"))

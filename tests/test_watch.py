@@ -41,13 +41,16 @@ def test_each_measure_is_what_the_lab_computes_from_one_capture(changes):
     config, params = model(**changes)
     watch = W.Watch(config, "all", seed=3, validation_tokens=validation_text(config))
     got = {k.removeprefix("lab_"): np.asarray(v) for k, v in watch.measure(params).items()}
-    assert set(got) == set(W.LAB_MEASURES)
+    assert set(got) == {*W.LAB_MEASURES, "pattern", "pattern_tokens"}
     repeated = C.capture(config, params, watch.repeats)
     np.testing.assert_allclose(got["induction"], C.induction_scores(repeated.weights), **CLOSE)
     t = watch.repeats.shape[1]
     previous = np.mean([repeated.weights[:, :, :, i, i - 1] for i in range(1, t)], axis=(0, 2))
     np.testing.assert_allclose(got["previous_token"], previous, **CLOSE)
     text = C.capture(config, params, watch.text)
+    k = W.PATTERN_TOKENS
+    np.testing.assert_allclose(got["pattern"], np.round(text.weights[:, 0, :, :k, :k], 4), atol=1e-4)
+    np.testing.assert_array_equal(got["pattern_tokens"], watch.text[0, :k])
     p = text.weights.astype(np.float64)
     entropy = -np.where(p > 0, p * np.log(np.where(p > 0, p, 1)), 0).sum(-1).mean(axis=(1, 3))
     np.testing.assert_allclose(got["entropy"], entropy, **CLOSE)
@@ -77,11 +80,19 @@ def test_the_direct_logit_attribution_is_patchings_averaged_over_the_wrong_token
     assert np.abs(ours).max() > 1e-3
 
 
-def test_a_run_logs_the_measures_at_every_evaluation_and_a_resume_continues_them(tmp_path):
+@pytest.fixture(scope="module")
+def watched(tmp_path_factory):
+    """A run measured at every evaluation, and the same run stopped at step 10 and resumed."""
+    tmp_path = tmp_path_factory.mktemp("watched")
     config = lambda: small_run_config(steps=20, eval_every=5, checkpoint_every=5, lab="induction,entropy,norms")  # noqa: E731
     train_and_evaluate(config(), tmp_path / "straight", progress=False)
     train_and_evaluate(config(), tmp_path / "resumed", progress=False, stop_at=10)
     train_and_evaluate(config(), tmp_path / "resumed", progress=False)
+    return tmp_path
+
+
+def test_a_run_logs_the_measures_at_every_evaluation_and_a_resume_continues_them(watched):
+    tmp_path = watched
 
     def lab_records(workdir):
         records = [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
@@ -89,14 +100,16 @@ def test_a_run_logs_the_measures_at_every_evaluation_and_a_resume_continues_them
 
     straight = lab_records(tmp_path / "straight")
     assert sorted(straight) == [5, 10, 15, 20]
-    assert all(set(r) == {"lab_induction", "lab_entropy", "lab_norms"} for r in straight.values())
+    measured = {"lab_induction", "lab_entropy", "lab_norms", "lab_pattern", "lab_pattern_tokens"}
+    assert all(set(r) == measured for r in straight.values())
     assert np.asarray(straight[20]["lab_induction"]).shape == (2, 2) and len(straight[20]["lab_norms"]) == 3
     assert straight[5] != straight[20]  # the measures follow the training
     assert lab_records(tmp_path / "resumed") == straight  # the same probes, the same values, to the bit
 
 
 def test_the_measures_reach_tensorboard_a_scalar_a_head_and_an_image_a_measure():
-    record = {"step": 5, "lab_induction": [[0.1, 0.3], [0.2, 0.9]], "lab_norms": [1.0, 2.0, 3.0]}
+    record = {"step": 5, "lab_induction": [[0.1, 0.3], [0.2, 0.9]], "lab_norms": [1.0, 2.0, 3.0],
+              "lab_pattern": [[[[1.0]]]], "lab_pattern_tokens": [7]}  # fmt: skip
     scalars = lab_scalars(record)
     assert scalars["lab/induction/block_1/head_1"] == 0.9 and scalars["lab/norms/embed"] == 1.0
     assert scalars["lab/norms/block_1"] == 3.0 and len(scalars) == 7
@@ -116,3 +129,33 @@ def test_a_run_the_measures_cannot_read_is_refused_in_one_line(tmp_path):
     with pytest.raises(UserError, match="reads a causal next-token decoder's attention on plain text"):
         train_and_evaluate(pairs, tmp_path / "pairs", progress=False)
     assert not (tmp_path / "post").exists() and not (tmp_path / "pairs").exists()
+
+
+def test_the_timeline_page_embeds_the_runs_curves_and_patterns(watched, capsys):
+    """jaxgpt timeline: the page's data are the records' (each head's curve, each step's patterns,
+    the probe's tokens as the run's tokenizer writes them), beside a PNG; a run without the
+    measures is one line."""
+    from jaxgpt.commands import timeline
+    from jaxgpt.job.metrics import read_metrics
+    from jaxgpt.lab.views import embedded_data
+    from jaxgpt.tokenizers import load_tokenizer
+
+    run = watched / "straight"
+    timeline.main(["--workdir", str(run)])
+    assert "wrote" in capsys.readouterr().out and (run / "timeline.png").stat().st_size > 10_000
+    data = embedded_data((run / "timeline.html").read_text())
+    records = [r for r in read_metrics(run) if "lab_pattern" in r]
+    assert data["steps"] == [5, 10, 15, 20] and data["patterns"] == [r["lab_pattern"] for r in records]
+    induction = next(m for m in data["measures"] if m["name"] == "induction")
+    assert induction["labels"][3] == "block 1 head 1"
+    np.testing.assert_allclose(induction["values"][3], [r["lab_induction"][1][1] for r in records], atol=0.5e-4)
+    norms = next(m for m in data["measures"] if m["name"] == "norms")
+    assert norms["labels"] == ["embeddings", "after block 0", "after block 1"]
+    tokenizer = load_tokenizer(run / "tokenizer.json")
+    assert data["tokens"] == [tokenizer.decode([i]) for i in records[-1]["lab_pattern_tokens"]]
+    assert [v for _, v in data["loss"]["val"]] == [r["val_loss"] for r in read_metrics(run) if "val_loss" in r]
+    plain = watched / "plain"
+    train_and_evaluate(small_run_config(steps=2), plain, progress=False)
+    with pytest.raises(SystemExit) as exited:
+        timeline.main(["--workdir", str(plain)])
+    assert exited.value.code == 2 and "holds no train.lab measures" in capsys.readouterr().err

@@ -20,6 +20,7 @@ COMMANDS = {
     "prepare": ("prepare", "tokenize and cache a config's corpus before training"),
     "evaluate": ("evaluate", "loss against position and context length; heads removed"),
     "plot": ("plot", "draw runs' training curves"),
+    "timeline": ("timeline", "a run's loss and train.lab's measures over training, as one page"),
     "attention-maps": ("attention_maps", "draw what every attention head looks at"),
     "logit-lens": ("logit_lens", "what the model would predict after each layer"),
     "activations": ("activations", "list a model's named activation sites, or print and save some (.npz)"),

@@ -162,7 +162,7 @@ def lab_scalars(record: dict) -> dict[str, float]:
     lab/induction/block_1/head_3; lab/logit_lens/embed (before block 0), then block_0 ... (after it)."""
     scalars = {}
     for key, value in record.items():
-        if not key.startswith("lab_"):
+        if not key.startswith("lab_") or key.startswith("lab_pattern"):  # the patterns are the timeline's
             continue
         name = key.removeprefix("lab_")
         if value and isinstance(value[0], list):  # per head: a list per block
@@ -177,7 +177,7 @@ def lab_images(record: dict) -> dict[str, np.ndarray]:
     its own range at that step (the scalars hold the values)."""
     images = {}
     for key, value in record.items():
-        if key.startswith("lab_") and value and isinstance(value[0], list):
+        if key.startswith("lab_") and not key.startswith("lab_pattern") and value and isinstance(value[0], list):
             heads = np.asarray(value, np.float64)
             span = heads.max() - heads.min()
             images[f"lab/{key.removeprefix('lab_')}/heads"] = (heads - heads.min()) / span if span > 0 else heads * 0

@@ -71,7 +71,7 @@ def attention_view(
         "keys": keys,
         "weights": np.round(maps, DECIMALS).tolist(),
     }
-    return _document(title, _ATTENTION_STYLE, _ATTENTION_BODY, data, _ATTENTION_SCRIPT)
+    return document(title, _ATTENTION_STYLE, _ATTENTION_BODY, data, _ATTENTION_SCRIPT)
 
 
 TOP_K = 5  # guesses the logit-lens view lists for each layer and position
@@ -99,7 +99,7 @@ def logit_lens_view(logit_lens: np.ndarray, ids: np.ndarray, decode, *, title: s
         "tokens": [decode([int(i)]) for i in ids],
         "cells": [[cell(layer, position) for position in range(t)] for layer in range(layers)],
     }
-    return _document(title, _LENS_STYLE, _LENS_BODY, data, _LENS_SCRIPT)
+    return document(title, _LENS_STYLE, _LENS_BODY, data, _LENS_SCRIPT)
 
 
 def patching_view(tables: dict[str, np.ndarray], columns: dict[str, list[str]], *, title: str, note: str) -> View:
@@ -117,7 +117,7 @@ def patching_view(tables: dict[str, np.ndarray], columns: dict[str, list[str]], 
             {"name": name, "rows": rows, "columns": columns[name], "values": np.round(values, DECIMALS).tolist()}
         )
     data = {"title": title, "note": note, "panels": panels}
-    return _document(title, _PATCHING_STYLE, _PATCHING_BODY, data, _PATCHING_SCRIPT)
+    return document(title, _PATCHING_STYLE, _PATCHING_BODY, data, _PATCHING_SCRIPT)
 
 
 def _script_safe(data: dict) -> str:
@@ -125,7 +125,7 @@ def _script_safe(data: dict) -> str:
     return json.dumps(data).replace("</", "<\\/")
 
 
-def _document(title: str, style: str, body: str, data: dict, script: str) -> View:
+def document(title: str, style: str, body: str, data: dict, script: str) -> View:
     """One self-contained page: the shared look, the view's own style and body, its data as
     JSON, and its script, which draws from that data."""
     return View(

@@ -21,6 +21,10 @@ the asked-for measures are one compiled program (`Watch.measure`), run beside ev
   norms           per layer, on held-out text: the residual stream's mean L2 norm at each layer
                   boundary
 
+Beside them, always: every head's attention pattern on the text probe's first PATTERN_TOKENS
+tokens ("lab_pattern", with those tokens' ids as "lab_pattern_tokens"), small enough to keep at
+each evaluation, for the timeline's step slider (jaxgpt/lab/timeline.py).
+
 The probes come from the run's seed and its validation split, so a resumed run measures the
 same prompts and continues the same curves. The record holds each measure as lists
 ("lab_induction": a list per layer of a value per head), and TensorBoard one scalar per head or
@@ -45,6 +49,7 @@ ON_REPEATS = LAB_MEASURES[:3]  # read on random tokens repeated twice
 ON_TEXT = LAB_MEASURES[3:]  # read on held-out text
 PROBE_ROWS = 4  # sequences a probe holds
 MAX_HALF = 32  # the repeated probe's half, at most (block_size // 2 below it)
+PATTERN_TOKENS = 16  # of the text probe's first row, whose attention patterns each evaluation keeps
 
 
 def refusal(run) -> str | None:
@@ -82,7 +87,12 @@ class Watch:
     def measure(self, params) -> dict:
         """The record's entries: each measure as nested lists of floats."""
         values = jax.device_get(self._measure(params, self.repeats, self.text, self.targets))
-        return {f"lab_{name}": np.asarray(values[name], np.float64).tolist() for name in self.names}
+        record = {f"lab_{name}": np.asarray(values[name], np.float64).tolist() for name in self.names}
+        k = values["pattern"].shape[-1]
+        return record | {
+            "lab_pattern": np.round(np.asarray(values["pattern"], np.float64), 4).tolist(),
+            "lab_pattern_tokens": self.text[0, :k].tolist(),
+        }
 
 
 def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, repeats, text, targets) -> dict:
@@ -102,10 +112,12 @@ def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, 
             out["previous_token"] = pattern[..., queries, queries - 1].mean(axis=(1, -1))
         if "dla" in names:
             out["dla"] = direct_logit_attribution(config, params, sites, repeats)
+    _, state = GPT(config).apply({"params": params}, text, mutable=["intermediates", CACHE])
+    pattern = per_layer(config, state[CACHE], "hook_pattern")  # (L, b, H, t, t)
+    k = min(PATTERN_TOKENS, text.shape[1])
+    out["pattern"] = pattern[:, 0, :, :k, :k]
     if set(names) & set(ON_TEXT):
-        logits, state = GPT(config).apply({"params": params}, text, mutable=["intermediates", CACHE])
         if "entropy" in names:
-            pattern = per_layer(config, state[CACHE], "hook_pattern")
             out["entropy"] = -jax.scipy.special.xlogy(pattern, pattern).sum(-1).mean(axis=(1, -1))
         if "logit_lens" in names:
             lens = state["intermediates"]["logit_lens"][0]  # (L + 1, b, t, vocab)
