@@ -84,7 +84,9 @@ def test_the_direct_logit_attribution_is_patchings_averaged_over_the_wrong_token
 def watched(tmp_path_factory):
     """A run measured at every evaluation, and the same run stopped at step 10 and resumed."""
     tmp_path = tmp_path_factory.mktemp("watched")
-    config = lambda: small_run_config(steps=20, eval_every=5, checkpoint_every=5, lab="induction,entropy,norms")  # noqa: E731
+    config = lambda: small_run_config(  # noqa: E731
+        steps=20, eval_every=5, checkpoint_every=5, lab="induction,entropy,norms", checkpoint_schedule="log"
+    )
     train_and_evaluate(config(), tmp_path / "straight", progress=False)
     train_and_evaluate(config(), tmp_path / "resumed", progress=False, stop_at=10)
     train_and_evaluate(config(), tmp_path / "resumed", progress=False)
@@ -159,3 +161,30 @@ def test_the_timeline_page_embeds_the_runs_curves_and_patterns(watched, capsys):
     with pytest.raises(SystemExit) as exited:
         timeline.main(["--workdir", str(plain)])
     assert exited.value.code == 2 and "holds no train.lab measures" in capsys.readouterr().err
+
+
+def test_a_log_schedule_keeps_early_checkpoints_and_their_measures_are_the_ones_training_logged(watched, capsys):
+    """train.checkpoint_schedule=log keeps steps 1, 2, 3, 4, 6, 8, 11 and 16 for good beside the
+    newest three and the best; `evaluate --over_checkpoints` measures each of them, and where
+    training logged the measures (steps 15 and 20) its numbers are those, to the bit."""
+    from jaxgpt.commands import evaluate, timeline
+    from jaxgpt.job.checkpoint import Checkpoints
+    from jaxgpt.job.metrics import read_metrics
+
+    run = watched / "straight"
+    steps = Checkpoints(run / "checkpoints", read_only=True).steps()
+    assert steps == [1, 2, 3, 4, 6, 8, 11, 15, 16, 20]
+    evaluate.main(["--workdir", str(run), "--over_checkpoints", "--lab", "induction,entropy,norms"])
+    assert "straight step 1: best induction" in capsys.readouterr().out
+    measured = {r["step"]: r for r in map(json.loads, (run / "lab_over_checkpoints.jsonl").read_text().splitlines())}
+    assert sorted(measured) == steps
+    logged = {r["step"]: r for r in read_metrics(run) if "lab_pattern" in r}
+    for step in (15, 20):
+        assert {k: v for k, v in measured[step].items() if k != "step"} == {
+            k: v for k, v in logged[step].items() if k.startswith("lab_")
+        }
+    assert measured[1]["lab_induction"] != measured[20]["lab_induction"]
+    timeline.main(["--workdir", str(run), "--out", str(watched / "over.html"), "--png", str(watched / "over.png")])
+    from jaxgpt.lab.views import embedded_data
+
+    assert embedded_data((watched / "over.html").read_text())["steps"] == [1, 2, 3, 4, 5, 6, 8, 10, 11, 15, 16, 20]

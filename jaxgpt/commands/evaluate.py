@@ -8,6 +8,7 @@ Examples:
   python -m jaxgpt evaluate --workdir runs/tiny --remove_heads 0.1,3.2
   python -m jaxgpt evaluate --workdir runs/tiny --prune 0.25
   python -m jaxgpt evaluate --workdir runs/tiny --induction
+  python -m jaxgpt evaluate --workdir runs/tiny --over_checkpoints --lab induction,entropy
 
 The same stretch of each run's validation text (its first --tokens tokens) is cut into
 back-to-back windows of each length, and each window is scored in one forward pass: the loss
@@ -34,6 +35,12 @@ induction score (jaxgpt/lab/capture.py): on n random tokens repeated twice, the 
 of the second copy pays to the token after its first occurrence; 1 is a perfect induction head,
 and attention spread evenly over the tokens a query sees scores the mean of 1/(t + 1) over the
 second copy's positions t, about ln(2) / n (0.043 for the n = 16 the command prints at).
+
+--over_checkpoints takes train.lab's measures (--lab, jaxgpt/lab/watch.py) at every kept
+checkpoint of a run that did not log them, on the probes its training would have used (its seed,
+its validation split: where it did log them, the same numbers), prints a line a checkpoint and
+writes them to <workdir>/lab_over_checkpoints.jsonl, which `jaxgpt timeline` draws. A run trained
+with train.checkpoint_schedule=log keeps many early checkpoints and few late ones for it.
 """
 
 from __future__ import annotations
@@ -236,6 +243,36 @@ def head_table(name: str, full: float, losses: np.ndarray) -> list[str]:
     return lines
 
 
+def lab_over_checkpoints(workdir: Path, lab: str, say=print) -> Path:
+    """train.lab's measures `lab` at each kept checkpoint, said a line each and written to
+    <workdir>/lab_over_checkpoints.jsonl (a record a step)."""
+    import json
+
+    from jaxgpt import data
+    from jaxgpt.job.checkpoint import Checkpoints, load_latest
+    from jaxgpt.lab.watch import Watch, refusal
+
+    steps = Checkpoints(workdir / "checkpoints", read_only=True).steps() if (workdir / "checkpoints").is_dir() else []
+    if not steps:
+        raise UserError(f"no checkpoints in {workdir}; train first (python train.py --config ... --workdir {workdir})")
+    run, _, _, _ = load_latest(workdir, step=steps[-1], warn=say)
+    if why := refusal(dataclasses.replace(run, train=dataclasses.replace(run.train, lab=lab))):
+        raise UserError(f"{workdir}: {why}")
+    watch = Watch(run.model, lab, run.train.seed, np.asarray(data.prepare(run.data, progress=False).val))
+    out = workdir / "lab_over_checkpoints.jsonl"
+    with cli.writing(out), out.open("w") as file:
+        for step in steps:
+            _, params, _, _ = load_latest(workdir, step=step, warn=say)
+            record = {"step": step} | watch.measure(params)
+            file.write(json.dumps(record) + "\n")
+            shown = [f"{name} {np.max(record['lab_' + name]):.3f}" for name in watch.names if name in PER_HEAD_NAMES]
+            say(f"{workdir.name} step {step}: " + (", ".join(f"best {s}" for s in shown) or "measured"))
+    return out
+
+
+PER_HEAD_NAMES = ("induction", "previous_token", "dla", "entropy")
+
+
 def load_run(workdir: Path, step: int | None, say=print, budget: int | None = None):
     """(run config, parameters, step, validation text) of a workdir's checkpoint; says so
     where the split holds fewer than the `budget` tokens asked to be scored."""
@@ -403,6 +440,8 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_string("remove_heads", None, "Instead: the loss with heads LAYER.HEAD,... removed.", flag_values=f)
     flags.DEFINE_float("prune", None, "Instead: remove this share of heads, least useful first.", flag_values=f)
     flags.DEFINE_bool("induction", False, "Instead: each head's induction score on repeated tokens.", flag_values=f)
+    flags.DEFINE_bool("over_checkpoints", False, "Instead: --lab's measures at every kept checkpoint.", flag_values=f)
+    flags.DEFINE_string("lab", "all", "The measures --over_checkpoints takes (train.lab's names).", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
@@ -415,6 +454,10 @@ def main(argv: list[str] | None = None) -> None:
             )
         for name, workdir in zip(names, workdirs, strict=True):
             print(answers_line(name, workdir, f.step))
+        return
+    if f.over_checkpoints:
+        for workdir in workdirs:
+            print(f"wrote {lab_over_checkpoints(workdir, f.lab)}")
         return
     if f.mask_heads:
         for name, workdir in zip(names, workdirs, strict=True):

@@ -6,7 +6,8 @@ Examples:
 
 The run is one trained with its measures (python train.py --config configs/induction.py
 --workdir runs/induction_lab --config.train.lab=all). Reads its metrics.jsonl, where train.lab logged
-them at each evaluation (jaxgpt/lab/watch.py), and writes one self-contained HTML page (it opens
+them at each evaluation (jaxgpt/lab/watch.py), and what `jaxgpt evaluate --over_checkpoints` took
+of its checkpoints, and writes one self-contained HTML page (it opens
 from a file with the network off): the loss curves on top, each measure's curves beneath (a line
 a head, or a layer boundary), and a step slider that shows every head's attention pattern on the
 probe at that step; hover a chart for the values. The PNG holds the same curves, for a paper.
@@ -14,6 +15,7 @@ probe at that step; hover a chart for the values. The PNG holds the same curves,
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from absl import flags
@@ -22,6 +24,17 @@ from jaxgpt.commands import cli
 from jaxgpt.commands.attention_maps import token_texts
 from jaxgpt.errors import UserError
 from jaxgpt.job.metrics import read_metrics
+
+
+def over_checkpoints(workdir: Path, records: list[dict]) -> list[dict]:
+    """The measures `jaxgpt evaluate --over_checkpoints` took, of the steps whose training did
+    not log them (what was logged stands)."""
+    path = workdir / "lab_over_checkpoints.jsonl"
+    if not path.is_file():
+        return []
+    logged = {r["step"] for r in records if "lab_pattern" in r}
+    measured = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    return [r for r in measured if r["step"] not in logged]
 
 
 @cli.command(starts_jax=False)  # the records, the tokenizer and matplotlib alone
@@ -38,13 +51,15 @@ def main(argv: list[str] | None = None) -> None:
 
     workdir = Path(f.workdir)
     records = read_metrics(workdir)
+    records = sorted(records + over_checkpoints(workdir, records), key=lambda r: r["step"])
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     try:
         data = timeline_data(records, lambda ids: token_texts(tokenizer, ids))
     except ValueError:
         raise UserError(
             f"{workdir}/metrics.jsonl holds no train.lab measures; train the run with --config.train.lab=all "
-            "(a resume may add it: its later evaluations are measured)"
+            f"(a resume may add it: its later evaluations are measured), or measure its checkpoints: "
+            f"python -m jaxgpt evaluate --workdir {workdir} --over_checkpoints"
         ) from None
     title = f"{workdir.name}: the loss and train.lab's measures over training"
     page, png = Path(f.out or workdir / "timeline.html"), Path(f.png or workdir / "timeline.png")

@@ -14,6 +14,18 @@ from jaxgpt.config.problems import ConfigError, Problems
 LAB_MEASURES = ("induction", "previous_token", "dla", "entropy", "logit_lens", "norms")
 
 
+CHECKPOINT_SCHEDULES = ("", "log")
+
+
+def scheduled_steps(train) -> frozenset[int]:
+    """The steps train.checkpoint_schedule keeps for good: "log", each about √2 times the last."""
+    if train.checkpoint_schedule != "log":
+        return frozenset()
+    return frozenset(
+        s for s in (round(2 ** (i / 2)) for i in range(2 * train.steps.bit_length() + 1)) if s <= train.steps
+    )
+
+
 def lab_measures(lab: str) -> tuple[str, ...]:
     """train.lab's measures, in LAB_MEASURES' order ("all": every one)."""
     named = {m.strip() for m in lab.split(",") if m.strip()}
@@ -156,6 +168,9 @@ class TrainConfig:
         in the depth the gradient vanishes or explodes.
     checkpoint_every, keep_checkpoints: save every so many steps (and at the end), keeping
         the newest keep_checkpoints and the best by validation loss.
+    checkpoint_schedule: "log" also saves and keeps for good the checkpoints of steps 1, 2, 3, 4,
+        6, 8, 11, 16, 23, ... (each about √2 times the last: many early, few late, where circuits
+        form), for `jaxgpt evaluate --over_checkpoints`; "" for none.
     multiple_choice: also score the model on multiple-choice questions (a JSONL file of
         HellaSwag, ARC, PIQA or Winogrande questions, or hf:NAME[:SPLIT];
         jaxgpt/lab/multiple_choice.py) at the end, and every multiple_choice_every steps if that
@@ -217,6 +232,7 @@ class TrainConfig:
     log_layer_grad_norms: bool = False
     checkpoint_every: int = 500
     keep_checkpoints: int = 3
+    checkpoint_schedule: str = ""
     multiple_choice: str = ""
     multiple_choice_every: int = 0
     multiple_choice_limit: int = 0
@@ -239,6 +255,7 @@ class TrainConfig:
         problems = Problems("train", self)
         problems.positive("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every")
         problems.positive("keep_checkpoints", "lr")
+        problems.one_of("checkpoint_schedule", CHECKPOINT_SCHEDULES)
         if unknown := sorted({m.strip() for m in self.lab.split(",") if m.strip()} - {*LAB_MEASURES, "all"}):
             problems.add("lab", f"names {', '.join(unknown)}; choose from {', '.join(LAB_MEASURES)}, or all")
         if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):

@@ -74,11 +74,11 @@ def _orbax_warnings_silenced(silenced: bool = True):
 
 
 class Checkpoints:
-    """The checkpoints of one run, in `directory`: the newest `keep`, and the best by
-    validation loss. `read_only` opens them for reading alone: nothing in the folder is
-    created, moved or deleted."""
+    """The checkpoints of one run, in `directory`: the newest `keep`, the best by validation
+    loss, and those of the `scheduled` steps (train.checkpoint_schedule's). `read_only` opens
+    them for reading alone: nothing in the folder is created, moved or deleted."""
 
-    def __init__(self, directory: Path, keep: int = 3, read_only: bool = False):
+    def __init__(self, directory: Path, keep: int = 3, read_only: bool = False, scheduled=frozenset()):
         self.directory = Path(directory).absolute()
         self.read_only = read_only
         policies = ocp.checkpoint_managers
@@ -93,6 +93,7 @@ class Checkpoints:
                     keep_checkpoints_without_metrics=False,
                 ),
             ]
+            + ([policies.CustomSteps(steps=sorted(scheduled))] if scheduled else [])
         )
         self._options = ocp.CheckpointManagerOptions(
             preservation_policy=None if read_only else kept,

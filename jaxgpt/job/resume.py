@@ -49,6 +49,7 @@ RESUMABLE_FIELDS = frozenset(
         "train.log_every",
         "train.log_layer_grad_norms",
         "train.lab",  # measured beside evaluation, changing nothing trained
+        "train.checkpoint_schedule",
         "train.multiple_choice",
         "train.multiple_choice_every",
         "train.multiple_choice_limit",

@@ -34,6 +34,7 @@ from jax.experimental import multihost_utils
 
 from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
+from jaxgpt.config.run import scheduled_steps
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
@@ -227,7 +228,7 @@ def loop_inputs(resolved: ResolvedRun, placed: PlacedRun, workdir: Path) -> Loop
     train, validation = data.batch_sources(dataset, run)
     limit = t.multiple_choice_limit or None
     questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
-    checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints)
+    checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints, scheduled=scheduled_steps(t))
     return LoopInputs(resolved.create(), checkpoints, validation, train, questions)
 
 
