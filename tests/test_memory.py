@@ -191,8 +191,10 @@ def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
     assert not (tmp_path / "run").exists()
 
 
-# train's is above; plot and prepare start no JAX backend, and run under the limit
-@pytest.mark.parametrize("command", [name for name in COMMANDS if name not in ("train", "plot", "prepare", "seq2seq")])
+# train's is above; plot, timeline and prepare start no JAX backend, and run under the limit
+@pytest.mark.parametrize(
+    "command", [name for name in COMMANDS if name not in ("train", "plot", "timeline", "prepare", "seq2seq")]
+)
 def test_every_command_refuses_a_limit_jax_cannot_run_under_in_one_line(command, tmp_path):
     """The same start-up guard for every command (jaxgpt.commands.cli.run): under `ulimit -v
     1000000` (0.95 GiB) sample and fill used to die starting a thread, evaluate in

@@ -41,7 +41,7 @@ def test_each_measure_is_what_the_lab_computes_from_one_capture(changes):
     config, params = model(**changes)
     watch = W.Watch(config, "all", seed=3, validation_tokens=validation_text(config))
     got = {k.removeprefix("lab_"): np.asarray(v) for k, v in watch.measure(params).items()}
-    assert set(got) == {*W.LAB_MEASURES, "pattern", "pattern_tokens"}
+    assert set(got) == {*W.LAB_MEASURES, "pattern", "pattern_tokens"}  # probe: its own test below
     repeated = C.capture(config, params, watch.repeats)
     np.testing.assert_allclose(got["induction"], C.induction_scores(repeated.weights), **CLOSE)
     t = watch.repeats.shape[1]
@@ -188,3 +188,27 @@ def test_a_log_schedule_keeps_early_checkpoints_and_their_measures_are_the_ones_
     from jaxgpt.lab.views import embedded_data
 
     assert embedded_data((watched / "over.html").read_text())["steps"] == [1, 2, 3, 4, 5, 6, 8, 10, 11, 15, 16, 20]
+
+
+def test_the_linear_probe_is_a_ridge_fit_scored_on_the_rows_it_was_not_fitted_on():
+    """The probe's balanced accuracy per layer boundary against numpy: the label (a token seen
+    earlier in its window) by brute force, the ridge fit by least squares on the augmented
+    system [X; sqrt(ridge) I] (another algorithm than the probe's normal equations)."""
+    config, params = model(vocab_size=12)
+    watch = W.Watch(config, "probe", seed=0, validation_tokens=validation_text(config, n=16 * 40))
+    got = np.asarray(watch.measure(params)["lab_probe"])
+    text = watch.probe_text
+    seen = np.array([[text[b, i] in text[b, :i] for i in range(text.shape[1])] for b in range(len(text))])
+    residual = C.capture(config, params, text).residual.astype(np.float64)  # (L + 1, b, t, d)
+    want = []
+    for layer in residual:
+        x = np.concatenate([layer[:, 1:], np.ones_like(layer[:, 1:, :1])], -1)
+        y = np.where(seen[:, 1:], 1.0, -1.0)
+        fit, fit_y = x[0::2].reshape(-1, x.shape[-1]), y[0::2].reshape(-1)
+        ridge = W.RIDGE * np.trace(fit.T @ fit) / fit.shape[1]
+        augmented = np.concatenate([fit, np.sqrt(ridge) * np.eye(fit.shape[1])])
+        w = np.linalg.lstsq(augmented, np.concatenate([fit_y, np.zeros(fit.shape[1])]), rcond=None)[0]
+        guess, truth = (x[1::2] @ w).reshape(-1) > 0, y[1::2].reshape(-1) > 0
+        want.append((np.mean(guess[truth]) + np.mean(~guess[~truth])) / 2)
+    assert len(got) == config.n_layer + 1 and 0.2 < seen.mean() < 0.99  # both classes are there
+    np.testing.assert_allclose(got, want, atol=2 / seen[1::2, 1:].size)  # a guess or two on a float32 edge

@@ -21,7 +21,6 @@ from pathlib import Path
 from absl import flags
 
 from jaxgpt.commands import cli
-from jaxgpt.commands.attention_maps import token_texts
 from jaxgpt.errors import UserError
 from jaxgpt.job.metrics import read_metrics
 
@@ -54,7 +53,7 @@ def main(argv: list[str] | None = None) -> None:
     records = sorted(records + over_checkpoints(workdir, records), key=lambda r: r["step"])
     tokenizer = load_tokenizer(workdir / "tokenizer.json")
     try:
-        data = timeline_data(records, lambda ids: token_texts(tokenizer, ids))
+        data = timeline_data(records, lambda ids: [tokenizer.decode([int(i)]) for i in ids])  # a text a token
     except ValueError:
         raise UserError(
             f"{workdir}/metrics.jsonl holds no train.lab measures; train the run with --config.train.lab=all "

@@ -11,7 +11,7 @@ from jaxgpt.config.model import ModelConfig
 from jaxgpt.config.problems import ConfigError, Problems
 
 # train.lab's measures (jaxgpt/lab/watch.py), those read on random tokens repeated twice first
-LAB_MEASURES = ("induction", "previous_token", "dla", "entropy", "logit_lens", "norms")
+LAB_MEASURES = ("induction", "previous_token", "dla", "entropy", "logit_lens", "norms", "probe")
 
 
 CHECKPOINT_SCHEDULES = ("", "log")
@@ -206,7 +206,7 @@ class TrainConfig:
         kind but learned) and rope_theta / rope_scaling may change: a context extension. A
         new run with a fresh optimizer, in its own workdir; config.json records the origin.
     lab: what the heads and layers do, measured at every evaluation on fixed probes (jaxgpt/lab/watch.py):
-        comma-separated, of induction, previous_token, entropy, logit_lens, dla, norms, or "all";
+        comma-separated, of induction, previous_token, entropy, logit_lens, dla, norms, probe, or "all";
         logged as lab_<measure> (a list per block of a value per head, or a value per layer
         boundary). "" for none. A causal next-token decoder's, on plain text.
     tensorboard: also write the metrics as TensorBoard event files in <workdir>/tensorboard

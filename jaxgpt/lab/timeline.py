@@ -19,6 +19,7 @@ UNITS = {
     "entropy": "attention entropy on text (nats)",
     "logit_lens": "logit lens: next-token loss read after each layer (nats)",
     "norms": "residual stream norm at each layer boundary",
+    "probe": "linear probe: has the token been seen before in its window? (balanced accuracy, 0.5: chance)",
 }
 
 

@@ -20,6 +20,10 @@ the asked-for measures are one compiled program (`Watch.measure`), run beside ev
                   the last stream's scale, onto that token's unembedding minus the mean one)
   norms           per layer, on held-out text: the residual stream's mean L2 norm at each layer
                   boundary
+  probe           per layer, on held-out text: a linear probe's balanced accuracy (0.5: chance)
+                  at telling from the residual stream at each layer boundary whether the token
+                  there appeared earlier in its window; fitted in closed form (ridge regression
+                  onto +-1, its sign the guess) on half the probe's rows, scored on the others
 
 Beside them, always: every head's attention pattern on the text probe's first PATTERN_TOKENS
 tokens ("lab_pattern", with those tokens' ids as "lab_pattern_tokens"), small enough to keep at
@@ -47,6 +51,8 @@ from jaxgpt.model.transformer import GPT, head_weights, unstack_blocks
 
 ON_REPEATS = LAB_MEASURES[:3]  # read on random tokens repeated twice
 ON_TEXT = LAB_MEASURES[3:]  # read on held-out text
+PROBE_TASK_ROWS = 32  # windows of held-out text the linear probe is fitted (even rows) and scored (odd) on
+RIDGE = 1e-2  # the probe's ridge, times the mean of its features' squares
 PROBE_ROWS = 4  # sequences a probe holds
 MAX_HALF = 32  # the repeated probe's half, at most (block_size // 2 below it)
 PATTERN_TOKENS = 16  # of the text probe's first row, whose attention patterns each evaluation keeps
@@ -82,11 +88,13 @@ class Watch:
         window = np.asarray(validation_tokens[: rows * t + 1], np.int32)
         self.text = window[:-1].reshape(rows, t)
         self.targets = window[1:].reshape(rows, t)
+        rows = max(2, min(PROBE_TASK_ROWS, len(validation_tokens) // t))
+        self.probe_text = np.resize(np.asarray(validation_tokens[: rows * t], np.int32), (rows, t))
         self._measure = jax.jit(partial(measure, self.config, self.names, config.scan_layers))
 
     def measure(self, params) -> dict:
         """The record's entries: each measure as nested lists of floats."""
-        values = jax.device_get(self._measure(params, self.repeats, self.text, self.targets))
+        values = jax.device_get(self._measure(params, self.repeats, self.text, self.targets, self.probe_text))
         record = {f"lab_{name}": np.asarray(values[name], np.float64).tolist() for name in self.names}
         k = values["pattern"].shape[-1]
         return record | {
@@ -95,7 +103,7 @@ class Watch:
         }
 
 
-def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, repeats, text, targets) -> dict:
+def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, repeats, text, targets, probe_text):
     """Every measure in `names` from one forward pass a probe (unscanned, float32)."""
     params = unstack_blocks(params) if scanned else params
     out = {}
@@ -126,7 +134,35 @@ def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, 
         if "norms" in names:
             residual = state["intermediates"]["residual"][0]  # (L + 1, b, t, d)
             out["norms"] = jnp.linalg.norm(residual, axis=-1).mean(axis=(1, 2))
+    if "probe" in names:
+        _, state = GPT(config).apply({"params": params}, probe_text, mutable=["intermediates"])
+        out["probe"] = jax.vmap(partial(probe_accuracy, labels=seen_before(probe_text)))(
+            state["intermediates"]["residual"][0]
+        )
     return out
+
+
+def seen_before(tokens: jnp.ndarray) -> jnp.ndarray:
+    """(b, t) bool: whether each token appeared earlier in its row (the probe's label)."""
+    t = tokens.shape[1]
+    same = tokens[:, :, None] == tokens[:, None, :]  # (b, query, key)
+    return jnp.any(same & (jnp.arange(t)[None, :] < jnp.arange(t)[:, None]), axis=-1)
+
+
+def probe_accuracy(features: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
+    """A linear probe of `labels` (b, t) from `features` (b, t, d), positions after the first:
+    ridge regression onto +-1 (with a bias) fitted on the even rows, its sign scored on the odd
+    ones; the balanced accuracy (the mean of the two classes' recalls: 0.5 is chance whatever
+    the classes' shares)."""
+    x = jnp.concatenate([features[:, 1:], jnp.ones_like(features[:, 1:, :1])], -1).astype(jnp.float32)
+    y = jnp.where(labels[:, 1:], 1.0, -1.0)
+    fit_x, fit_y = x[0::2].reshape(-1, x.shape[-1]), y[0::2].reshape(-1)
+    gram = fit_x.T @ fit_x
+    ridge = RIDGE * jnp.trace(gram) / gram.shape[0]
+    w = jnp.linalg.solve(gram + ridge * jnp.eye(gram.shape[0]), fit_x.T @ fit_y)
+    guess, truth = (x[1::2] @ w).reshape(-1) > 0, y[1::2].reshape(-1) > 0
+    recall = lambda cls: jnp.sum((guess == cls) & (truth == cls)) / jnp.maximum(1, jnp.sum(truth == cls))  # noqa: E731
+    return (recall(True) + recall(False)) / 2
 
 
 def per_layer(config: ModelConfig, sites, name: str) -> jnp.ndarray:
