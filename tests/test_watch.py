@@ -212,3 +212,26 @@ def test_the_linear_probe_is_a_ridge_fit_scored_on_the_rows_it_was_not_fitted_on
         want.append((np.mean(guess[truth]) + np.mean(~guess[~truth])) / 2)
     assert len(got) == config.n_layer + 1 and 0.2 < seen.mean() < 0.99  # both classes are there
     np.testing.assert_allclose(got, want, atol=2 / seen[1::2, 1:].size)  # a guess or two on a float32 edge
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [{"moe": {"experts": 4, "top_k": 2}}, {"lora_rank": 4}, {"norm": "rmsnorm", "n_kv_head": 2}],
+    ids=["moe", "lora", "gqa"],
+)
+def test_scanned_layers_measure_what_unscanned_ones_do_with_experts_adapters_or_grouped_queries(changes):
+    """train.lab beside the features users combine it with: a mixture of experts, low-rank
+    adapters, grouped queries; with model.scan_layers the measures (read on unstacked blocks)
+    are the unscanned model's on the same weights."""
+    from jaxgpt.model.transformer import stack_blocks
+
+    config, params = model(**changes)
+    text = validation_text(config)
+    plain = W.Watch(config, "all", seed=1, validation_tokens=text).measure(params)
+    scanned_config = config.replace(scan_layers=True)
+    scanned = W.Watch(scanned_config, "all", seed=1, validation_tokens=text).measure(
+        stack_blocks(params, config.n_layer)
+    )
+    assert set(scanned) == set(plain)
+    for key in plain:
+        np.testing.assert_allclose(np.asarray(scanned[key]), np.asarray(plain[key]), rtol=1e-5, atol=1e-6, err_msg=key)
