@@ -125,12 +125,11 @@ class ChatSession:
 
 def chat_model(workdir: Path):
     """(model config for decoding, parameters, tokenizer, step) of a run trained on conversations."""
-    import jax
 
     from jaxgpt.config import MeshConfig
     from jaxgpt.hardware import runtime
     from jaxgpt.job.checkpoint import load_latest
-    from jaxgpt.model.kernels import kernel_fallback
+    from jaxgpt.model.sampling import decoding_model
     from jaxgpt.sharding import make_mesh
 
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
@@ -140,9 +139,7 @@ def chat_model(workdir: Path):
             f"{workdir} was trained on data.source={run.data.source!r}, not on conversations, so it knows no chat "
             "template; fine-tune it with a chat source (configs/sft_arithmetic.py), or write with sample.py"
         )
-    model = run.model.replace(dtype="float32")  # as sample.py: exact greedy text, no speed to win on CPU
-    model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
-    return model, params, tokenizer, step
+    return decoding_model(run.model), params, tokenizer, step
 
 
 @cli.command()

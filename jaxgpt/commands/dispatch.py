@@ -14,6 +14,7 @@ COMMANDS = {
     "train": ("train", "train a model, or resume one (also python train.py)"),
     "sample": ("sample", "write text with a trained run's model (also python sample.py)"),
     "chat": ("chat", "chat with a run fine-tuned on conversations (a chat source)"),
+    "serve": ("serve", "serve a model over HTTP: an OpenAI-compatible API and a chat page"),
     "check": ("check", "pre-flight checks of a config; --target compiles it for a TPU slice"),
     "compare": ("compare", "train variants of a config side by side and tabulate them"),
     "tokenizer": ("tokenizer", "train a byte-level BPE tokenizer on your own text"),

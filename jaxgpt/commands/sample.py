@@ -76,12 +76,11 @@ def main(argv: list[str] | None = None) -> None:
     import jax.numpy as jnp
 
     from jaxgpt.hardware import runtime
-    from jaxgpt.model.kernels import kernel_fallback
-    from jaxgpt.model.sampling import check_length, for_decoding
+    from jaxgpt.model.sampling import check_length, decoding_model
     from jaxgpt.tokenizers import separator_id
 
     runtime.enable_compilation_cache()
-    model_config, params, tokenizer, data = _load(f)
+    model_config, params, tokenizer, data = load_model(f.workdir, f.init_from)
     pairs, chat = data is not None and data.pairs, data is not None and data.chat
     memory = None  # an encoder–decoder's encoded source
     if chat:  # a run fine-tuned on conversations reads the prompt as a user's message, and answers it
@@ -113,9 +112,7 @@ def main(argv: list[str] | None = None) -> None:
         stop = tokenizer.eot_id
     max_new_tokens = f.max_new_tokens or min(model_config.block_size - len(ids), DEFAULT_NEW_TOKENS)
     check_length(model_config, len(ids), max_new_tokens)
-    # Sample with the trained weights in float32: no speed to win on CPU, and exact greedy text.
-    model = for_decoding(model_config.replace(dtype="float32"), len(ids) + max_new_tokens)
-    model = model.replace(attention=kernel_fallback(model.attention, jax.default_backend(), training=False))
+    model = decoding_model(model_config, len(ids) + max_new_tokens)
     sampling = sampling_of(f)
     tokens = jnp.asarray([ids] * f.num_samples, jnp.int32)
     args = dict(max_new_tokens=max_new_tokens, sampling=sampling, eot_id=stop, memory=memory)
@@ -137,7 +134,7 @@ def _prompt(f: flags.FlagValues) -> str:
         cli.fail(f"cannot read --prompt_file {f.prompt_file}: {error.strerror}")
 
 
-def _load(f: flags.FlagValues):
+def load_model(workdir: str | None, init_from: str | None, command: str = "sample"):
     """(model config, parameters, tokenizer, the run's data config or None) of the workdir's
     newest checkpoint or the Hugging Face weights, the parameters split over every device's
     share of the heads and MLP width: decoding is one token at a time, so the model is split
@@ -150,15 +147,15 @@ def _load(f: flags.FlagValues):
     from jaxgpt.sharding import make_mesh, shardings_like
 
     mesh = make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), runtime.mesh_devices())
-    if not f.init_from:
-        run, params, tokenizer, _ = load_latest(Path(f.workdir), mesh, warn=warn)
-        cli.refuse_unless_served(run.model, "sample", f.workdir, "it has no continuation to sample")
+    if not init_from:
+        run, params, tokenizer, _ = load_latest(Path(workdir), mesh, warn=warn)
+        cli.refuse_unless_served(run.model, "sample", workdir, f"it has no continuation to {command}")
         return run.model, params, tokenizer, run.data
     from jaxgpt.hf import load_pretrained, pretrained_tokenizer
 
-    model_config, params, family = load_pretrained(f.init_from)
+    model_config, params, family = load_pretrained(init_from)
     params = jax.device_put(params, shardings_like(params, mesh))
-    return model_config, params, pretrained_tokenizer(f.init_from, family), None
+    return model_config, params, pretrained_tokenizer(init_from, family), None
 
 
 def _print_samples(f: flags.FlagValues, prompt: str, tokenizer, model, params, tokens, rng, **args) -> None:

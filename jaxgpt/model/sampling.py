@@ -67,6 +67,35 @@ def sample_token(logits: jax.Array, rng: jax.Array, sampling: SamplingConfig) ->
     return jax.random.categorical(rng, filter_logits(logits, sampling), axis=-1).astype(jnp.int32)
 
 
+def filter_rows(logits: jax.Array, temperature: jax.Array, top_k: jax.Array, top_p: jax.Array) -> jax.Array:
+    """`filter_logits` with each row's own settings, as arrays (rows,) a compiled program takes:
+    a server's slots each serve their own request (top_k 0 keeps every token, top_p 1 too). The
+    same operations in the same order, so a row's result equals filter_logits's for its
+    settings (tests/test_serve.py); the sort is skipped where no row asks for top-k or top-p."""
+    logits = logits / jnp.where(temperature > 0, temperature, 1.0)[:, None]
+
+    def filtered(logits):
+        vocab = logits.shape[-1]
+        k = jnp.where(top_k > 0, jnp.minimum(top_k, vocab), vocab)
+        kth_largest = jnp.take_along_axis(-jnp.sort(-logits, axis=-1), (k - 1)[:, None], axis=-1)
+        logits = jnp.where((top_k[:, None] > 0) & (logits < kth_largest), -jnp.inf, logits)
+        order = jnp.argsort(-logits, axis=-1)
+        sorted_probs = jnp.take_along_axis(jax.nn.softmax(logits, axis=-1), order, axis=-1)
+        mass_before = jnp.cumsum(sorted_probs, axis=-1) - sorted_probs
+        keep = jnp.take_along_axis(mass_before < top_p[:, None], jnp.argsort(order, axis=-1), axis=-1)
+        return jnp.where(keep | (top_p[:, None] >= 1.0), logits, -jnp.inf)
+
+    return jax.lax.cond(((top_k > 0) | (top_p < 1.0)).any(), filtered, lambda logits: logits, logits)
+
+
+def sample_rows(logits: jax.Array, keys: jax.Array, temperature, top_k, top_p) -> jax.Array:
+    """One token per row of logits (rows, vocab), row r drawn with keys[r] and its own settings:
+    what `sample_token` draws for that row alone (temperature 0: the most likely token)."""
+    filtered = filter_rows(logits, temperature, top_k, top_p)
+    drawn = jax.vmap(lambda key, row: jax.random.categorical(key, row))(keys, filtered)
+    return jnp.where(temperature == 0, jnp.argmax(logits, axis=-1), drawn).astype(jnp.int32)
+
+
 RELATIVE_POSITIONS = ("rope", "alibi", "none")  # attention depends on distances, not on where the window starts
 
 
@@ -102,6 +131,17 @@ def for_decoding(config: ModelConfig, tokens: int) -> ModelConfig:
     if keeps_its_size or tokens >= config.block_size:
         return config
     return config.replace(block_size=tokens)
+
+
+def decoding_model(config: ModelConfig, tokens: int | None = None) -> ModelConfig:
+    """The model as the commands decode with it: the trained weights in float32 (no speed to win
+    on a CPU, and greedy text exact), the attention kernel this backend runs outside training,
+    and with `tokens`, a cache of that many slots (`for_decoding`)."""
+    from jaxgpt.model.kernels import kernel_fallback
+
+    config = config.replace(dtype="float32")
+    config = config.replace(attention=kernel_fallback(config.attention, jax.default_backend(), training=False))
+    return config if tokens is None else for_decoding(config, tokens)
 
 
 def prefill(
