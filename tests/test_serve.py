@@ -21,8 +21,15 @@ import pytest
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.data.conversations import chat_tokenizer
-from jaxgpt.model.sampling import SamplingConfig, decoding_model, filter_logits, filter_rows, generate, sample_rows
-from jaxgpt.model.sampling import sample_token
+from jaxgpt.model.sampling import (
+    SamplingConfig,
+    decoding_model,
+    filter_logits,
+    filter_rows,
+    generate,
+    sample_rows,
+    sample_token,
+)
 from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.serve.engine import Engine, Finished, Generation, Piece, _Text
 from jaxgpt.serve.protocol import ChatRequest, CompletionRequest, validation_error
@@ -66,9 +73,10 @@ def test_prompts_pad_to_a_few_lengths_each_four_times_the_last():
     assert prefill_lengths(16) == (16,) and prefill_lengths(8) == (8,)
 
 
-def pieces_of(text: str, stops, tokenizer=CharTokenizer(CHARS)) -> tuple[list[str], str, bool]:
+def pieces_of(text: str, stops) -> tuple[list[str], str, bool]:
     """Feed text a character at a time as a generation's tokens: (pieces handed over, the final
     text, whether a stop string ended it)."""
+    tokenizer = CharTokenizer(CHARS)
     t, pieces = _Text(tokenizer, tuple(stops)), []
     for token in tokenizer.encode(text):
         if t.add(token):
@@ -187,8 +195,10 @@ def test_requests_decoded_together_get_the_tokens_sample_gets_alone(engine):
     lengths), greedy and seeded: each request's tokens are `generate`'s for it alone (one row,
     a cache of its own length): the slot a request gets and who shares the step change nothing."""
     served, config, params, tokenizer = engine
-    asks = [("ROMEO:", 0.0, 0, 1.0, 0), ("a", 0.0, 0, 1.0, 0), ("The quick brown fox jumps over it", 0.0, 0, 1.0, 0),
-            ("ROMEO:", 0.9, 0, 1.0, 3), ("b", 1.0, 8, 1.0, 5), ("hello there", 1.2, 0, 0.7, 11), ("x", 0.0, 0, 1.0, 0)]  # fmt: skip
+    asks = [  # prompt, temperature, top_k, top_p, seed
+        ("ROMEO:", 0.0, 0, 1.0, 0), ("a", 0.0, 0, 1.0, 0), ("The quick brown fox jumps over it", 0.0, 0, 1.0, 0),
+        ("ROMEO:", 0.9, 0, 1.0, 3), ("b", 1.0, 8, 1.0, 5), ("hello there", 1.2, 0, 0.7, 11), ("x", 0.0, 0, 1.0, 0),
+    ]  # fmt: skip
     lengths = [20, 25, 12, 18, 30, 9, 40]
     generations = [
         Generation(tokenizer.encode(p), n, None, temperature=t, top_k=k, top_p=tp, seed=s)
