@@ -14,6 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_serve import chat_server  # noqa: F401 (a fixture)
 from test_views import random_maps
 
 from jaxgpt.lab.views import attention_view, embedded_data, logit_lens_view, patching_view
@@ -22,8 +23,7 @@ pytestmark = pytest.mark.slow
 CHROMIUM, DRIVER = shutil.which("chromium"), shutil.which("chromedriver")
 
 
-@pytest.fixture(scope="module")
-def browser():
+def start_browser(offline: bool):
     webdriver = pytest.importorskip(
         "selenium.webdriver", reason="selenium is not installed: pip install -r requirements-test.txt"
     )
@@ -37,9 +37,16 @@ def browser():
         options.add_argument(argument)
     options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
     driver = webdriver.Chrome(service=Service(DRIVER), options=options)
-    driver.execute_cdp_cmd("Network.enable", {})
-    offline = {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0}
-    driver.execute_cdp_cmd("Network.emulateNetworkConditions", offline)
+    if offline:  # the lab's pages are files that must need nothing from a network
+        driver.execute_cdp_cmd("Network.enable", {})
+        conditions = {"offline": True, "latency": 0, "downloadThroughput": 0, "uploadThroughput": 0}
+        driver.execute_cdp_cmd("Network.emulateNetworkConditions", conditions)
+    return driver
+
+
+@pytest.fixture(scope="module")
+def browser():
+    driver = start_browser(offline=True)
     yield driver
     driver.quit()
 
@@ -176,3 +183,45 @@ def test_the_timeline_slider_shows_each_steps_patterns_and_a_chart_its_values(br
     assert browser.find_element(By.ID, "probe").text == "probe: abc"
     assert console_errors(browser) == []
     assert browser.save_screenshot(str(tmp_path / "timeline.png"))
+
+
+def test_the_servers_chat_page_streams_an_answer_and_keeps_the_conversation(chat_server, tmp_path):  # noqa: F811
+    """jaxgpt serve's page (/) in Chromium, against a chat run served with an API key: type a
+    message and press Enter; the answer streams into the page and equals what the API answers
+    the same conversation greedily; a second turn sends both turns (its answer is the API's for
+    the whole conversation); no error in the console."""
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+    from selenium.webdriver.support.ui import WebDriverWait
+    from test_serve import post
+
+    url, _, _, _ = chat_server
+    driver = start_browser(offline=False)
+    try:
+        driver.get(url + "/")
+        WebDriverWait(driver, 20).until(lambda d: "tiny-chat" in d.find_element(By.ID, "model").text)
+        driver.find_element(By.TAG_NAME, "summary").click()
+        for field, value in (("temperature", "0"), ("max_tokens", "10"), ("key", "sesame")):
+            box = driver.find_element(By.ID, field)
+            box.clear()
+            box.send_keys(value)
+        history = []
+        for turn, message in enumerate(["What is 1 + 2?", "And 3 + 4?"]):
+            driver.find_element(By.ID, "message").send_keys(message, Keys.ENTER)
+            done = f"#log .assistant:nth-of-type({2 * turn + 2})"
+            WebDriverWait(driver, 30).until(
+                lambda d, done=done: (
+                    d.find_elements(By.CSS_SELECTOR, done)
+                    and d.find_element(By.CSS_SELECTOR, done).get_attribute("data-done") == "true"
+                )
+            )
+            shown = driver.execute_script(f"return document.querySelector('{done}').textContent")
+            history.append({"role": "user", "content": message})
+            asked = {"messages": history, "temperature": 0, "max_tokens": 10}
+            expected = post(url, "/v1/chat/completions", asked).json()["choices"][0]["message"]["content"]
+            assert shown == expected, turn
+            history.append({"role": "assistant", "content": expected})
+        assert console_errors(driver) == []
+        assert driver.save_screenshot(str(tmp_path / "chat.png"))
+    finally:
+        driver.quit()

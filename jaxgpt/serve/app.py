@@ -95,7 +95,7 @@ def create_app(served: Served) -> FastAPI:
                 "with; use /v1/completions with a prompt, or serve a run fine-tuned on a chat source",
                 "messages", code="chat_not_supported",
             )  # fmt: skip
-        from jaxgpt.data.conversations import check_content, end_of_turn, prompt_ids
+        from jaxgpt.data.conversations import check_content, prompt_ids
 
         messages = [{"role": m.role, "content": m.text()} for m in body.messages]
         try:
@@ -108,7 +108,10 @@ def create_app(served: Served) -> FastAPI:
         most = body.most_tokens or room
         _check_fits(served, len(ids), most, "max_tokens")
         top = (body.top_logprobs or 0) if body.logprobs else None
-        generations = _choices(body, ids, most, frozenset({end_of_turn(served.tokenizer)}), False, top)
+        # An answer ends at its end-of-turn token, or at any marker of the template: a model that
+        # writes a role's marker has begun another turn, which an answer sent back could not hold.
+        markers = frozenset(served.tokenizer.special_ids.values())
+        generations = _choices(body, ids, most, markers, False, top)
         return await _respond(served, body, generations, _chat_chunk, _chat_completion)
 
     return app
