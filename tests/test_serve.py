@@ -438,3 +438,46 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
     while served.engine.busy_slots() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert served.engine.busy_slots() == 0
+
+
+@pytest.mark.slow
+def test_the_command_prints_its_address_serves_the_run_and_stops_cleanly_on_ctrl_c(trained_small_run):
+    """`jaxgpt serve --workdir RUN --port 0`: one line with the address (a free port) once it
+    listens; the run's greedy completion equals `sample.py --temperature 0`'s text; a second
+    server on that port is one line and exit 2; SIGINT stops the first with "stopped", exit 0."""
+    import os
+    import queue
+    import signal
+    import subprocess
+    import sys
+
+    import httpx2 as httpx
+    from conftest import ROOT, run_script
+
+    command = [sys.executable, "-m", "jaxgpt", "serve", "--workdir", str(trained_small_run), "--port", "0",
+               "--slots", "2"]  # fmt: skip
+    env = os.environ | {"PYTHONPATH": str(ROOT)}
+    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    lines = queue.Queue()
+    threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
+    try:
+        line = lines.get(timeout=120)
+        assert line.startswith("serving trained-small-run ") and " at http://127.0.0.1:" in line, line
+        url = line.split(" at ", 1)[1].split()[0]
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "trained-small-run"
+        body = {"prompt": "The ", "max_tokens": 12, "temperature": 0}
+        served = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
+        sampled = run_script("sample.py", "--workdir", str(trained_small_run), "--prompt", "The ",
+                             "--max_new_tokens", "12", "--temperature", "0")  # fmt: skip
+        assert sampled.returncode == 0, sampled.stderr
+        assert sampled.stdout == f"The {served}\n"
+        port = url.rsplit(":", 1)[1]
+        taken = run_script("jaxgpt", "serve", "--workdir", str(trained_small_run), "--port", port)
+        assert taken.returncode == 2 and taken.stderr.count("\n") == 1 and f"127.0.0.1:{port}" in taken.stderr
+        server.send_signal(signal.SIGINT)
+        assert server.wait(timeout=30) == 0
+        assert lines.get(timeout=5) == "stopped\n"
+    finally:
+        if server.poll() is None:
+            server.kill()
+        server.wait()
