@@ -212,21 +212,26 @@ async def _respond(served: Served, body, generations: list[Generation], chunk, w
     reply_id = f"{'chatcmpl' if chunk is _chat_chunk else 'cmpl'}-{secrets.token_hex(12)}"
     head = {"id": reply_id, "created": int(time.time()), "model": served.name}
 
-    async def pieces():
+    async def ready():
+        """Lists of (choice, event) as they come: all that waits at once, so a stream behind the
+        engine catches up in one write rather than one per token."""
         finished = 0
         try:
             while finished < len(generations):
-                index, event = await events.get()
-                finished += isinstance(event, Finished)
-                yield index, event
+                batch = [await events.get()]
+                while not events.empty():
+                    batch.append(events.get_nowait())
+                finished += sum(isinstance(event, Finished) for _, event in batch)
+                yield batch
         finally:
             for g in generations:  # a client that went away frees the slots
                 g.cancelled.set()
 
     if not body.stream:
         results = [_Result() for _ in generations]
-        async for index, event in pieces():
-            results[index].add(event)
+        async for batch in ready():
+            for index, event in batch:
+                results[index].add(event)
         return whole(served, head, results, generations[0].top_logprobs is not None, body.n)
 
     async def stream():
@@ -234,9 +239,10 @@ async def _respond(served: Served, body, generations: list[Generation], chunk, w
         if chunk is _chat_chunk:
             for index in range(len(generations)):
                 yield _event(head, "chat.completion.chunk", [_chat_delta(index, {"role": "assistant", "content": ""})])
-        async for index, event in pieces():
-            usage.add(index, event)
-            yield _event(head, *chunk(served, index, event))
+        async for batch in ready():
+            for index, event in batch:
+                usage.add(index, event)
+            yield "".join(_event(head, *chunk(served, index, event)) for index, event in batch)
         if body.include_usage:
             yield _event(head, *chunk(served, None, None), usage=usage.body())
         yield "data: [DONE]\n\n"
