@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgpt.serve.slots import decode_slots, empty_slots, join_slot, prefill_lengths
+from jaxgpt.serve.slots import decode_slots, empty_slots, join_slot, prefill_lengths, row_counts
 
 
 class Busy(Exception):
@@ -133,6 +133,7 @@ class Engine:
         self.slot_count, self.max_waiting, self.progress = slots, max_waiting, progress
         self.context = config.block_size
         self.lengths = prefill_lengths(self.context)
+        self.rows = row_counts(slots)
         self._slots = empty_slots(config, slots)
         self._running: dict[int, _Running] = {}
         self._waiting: collections.deque[Generation] = collections.deque()
@@ -161,10 +162,12 @@ class Engine:
         for length in self.lengths:
             self.progress(f"compiling the prefill of {length}-token prompts")
             self._join(0, [0], length, 0, 1.0, 0, 1.0)
-        self.progress(f"compiling the decoding step of {self.slot_count} slots")
-        self._slots, drawn = decode_slots(self.config, self.params, self._slots)
+        for rows in self.rows:
+            self.progress(f"compiling the decoding step of {rows} of {self.slot_count} slots")
+            self._slots, drawn = decode_slots(self.config, self.params, self._slots, rows)
         jax.block_until_ready(drawn)
-        self.progress(f"compiled {len(self.lengths) + 1} programs in {time.perf_counter() - started:.1f} s")
+        programs = len(self.lengths) + len(self.rows)
+        self.progress(f"compiled {programs} programs in {time.perf_counter() - started:.1f} s")
         self._thread.start()
 
     def stop(self) -> None:
@@ -176,9 +179,14 @@ class Engine:
 
     # --- the engine's thread ---
     def _serve(self) -> None:
+        """Admit, step, hand over, in a loop. A step is dispatched before the last one's tokens
+        are handed over (JAX runs it meanwhile), so the host's share of a step overlaps the
+        device's; a step's token for a slot whose request ended or changed since it was
+        dispatched is dropped (the slot's next request is prefilled afresh)."""
+        handed_over = None  # the last step dispatched: (its Drawn, the requests it was dispatched for)
         while True:
             with self._wake:
-                while not self._stopping and not self._waiting and not self._running:
+                while not (self._stopping or self._waiting or self._running or handed_over):
                     self._wake.wait()
                 if self._stopping:
                     break
@@ -188,8 +196,15 @@ class Engine:
             for generation in admitted:
                 self._admit(generation)
             self._drop_cancelled()
+            dispatched = None
             if self._running:
-                self._step()
+                rows = next(n for n in self.rows if n > max(self._running))
+                self._slots, drawn = decode_slots(self.config, self.params, self._slots, rows)
+                dispatched = (drawn, dict(self._running))
+                self.steps += 1
+            if handed_over:
+                self._hand_over_step(*handed_over)
+            handed_over = dispatched
         for running in self._running.values():
             running.generation.cancelled.set()
 
@@ -227,12 +242,11 @@ class Engine:
         for slot in [slot for slot, r in self._running.items() if r.generation.cancelled.is_set()]:
             del self._running[slot]
 
-    def _step(self) -> None:
-        self._slots, drawn = decode_slots(self.config, self.params, self._slots)
+    def _hand_over_step(self, drawn, dispatched_for: dict) -> None:
         drawn = jax.device_get(drawn)
-        self.steps += 1
-        for slot in list(self._running):
-            self._take(slot, _token(drawn, slot, self._running[slot].generation.top_logprobs))
+        for slot, running in dispatched_for.items():
+            if self._running.get(slot) is running:
+                self._take(slot, _token(drawn, slot, running.generation.top_logprobs))
 
     def _take(self, slot: int, token: Token) -> None:
         """A running generation's next token: hand over what text it completes, or end it."""
