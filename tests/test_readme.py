@@ -31,6 +31,7 @@ EXCUSED = {
     r"^gcloud ": "needs a TPU slice",
     r"train\.py .*gpt2_124m\.py": "trains GPT-2 small on FineWeb-edu: a Hub download and days of an accelerator",
     r"finetune_gpt2|--init_from gpt2": "downloads GPT-2's weights from the Hub (tests/test_hf.py covers a local copy)",
+    r"jaxgpt serve|^curl ": "a server runs until Ctrl-C, and a client needs it: tests/test_serve.py runs both",
 }
 
 # A one-layer model: the same code path at a third of the compile (15 s -> 10 s a command, Zen 5).
@@ -139,14 +140,16 @@ def help_examples(module: str) -> list[str]:
 
 def test_every_commands_help_shows_an_example_that_a_test_runs_as_written():
     """Not shortened: the guide's commands that test_readme_command_runs leaves as they are, the
-    ones tests/test_readme_runs.py runs in full, and compare's first try (tests/test_compare.py)."""
+    ones tests/test_readme_runs.py runs in full, compare's first try (tests/test_compare.py) and
+    the server's (tests/test_serve.py)."""
     from test_compare import HELP_EXAMPLE
+    from test_serve import HELP_EXAMPLE as SERVE_EXAMPLE  # a server runs until stopped: its test stops it
 
     from jaxgpt.commands.dispatch import COMMANDS as NAMES
 
     unshortened = [c for c in RUNNABLE if argv_for(c, ROOT) == argv_for(c, ROOT, shortened=False)]
     in_full = [readme_command(name) for name in RUN_IN_FULL] + ["python train.py --config configs/tiny.py"]
-    as_written = {spelled(c) for c in unshortened + in_full + [HELP_EXAMPLE]}
+    as_written = {spelled(c) for c in unshortened + in_full + [HELP_EXAMPLE, SERVE_EXAMPLE]}
     for name, (module, what) in NAMES.items():
         if what.startswith("retired"):  # says in one line what replaced it (tests/test_encoder_decoder.py)
             continue

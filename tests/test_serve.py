@@ -36,6 +36,10 @@ from jaxgpt.serve.protocol import ChatRequest, CompletionRequest, validation_err
 from jaxgpt.serve.slots import prefill_lengths
 from jaxgpt.tokenizers import CharTokenizer
 
+# The first example of `jaxgpt serve --help`, which the command's test runs as written (in a folder
+# holding a copy of a trained run as runs/tiny)
+HELP_EXAMPLE = "python -m jaxgpt serve --workdir runs/tiny --port 0"
+
 CHARS = "\n !',.?:;-abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789+="
 
 
@@ -441,12 +445,15 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
 
 
 @pytest.mark.slow
-def test_the_command_prints_its_address_serves_the_run_and_stops_cleanly_on_ctrl_c(trained_small_run):
-    """`jaxgpt serve --workdir RUN --port 0`: one line with the address (a free port) once it
-    listens; the run's greedy completion equals `sample.py --temperature 0`'s text; a second
-    server on that port is one line and exit 2; SIGINT stops the first with "stopped", exit 0."""
+def test_the_command_prints_its_address_serves_the_run_and_stops_cleanly_on_ctrl_c(trained_small_run, tmp_path):
+    """The --help's first example, run as written beside a copy of a trained run: one line with
+    the address (a free port) once it listens; the run's greedy completion equals
+    `sample.py --temperature 0`'s text; a second server on that port is one line and exit 2;
+    SIGINT stops the first with "stopped", exit 0."""
     import os
     import queue
+    import shlex
+    import shutil
     import signal
     import subprocess
     import sys
@@ -454,17 +461,19 @@ def test_the_command_prints_its_address_serves_the_run_and_stops_cleanly_on_ctrl
     import httpx2 as httpx
     from conftest import ROOT, run_script
 
-    command = [sys.executable, "-m", "jaxgpt", "serve", "--workdir", str(trained_small_run), "--port", "0",
-               "--slots", "2"]  # fmt: skip
+    shutil.copytree(trained_small_run, tmp_path / "runs" / "tiny")
     env = os.environ | {"PYTHONPATH": str(ROOT)}
-    server = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+    command = [sys.executable, *shlex.split(HELP_EXAMPLE)[1:]]
+    server = subprocess.Popen(
+        command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True
+    )
     lines = queue.Queue()
     threading.Thread(target=lambda: [lines.put(line) for line in server.stdout], daemon=True).start()
     try:
         line = lines.get(timeout=120)
-        assert line.startswith("serving trained-small-run ") and " at http://127.0.0.1:" in line, line
+        assert line.startswith("serving tiny ") and " at http://127.0.0.1:" in line, line
         url = line.split(" at ", 1)[1].split()[0]
-        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "trained-small-run"
+        assert httpx.get(f"{url}/v1/models").json()["data"][0]["id"] == "tiny"
         body = {"prompt": "The ", "max_tokens": 12, "temperature": 0}
         served = httpx.post(f"{url}/v1/completions", json=body, timeout=60).json()["choices"][0]["text"]
         sampled = run_script("sample.py", "--workdir", str(trained_small_run), "--prompt", "The ",

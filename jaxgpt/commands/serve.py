@@ -1,11 +1,13 @@
 """Serve a model over HTTP: python -m jaxgpt serve --workdir runs/tiny
 
 Examples:
-  python -m jaxgpt serve --workdir runs/tiny                      # http://127.0.0.1:8000, Ctrl-C stops
-  python -m jaxgpt serve --workdir runs/sft_arithmetic --port 0   # a free port, printed on start
+  python -m jaxgpt serve --workdir runs/tiny --port 0             # a free port, printed on start; Ctrl-C stops
+  python -m jaxgpt serve --workdir runs/sft_arithmetic            # http://127.0.0.1:8000: chat at /
   python -m jaxgpt serve --init_from exported/tiny --slots 16 --api_key SECRET
+
+Then, from another terminal:
   curl http://127.0.0.1:8000/v1/completions -H 'Content-Type: application/json' \\
-       -d '{"prompt": "ROMEO:", "max_tokens": 40, "temperature": 0}'
+       -d '{"prompt": "The assert", "max_tokens": 40, "temperature": 0}'
 
 An OpenAI-compatible API (/v1/completions, /v1/chat/completions for a run trained on
 conversations, /v1/models; streaming by server-sent events) and a chat page at /. Requests are
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
     if not 2 <= context <= model.block_size:
         cli.fail(f"--context={context} must be in [2, {model.block_size}] (the model's block_size)")
     engine = Engine(decoding_model(model, context), params, tokenizer, slots=f.slots, progress=_note)
-    name = f.name or Path(f.workdir or f.init_from).resolve().name
+    folder = Path(f.workdir or f.init_from)
+    name = f.name or folder.name or folder.resolve().name  # as given ("runs/tiny": tiny), a link's own name
     chat = data is not None and data.chat
     api_key = f.api_key or os.environ.get("JAXGPT_API_KEY") or None
     served = Served(engine, tokenizer, name, stop_id=tokenizer.eot_id, chat=chat, api_key=api_key)
