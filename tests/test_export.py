@@ -22,12 +22,28 @@ def test_a_run_exports_as_the_weights_of_its_newest_checkpoint(trained_small_run
     export.main(["--workdir", str(trained_small_run), "--out", str(out)])
     printed = capsys.readouterr().out
     assert printed.startswith(f"wrote {out}: GPT2LMHeadModel from {trained_small_run} (step 20)")
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "jaxgpt_tokenizer.json", "model.safetensors"]
+    names = ["config.json", "jaxgpt_tokenizer.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"]
+    assert sorted(p.name for p in out.iterdir()) == names
     run, params, tokenizer, _ = load_latest(trained_small_run)
     config, loaded, family = load_pretrained(str(out))
     assert family == "gpt2" and (config.n_layer, config.d_model, config.vocab_size) == (2, 32, run.model.vocab_size)
     jax.tree.map(np.testing.assert_array_equal, loaded, jax.device_get(params))  # float32 in, float32 out
     assert load_tokenizer(out / "jaxgpt_tokenizer.json").to_dict() == tokenizer.to_dict()
+    from jaxgpt.hf import pretrained_tokenizer
+
+    assert pretrained_tokenizer(str(out), family).to_dict() == tokenizer.to_dict()  # the run's chars, not GPT-2's
+
+
+def test_a_runs_tokenizer_alone_exports_as_hugging_faces_files(trained_small_run, tmp_path, capsys):
+    from tokenizers import Tokenizer
+
+    out = tmp_path / "tokenizer"
+    export.main(["--workdir", str(trained_small_run), "--out", str(out), "--tokenizer_only"])
+    assert sorted(p.name for p in out.iterdir()) == ["tokenizer.json", "tokenizer_config.json"]
+    _, _, tokenizer, _ = load_latest(trained_small_run)
+    text = "The assert statement"
+    assert Tokenizer.from_file(str(out / "tokenizer.json")).encode(text).ids == tokenizer.encode(text)
+    assert "char tokenizer" in capsys.readouterr().out
 
 
 def test_a_kept_step_exports_its_own_weights(trained_small_run, tmp_path):

@@ -175,10 +175,15 @@ def _check_head(config: ModelConfig, family: Family, directory: Path, stored_nam
 
 
 def pretrained_tokenizer(path_or_name: str, family: str):
-    """The tokenizer that goes with a checkpoint: tiktoken's GPT-2 BPE for GPT-2 models, the
-    directory's tokenizer.json (Hugging Face `tokenizers`) otherwise."""
-    from jaxgpt.tokenizers import HuggingFaceTokenizer, make_tokenizer
+    """The tokenizer that goes with a checkpoint: the run's own where `jaxgpt export` wrote the
+    folder (its jaxgpt_tokenizer.json: a char vocabulary stays one, whatever the family), else
+    tiktoken's GPT-2 BPE for GPT-2 models, the directory's tokenizer.json (Hugging Face
+    `tokenizers`) otherwise."""
+    from jaxgpt.tokenizers import HuggingFaceTokenizer, load_tokenizer, make_tokenizer
 
+    exported = Path(path_or_name) / "jaxgpt_tokenizer.json"  # commands/export.py's TOKENIZER_FILE
+    if exported.is_file():
+        return load_tokenizer(exported)
     if family == "gpt2":
         return make_tokenizer("gpt2")
     return HuggingFaceTokenizer(local_directory(path_or_name))
