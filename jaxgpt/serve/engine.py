@@ -21,7 +21,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgpt.serve.slots import decode_slots, empty_slots, join_slot, prefill_lengths, row_counts
+from jaxgpt.serve.slots import decode_slots, empty_slots, join_slot, prefill_lengths
 
 
 class Busy(Exception):
@@ -133,7 +133,6 @@ class Engine:
         self.slot_count, self.max_waiting, self.progress = slots, max_waiting, progress
         self.context = config.block_size
         self.lengths = prefill_lengths(self.context)
-        self.rows = row_counts(slots)
         self._slots = empty_slots(config, slots)
         self._running: dict[int, _Running] = {}
         self._waiting: collections.deque[Generation] = collections.deque()
@@ -162,12 +161,10 @@ class Engine:
         for length in self.lengths:
             self.progress(f"compiling the prefill of {length}-token prompts")
             self._join(0, [0], length, 0, 1.0, 0, 1.0)
-        for rows in self.rows:
-            self.progress(f"compiling the decoding step of {rows} of {self.slot_count} slots")
-            self._slots, drawn = decode_slots(self.config, self.params, self._slots, rows)
+        self.progress(f"compiling the decoding step of {self.slot_count} slots")
+        self._slots, drawn = decode_slots(self.config, self.params, self._slots)
         jax.block_until_ready(drawn)
-        programs = len(self.lengths) + len(self.rows)
-        self.progress(f"compiled {programs} programs in {time.perf_counter() - started:.1f} s")
+        self.progress(f"compiled {len(self.lengths) + 1} programs in {time.perf_counter() - started:.1f} s")
         self._thread.start()
 
     def stop(self) -> None:
@@ -198,8 +195,7 @@ class Engine:
             self._drop_cancelled()
             dispatched = None
             if self._running:
-                rows = next(n for n in self.rows if n > max(self._running))
-                self._slots, drawn = decode_slots(self.config, self.params, self._slots, rows)
+                self._slots, drawn = decode_slots(self.config, self.params, self._slots)
                 dispatched = (drawn, dict(self._running))
                 self.steps += 1
             if handed_over:

@@ -87,24 +87,12 @@ def _drawn(logits: jax.Array, token: jax.Array) -> Drawn:
     return Drawn(token, chosen, top_ids.astype(jnp.int32), top_logprobs)
 
 
-def row_counts(slots: int) -> tuple[int, ...]:
-    """How many of the slots a decoding step may compute: 1, 2, 4, ... and all of them. A step
-    costs what its rows cost, busy or free (docs/serving.md measures it), so with few requests
-    the engine steps the fewest rows that hold every busy slot (a request takes the lowest free
-    slot). A step over some of the rows copies them out of the whole and back, which a step over
-    all of them does not."""
-    counts, n = [], 1
-    while n < slots:
-        counts.append(n)
-        n *= 2
-    return (*counts, slots)
-
-
-@partial(jax.jit, static_argnames=("config", "rows"), donate_argnums=(2,))
-def decode_slots(config: ModelConfig, params, slots: Slots, rows: int | None = None) -> tuple[Slots, Drawn]:
-    """The first `rows` slots (None: all) feed their token and draw the next: one compiled step
-    for all of them. A free slot among them computes too (its answer is ignored): the step's
-    shapes never change. The others are left as they are."""
+@partial(jax.jit, static_argnames=("config",), donate_argnums=(2,))
+def decode_slots(config: ModelConfig, params, slots: Slots) -> tuple[Slots, Drawn]:
+    """Every slot feeds its token and draws the next: one compiled step for all of them. A free
+    slot computes too (its answer is ignored): the step's shapes never change. (A step over only
+    the busy slots, a slice of the cache out and back, cost more than the whole step once the
+    cache outgrew a few megabytes: XLA wrote the whole cache back, docs/serving.md.)"""
 
     def one_row(cache, token):
         logits, state = GPT(config).apply(
@@ -112,16 +100,10 @@ def decode_slots(config: ModelConfig, params, slots: Slots, rows: int | None = N
         )
         return logits[0, -1], state["cache"]
 
-    whole = slots
-    if rows is not None and rows < len(slots.token):
-        slots = jax.tree.map(lambda a: a[:rows], slots)
     logits, cache = jax.vmap(one_row)(slots.cache, slots.token)
     keys = jax.vmap(jax.random.fold_in)(slots.key, slots.step)
     token = sample_rows(logits, keys, slots.temperature, slots.top_k, slots.top_p)
-    stepped = slots._replace(cache=cache, token=token, step=slots.step + 1)
-    if slots is not whole:
-        stepped = jax.tree.map(lambda a, part: jax.lax.dynamic_update_slice_in_dim(a, part, 0, 0), whole, stepped)
-    return stepped, _drawn(logits, token)
+    return slots._replace(cache=cache, token=token, step=slots.step + 1), _drawn(logits, token)
 
 
 @partial(jax.jit, static_argnames=("config",), donate_argnums=(2,))
