@@ -2,7 +2,7 @@
 
     python bench/serve.py [--config configs/tiny.py] [--config.model.n_layer=8 ...]
         [--requests 32] [--prompt_tokens 32] [--max_tokens 64] [--clients 1,4,16] [--slots 16]
-        [--max_seconds 600] [--out bench/results/serve.json]
+        [--rounds 3] [--max_seconds 900] [--out bench/results/serve.json]
 
 The config's model with random weights (as sample.py decodes: float32) is served by jaxgpt's
 engine and app under uvicorn, in this process, on a free 127.0.0.1 port; clients are threads
@@ -10,14 +10,17 @@ posting to /v1/completions with "stream": true, as a chat page does. Every reque
 --prompt_tokens token ids, asks for --max_tokens tokens at temperature 0.8 with its own seed, and
 has no stop, so each makes exactly --max_tokens.
 
-First the baseline: a server with one slot, the requests sent one at a time (what a server
-without batching does). Then a server with --slots slots and each count of concurrent clients in
---clients, the same requests shared among them. Per row: aggregate tokens/s (all tokens made
-over the wall time from the first request sent to the last answer's end), the median and the
-slowest time to first token, and decoding steps taken (tokens per step: how full the batch ran).
-The ratio column is aggregate tokens/s over the baseline's, measured in this same run. Compile
-time is excluded (the engine compiles every program before the server listens). The run stops
-early at --max_seconds, saying so. The CPU is named in the table and the JSON.
+Two servers run side by side: the baseline, one slot with the requests sent one at a time (what
+a server without batching does), and one of --slots slots at each count of concurrent clients in
+--clients, the same requests shared among them. A round measures every row in turn, and --rounds
+rounds interleave them, so a change in the machine's load between rows moves every row of a
+round alike. Per row: aggregate tokens/s (all tokens made over the wall time from the first
+request sent to the last answer's end), the median and the slowest time to first token, and
+tokens per decoding step (how full the batch ran), each the median over the rounds; the ratio is
+the median over the rounds of that row's tokens/s over the same round's baseline, with the
+rounds' range. Compile time is excluded (the engines compile every program before their servers
+listen). The run stops early at --max_seconds, saying so. The CPU is named in the table and the
+JSON.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ PROMPT_TOKENS = flags.DEFINE_integer("prompt_tokens", 32, "tokens in each prompt
 MAX_TOKENS = flags.DEFINE_integer("max_tokens", 64, "tokens each request makes")
 CLIENTS = flags.DEFINE_list("clients", ["1", "4", "16"], "concurrent clients, a row each")
 SLOTS = flags.DEFINE_integer("slots", 16, "slots of the batched server")
-MAX_SECONDS = flags.DEFINE_float("max_seconds", 600, "stop after this long, with the rows measured so far")
+ROUNDS = flags.DEFINE_integer("rounds", 3, "rounds of every row, interleaved")
+MAX_SECONDS = flags.DEFINE_float("max_seconds", 900, "stop after this long, with the rounds measured so far")
 OUT = flags.DEFINE_string("out", "bench/results/serve.json", "JSON to write")
 
 
@@ -171,29 +175,39 @@ def main() -> None:
           f"vocabulary {model.vocab_size}, float32; {REQUESTS.value} requests of {PROMPT_TOKENS.value} prompt tokens "
           f"making {MAX_TOKENS.value} each, streamed over loopback HTTP")  # fmt: skip
     deadline = time.perf_counter() + MAX_SECONDS.value
-    rows = []
-    for slots, counts in ((1, [1]), (SLOTS.value, [int(c) for c in CLIENTS.value])):
-        url, engine, stop = serve(model, params, tokenizer, slots)
-        try:
-            for clients in counts:
-                row = measure(url, engine, prompts, clients, deadline)
-                if row is None:
-                    print(f"stopped at --max_seconds={MAX_SECONDS.value:g} before the row of {clients} clients")
-                    break
-                rows.append({"slots": slots, "baseline": slots == 1} | row)
-        finally:
+    plan = [(1, 1)] + [(SLOTS.value, int(c)) for c in CLIENTS.value]  # (slots, clients) a row
+    servers = {slots: serve(model, params, tokenizer, slots) for slots in (1, SLOTS.value)}
+    rounds: list[list[dict]] = []
+    try:
+        while len(rounds) < ROUNDS.value:
+            measured = [measure(*servers[slots][:2], prompts, clients, deadline) for slots, clients in plan]
+            if None in measured:
+                print(f"stopped at --max_seconds={MAX_SECONDS.value:g} after {len(rounds)} rounds")
+                break
+            rounds.append(measured)
+    finally:
+        for _, _, stop in servers.values():
             stop()
-    base = rows[0]["tokens_per_sec"] if rows else float("nan")
-    print(f"{'server':<22}{'clients':>8}{'tokens/s':>10}{'ratio':>8}{'TTFT median':>13}{'TTFT max':>10}"
+    rows = []
+    for k, (slots, clients) in enumerate(plan):
+        of_row = [measured[k] for measured in rounds]
+        ratios = [measured[k]["tokens_per_sec"] / measured[0]["tokens_per_sec"] for measured in rounds]
+        row = {"slots": slots, "clients": clients, "baseline": k == 0, "rounds": of_row}
+        for key in ("tokens_per_sec", "ttft_median_s", "ttft_max_s", "tokens_per_step"):
+            row[key] = statistics.median(r[key] for r in of_row)
+        row |= {"ratio_to_baseline": statistics.median(ratios), "ratio_range": [min(ratios), max(ratios)]}
+        rows.append(row)
+    print(f"{'server':<24}{'clients':>8}{'tokens/s':>10}{'ratio':>7}{'(rounds)':>14}{'TTFT median':>13}{'TTFT max':>10}"
           f"{'tokens/step':>13}")  # fmt: skip
     for r in rows:
         name = "one slot, one at a time" if r["baseline"] else f"{r['slots']} slots"
-        r["ratio_to_baseline"] = r["tokens_per_sec"] / base
+        spread = f"{r['ratio_range'][0]:.1f}-{r['ratio_range'][1]:.1f}x"
         ttft = f"{r['ttft_median_s'] * 1000:>11.0f}ms{r['ttft_max_s'] * 1000:>8.0f}ms"
-        print(f"{name:<22}{r['clients']:>8}{r['tokens_per_sec']:>10,.0f}{r['ratio_to_baseline']:>7.1f}x{ttft}"
-              f"{r['tokens_per_step']:>13.1f}")  # fmt: skip
+        print(f"{name:<24}{r['clients']:>8}{r['tokens_per_sec']:>10,.0f}{r['ratio_to_baseline']:>6.1f}x{spread:>14}"
+              f"{ttft}{r['tokens_per_step']:>13.1f}")  # fmt: skip
     result = {"device": cpu, "model": model.to_dict(), "requests": REQUESTS.value,
-              "prompt_tokens": PROMPT_TOKENS.value, "max_tokens": MAX_TOKENS.value, "rows": rows}  # fmt: skip
+              "prompt_tokens": PROMPT_TOKENS.value, "max_tokens": MAX_TOKENS.value, "rounds": len(rounds),
+              "rows": rows}  # fmt: skip
     Path(OUT.value).parent.mkdir(parents=True, exist_ok=True)
     Path(OUT.value).write_text(json.dumps(result, indent=2))
     print(f"wrote {OUT.value}")
