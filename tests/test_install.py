@@ -101,3 +101,19 @@ def test_installed_package_carries_its_configs(installed):
         capture_output=True,
     )
     assert result.returncode == 0 and result.stdout.strip() == "4", result.stderr
+
+
+def test_installed_package_carries_every_module_and_the_chat_page(installed):
+    """Every package under jaxgpt/ is in pyproject.toml's list (a new one left out would install
+    without its modules), and the server's page travels as package data."""
+    packages = sorted(str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "jaxgpt").rglob("__init__.py"))
+    code = (
+        "import importlib, importlib.resources as r, sys; "
+        f"[importlib.import_module(name) for name in {packages!r}]; "
+        "print(len(r.files('jaxgpt.serve').joinpath('page.html').read_text()))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=installed.parent, env=os.environ | {"PYTHONPATH": str(installed)},
+        text=True, capture_output=True,
+    )  # fmt: skip
+    assert result.returncode == 0 and int(result.stdout) > 1000, result.stderr

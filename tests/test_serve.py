@@ -448,8 +448,8 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
 def test_the_command_prints_its_address_serves_the_run_and_stops_cleanly_on_ctrl_c(trained_small_run, tmp_path):
     """The --help's first example, run as written beside a copy of a trained run: one line with
     the address (a free port) once it listens; the run's greedy completion equals
-    `sample.py --temperature 0`'s text; a second server on that port is one line and exit 2;
-    SIGINT stops the first with "stopped", exit 0."""
+    `sample.py --temperature 0`'s text; chat is refused naming why (the run has no template); a
+    second server on that port is one line and exit 2; SIGINT stops the first with "stopped", exit 0."""
     import os
     import queue
     import shlex
@@ -480,6 +480,8 @@ def test_the_command_prints_its_address_serves_the_run_and_stops_cleanly_on_ctrl
                              "--max_new_tokens", "12", "--temperature", "0")  # fmt: skip
         assert sampled.returncode == 0, sampled.stderr
         assert sampled.stdout == f"The {served}\n"
+        chat = httpx.post(f"{url}/v1/chat/completions", json={"messages": [{"role": "user", "content": "hi"}]})
+        assert chat.status_code == 400 and chat.json()["error"]["code"] == "chat_not_supported"  # not a chat run
         port = url.rsplit(":", 1)[1]
         taken = run_script("jaxgpt", "serve", "--workdir", str(trained_small_run), "--port", port)
         assert taken.returncode == 2 and taken.stderr.count("\n") == 1 and f"127.0.0.1:{port}" in taken.stderr
