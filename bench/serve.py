@@ -28,7 +28,6 @@ from __future__ import annotations
 import json
 import statistics
 import sys
-import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -53,30 +52,18 @@ OUT = flags.DEFINE_string("out", "bench/results/serve.json", "JSON to write")
 
 def serve(model, params, tokenizer, slots: int):
     """(base URL, engine, stop function) of an in-process server of `slots` slots."""
-    import socket
-
-    import uvicorn
-
-    from jaxgpt.serve.app import Served, create_app
+    from jaxgpt.serve.app import Background, Served
     from jaxgpt.serve.engine import Engine
 
     engine = Engine(model, params, tokenizer, slots=slots, progress=lambda _: None)
     engine.start()
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    app = create_app(Served(engine, tokenizer, "bench", stop_id=None))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
-    thread.start()
-    while not server.started:
-        time.sleep(0.01)
+    server = Background(Served(engine, tokenizer, "bench", stop_id=None))
 
     def stop():
-        server.should_exit = True
-        thread.join()
+        server.stop()
         engine.stop()
 
-    return f"http://127.0.0.1:{listening.getsockname()[1]}", engine, stop
+    return server.url, engine, stop
 
 
 def one_request(url: str, prompt: list[int], seed: int, max_tokens: int, started: float) -> dict:

@@ -1,11 +1,11 @@
 """lm-evaluation-harness scoring a run through `jaxgpt serve`: its `local-completions` model, as
 its users point it at any OpenAI-compatible server, tokenizing on its side with the run's
 tokenizer as transformers reads it (`jaxgpt export --tokenizer_only`) and sending prompts as
-token ids with echo and logprobs. On the repository's HellaSwag-format questions (a task file
-in lm-eval's own format, its context jaxgpt's: ctx, else ctx_a and ctx_b), its accuracy is `jaxgpt hellaswag`'s, and each ending's
-log-likelihood is the one jaxgpt's scorer computes in a plain forward pass: float32 sums of
-about 50 log-probabilities, each within a few ulps of values near 5 (the server's padded prefill
-and the scorer's batch sum in other orders), so within 1e-4.
+token ids with echo and logprobs. On the repository's HellaSwag-format questions (a task file in
+lm-eval's own format, its context jaxgpt's: ctx, else ctx_a and ctx_b), its accuracy is
+`jaxgpt hellaswag`'s, and each ending's log-likelihood is the one jaxgpt's scorer computes in a
+plain forward pass: float32 sums of about 50 log-probabilities, each within a few ulps of values
+near 5 (the server's padded prefill and the scorer's batch sum in other orders), so within 1e-4.
 
 lm-eval pulls torch and a long list of its own, so it lives in an environment of its own
 (requirements-eval.txt; CI runs this file there); elsewhere this file skips in one line."""

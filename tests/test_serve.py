@@ -10,7 +10,6 @@ case for a comparison of two ways of computing the same logits."""
 import contextlib
 import json
 import math
-import socket
 import threading
 import time
 
@@ -262,23 +261,13 @@ def test_a_stop_string_and_a_cancelled_request_free_their_slots(engine):
 def running_server(served):
     """`served` behind uvicorn on a free loopback port, in this process (so a test can see its
     engine): yields the base URL, stops the server after."""
-    import uvicorn
+    from jaxgpt.serve.app import Background
 
-    from jaxgpt.serve.app import create_app
-
-    listening = socket.socket()
-    listening.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(create_app(served), log_level="warning", access_log=False))
-    thread = threading.Thread(target=server.run, kwargs={"sockets": [listening]}, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.02)
+    server = Background(served)
     try:
-        yield f"http://127.0.0.1:{listening.getsockname()[1]}"
+        yield server.url
     finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+        server.stop()
 
 
 @pytest.fixture(scope="module")

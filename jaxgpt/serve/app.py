@@ -358,3 +358,28 @@ def _chat_completion(served: Served, head: dict, results: list[_Result], logprob
         for index, r in enumerate(results)
     ]  # fmt: skip
     return head | {"object": "chat.completion", "choices": choices, "usage": _usage(results, n)}
+
+
+class Background:
+    """`served` behind uvicorn on a thread of this process (a notebook's, a test's, a
+    benchmark's), listening on `host`:`port` (0: a free port); `url` is its address, `stop()`
+    ends it (not the engine, which is the caller's)."""
+
+    def __init__(self, served: Served, host: str = "127.0.0.1", port: int = 0):
+        import socket
+        import threading
+
+        import uvicorn
+
+        listening = socket.socket()
+        listening.bind((host, port))
+        self.url = f"http://{host}:{listening.getsockname()[1]}"
+        self._server = uvicorn.Server(uvicorn.Config(create_app(served), log_level="warning", access_log=False))
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [listening]}, daemon=True)
+        self._thread.start()
+        while not self._server.started and self._thread.is_alive():
+            time.sleep(0.01)
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join()
