@@ -1,4 +1,4 @@
-"""The package's folders are its architecture: imports run one way, commands -> job -> data ->
+"""The package's folders are its architecture: imports run one way, commands -> job (and serve beside it) -> data ->
 hardware (with the lab and hf, Hugging Face interop, beside it, none of the three importing another)
 -> training -> model -> the top of the package (config, errors, sharding, tokenizers), which imports
 no folder; and no modules import each other in a circle.
@@ -14,7 +14,7 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "jaxgpt"
 # A module may import its own layer and below.
-LAYERS = {"core": 0, "model": 1, "training": 2, "lab": 3, "hf": 3, "hardware": 3, "data": 4, "job": 5, "commands": 6}
+LAYERS = {"core": 0, "model": 1, "training": 2, "lab": 3, "hf": 3, "hardware": 3, "data": 4, "job": 5, "serve": 5, "commands": 6}
 
 
 def layer_of(module: str) -> str:
