@@ -14,7 +14,18 @@ from conftest import ROOT
 
 PACKAGE = ROOT / "jaxgpt"
 # A module may import its own layer and below.
-LAYERS = {"core": 0, "model": 1, "training": 2, "lab": 3, "hf": 3, "hardware": 3, "data": 4, "job": 5, "serve": 5, "commands": 6}
+LAYERS = {
+    "core": 0,
+    "model": 1,
+    "training": 2,
+    "lab": 3,
+    "hf": 3,
+    "hardware": 3,
+    "data": 4,
+    "job": 5,
+    "serve": 5,
+    "commands": 6,
+}
 
 
 def layer_of(module: str) -> str:
