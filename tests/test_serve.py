@@ -417,12 +417,26 @@ def test_bad_requests_get_the_openai_error_naming_the_field_and_the_server_goes_
 
 
 @pytest.mark.slow
-def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
+def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server, monkeypatch):
+    """A step is slowed to 50 ms here, so the 60 tokens asked for take 3 s: the client's first
+    line then comes while the request still holds its slot (on a busy machine a full-speed
+    generation can end before the client reads a line), and the slot must be free long before
+    the 60th step."""
     import httpx2 as httpx
 
+    import jaxgpt.serve.engine as engine_module
+
+    decode = engine_module.decode_slots
+
+    def slow_decode(*args):
+        time.sleep(0.05)
+        return decode(*args)
+
+    monkeypatch.setattr(engine_module, "decode_slots", slow_decode)
     url, served, _, _ = chat_server
     body = {"prompt": "a", "max_tokens": 60, "temperature": 0.8, "stream": True}
     headers = {"Authorization": "Bearer sesame"}
+    steps = served.engine.steps
     with httpx.stream("POST", f"{url}/v1/completions", json=body, headers=headers, timeout=60) as answer:
         first = next(answer.iter_lines())
         assert first.startswith("data: ")
@@ -431,6 +445,7 @@ def test_a_client_that_leaves_mid_stream_frees_its_slot(chat_server):
     while served.engine.busy_slots() and time.monotonic() < deadline:
         time.sleep(0.02)
     assert served.engine.busy_slots() == 0
+    assert served.engine.steps - steps < 40, "the slot was held until the generation all but ended"
 
 
 @pytest.mark.slow
