@@ -117,8 +117,8 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
     model["vocab_size"] = model.get("vocab_size") or VOCAB_FROM_TOKENIZER
     mesh = MeshConfig(**_checked_section(dict(raw.get("mesh", {})), MeshConfig, "mesh"))
     model = ModelConfig(**model, dtype=train.dtype, param_dtype="float32")
-    if notes is not None and model.objective_note():
-        notes.append(model.objective_note())
+    if notes is not None:
+        notes.extend(model.notes())
     run = RunConfig(model, data, train, mesh)
     return with_tokenizer_vocab(run, vocab_size) if vocab_size else run
 

@@ -45,6 +45,12 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("head_dense", "kernel"): ("fsdp", None),
     # multi-token prediction's (2 d_model, d_model): the joined stream and embedding in, likewise
     ("project", "kernel"): ("fsdp", None),
+    ("gate", "kernel"): ("fsdp", "tensor", None, None),  # the attention gate's (d_model, kv_heads, group, d or 1)
+    # the convolution mixer's (jaxgpt/model/convolution.py): its values' (d_model, d_model), its
+    # taps (width, d_model) and its output's (d_model, d_model), the features split as heads are
+    ("value", "kernel"): ("fsdp", "tensor"),
+    ("conv", "taps"): (None, "tensor"),
+    ("conv_out", "kernel"): ("tensor", "fsdp"),
     ("q", "kernel"): ("fsdp", "tensor", None, None),  # cross-attention's (d_model, kv_heads, group, head_dim)
     ("kv", "kernel"): ("fsdp", "tensor", None, None),  # and its (d_model, kv_heads, 2, head_dim)
     # Low-rank adapters (jaxgpt/model/lora.py), A (inputs..., rank) and B (rank, outputs...): each

@@ -83,10 +83,13 @@ def metrics(workdir):
     return [{k: v for k, v in json.loads(line).items() if k not in TIMING} for line in lines]
 
 
-def trains_and_resumes_exactly(objective: str, setting: str, tmp_path, request):
+def trains_and_resumes_exactly(objective: str, setting: str, tmp_path, request, changes: dict | None = None):
+    """The cell's run, straight and continued from step 2, alike to the bit; `changes` on top of
+    the cell's config (an architecture's switches, tests/test_mixers.py)."""
     if setting == "2-cpu-cores":
         request.getfixturevalue("two_cores")
     config = cell_config(objective, setting)
+    config.update_from_flattened_dict(changes or {})
     straight, stopped = tmp_path / "straight", tmp_path / "stopped"
     if (objective, setting) in REFUSED:
         with pytest.raises(ConfigError, match=REFUSED[objective, setting]):

@@ -21,10 +21,13 @@ from jaxgpt.model.layers import MLP
 from jaxgpt.model.transformer import GPT, count_params, init_params
 
 
-def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_scale=None, value_embedding=None):
+def reference_attention(
+    x, params, config, window=0, qk_norm_eps=None, score_scale=None, value_embedding=None, gate=None
+):
     """Causal attention head by head in float64, with an optional sliding window (key j visible
-    to query i when i - window < j <= i), optional RMS normalisation of each q and k head, and
-    optional value embeddings (b, t, n_kv_head * head_dim) mixed into the values by value_mix."""
+    to query i when i - window < j <= i), optional RMS normalisation of each q and k head,
+    optional value embeddings (b, t, n_kv_head * head_dim) mixed into the values by value_mix,
+    and an optional gate (b, t, n_head, head_dim or 1) multiplying each head's output."""
     x = np.asarray(x, np.float64)
     p = jax.tree.map(lambda a: np.asarray(a, np.float64), params)
     H, G, D = config.n_head, config.group_size, config.head_dim
@@ -46,6 +49,8 @@ def reference_attention(x, params, config, window=0, qk_norm_eps=None, score_sca
     weights = np.exp(scores - scores.max(-1, keepdims=True))
     weights /= weights.sum(-1, keepdims=True)
     heads = np.einsum("bhts,bshd->bthd", weights, v)
+    if gate is not None:
+        heads = heads * gate
     return np.einsum("bthd,hdm->btm", heads, p["out"]["kernel"].reshape(H, D, -1)) + p["out"]["bias"]
 
 

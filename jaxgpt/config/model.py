@@ -18,6 +18,8 @@ ROPE_SCALINGS = ("linear", "ntk", "yarn", "llama3", "longrope")
 ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 OBJECTIVES = ("next_token", "masked", "classification")
+ATTENTION_GATES = ("none", "elementwise", "headwise")
+TOKEN_MIXERS = ("attention", "convolution")
 LORA_TARGETS = ("qkv", "out", "up", "down", "q", "kv")  # projections an adapter may sit beside (jaxgpt/model/lora.py)
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
 DTYPES = ("float32", "bfloat16", "float16")
@@ -171,6 +173,10 @@ class ModelConfig:
         tokens the step's largest tensor (12.3 GiB at batch 64, T=1024); chunks of 128 keep an
         eighth of them alive. The same loss and gradients up to float32 summation order.
     init_std: standard deviation of the GPT-2 initialisation (0.02).
+    init_heads_identical: every attention head of a layer starts with the same weights (its
+        query, key, value and output slices drawn once and copied; the key/value heads alike).
+        Nothing then tells the heads apart, so each gets the same gradient and they stay equal
+        however long they train (docs/lab.md): random initialisation is what lets heads differ.
 
     Switches from the records since GPT-2 (each off by default):
     qk_norm: RMSNorm over each query and key head before RoPE (Dehghani et al. 2023; OLMo 2),
@@ -194,6 +200,12 @@ class ModelConfig:
         keys and values, and its attention's values become a * v + b * e, e the tokens' rows,
         a and b learned per block from 1/2 and 1/2 (modded-nanogpt's value embeddings): the
         values can carry what a token is, whatever the residual stream has made of it.
+    attention_gate: a sigmoid gate on each head's output, computed from the attention's own
+        input, before the output projection (Qiu et al. 2025, "Gated Attention for Large
+        Language Models", their G1 position; Qwen3-Next): "elementwise", one gate per feature of
+        each head (n_head x head_dim from d_model, the paper's best), "headwise", one scalar per
+        head (n_head from d_model), or "none". The gate can close a head where it would
+        otherwise park its weight on the first token (the attention sink).
 
     Ablations, the questions the textbooks ask, each a switch (on = the standard model):
     scale_attention: divide scores by sqrt(head_dim). Off, the scores' variance grows with
@@ -213,6 +225,14 @@ class ModelConfig:
     qkv_projections: the learned query, key and value projections. Off, each head's slice of
         the input is its query, its key and its value at once (q = k = v): attention can then
         only weigh tokens by how alike they already are; it needs n_kv_head = n_head.
+    token_mixer: what each block's first branch does to mix positions: "attention", or
+        "convolution", a causal depthwise convolution (jaxgpt/model/convolution.py): the values
+        v = x W_v, each feature j summing its last conv_width values with weights of its own,
+        y_t[j] = sum_i w_i[j] v_{t-i}[j], then an output projection. It is attention whose
+        pattern is fixed by distance alone, learned, one per feature, and conv_width long: no
+        token can look up another by what it is (what induction needs). Its parameters are
+        2 d_model^2 + conv_width d_model to attention's 4 d_model^2; a wider MLP evens them.
+    conv_width: the convolution's width in tokens (itself and the conv_width - 1 before it).
 
     moe: a `MixtureOfExperts` in place of the MLP, or None for dense MLPs.
 
@@ -286,6 +306,7 @@ class ModelConfig:
     remat: str = "none"
     loss_chunk: int = 0
     init_std: float = 0.02
+    init_heads_identical: bool = False
     qk_norm: bool = False
     zero_init_residual: bool = False
     logit_softcap: float = 0.0
@@ -302,6 +323,9 @@ class ModelConfig:
     rope_pairing: str = "half"
     scale_embeddings: bool = False
     qkv_projections: bool = True
+    attention_gate: str = "none"
+    token_mixer: str = "attention"
+    conv_width: int = 4
     moe: MixtureOfExperts | None = None
     embedding_norm: bool = False
     head_transform: bool = False
@@ -377,6 +401,18 @@ class ModelConfig:
         """Whether the masked objective's mask token is its own id after the tokenizer's."""
         return self.objective == "masked" and self.mask_token is None
 
+    def notes(self) -> list[str]:
+        """What a run says at its start about this model: where its val_loss is not a language
+        model's, and where a setting trains something it is not expected to."""
+        notes = [self.objective_note()] if self.objective_note() else []
+        if self.moe is not None and self.moe.top_k == 1 and self.moe.renormalize:
+            notes.append(
+                "model.moe.top_k=1 with renormalize=True: the one chosen expert's weight is exactly 1, so the router "
+                "learns from its auxiliary losses alone, never from the task; set --config.model.moe.renormalize=false "
+                "(Switch Transformer's rule) for a router the task trains"
+            )
+        return notes
+
     def objective_note(self) -> str | None:
         """What a run says at its start where its val_loss is not a language model's, else None."""
         if self.objective == "masked":
@@ -419,12 +455,13 @@ FIELD_KINDS = {
         ("qk_norm", "logit_softcap", "attention_window", "global_every", "rope_local_theta", "scale_attention",
          "causal", "residual", "rope_pairing", "mlp", "uniform_attention", "qkv_projections", "scale_embeddings",
          "embedding_norm", "head_transform",
-         "x0_mix", "value_embeddings", "mtp_weight"),
+         "x0_mix", "value_embeddings", "mtp_weight", "attention_gate", "token_mixer", "conv_width"),
         "workbench",
     ),
     **dict.fromkeys(
         ("dropout", "dtype", "param_dtype", "attention", "scan_layers", "remat", "loss_chunk", "init_std",
-         "zero_init_residual", "mask_rate", "lora_rank", "lora_alpha", "lora_embeddings", "lora_targets"),
+         "zero_init_residual", "init_heads_identical", "mask_rate", "lora_rank", "lora_alpha", "lora_embeddings",
+         "lora_targets"),
         "run",
     ),
 }  # fmt: skip
@@ -523,6 +560,36 @@ def _check_heads(c: ModelConfig, problems: Problems) -> None:
         )
     if c.qkv_bias and not c.qkv_projections:
         problems.add("qkv_bias", "needs the projections it biases; set qkv_projections=True or qkv_bias=False")
+    if c.init_heads_identical and not c.qkv_projections:
+        problems.add("init_heads_identical", "starts the projections alike, and qkv_projections=False has none: each "
+                     "head reads its own slice of the input; leave it off")  # fmt: skip
+
+
+def _check_token_mixer(c: ModelConfig, problems: Problems) -> None:
+    """The convolution in attention's place, and what it cannot be combined with."""
+    problems.one_of("token_mixer", TOKEN_MIXERS)
+    if c.token_mixer != "convolution":
+        return
+    problems.positive_integers("conv_width")
+    if isinstance(c.conv_width, int) and c.conv_width > c.block_size:
+        problems.add("conv_width", f"is more than block_size={c.block_size}; choose at most that")
+    if not c.causal or c.encoder_layers:
+        problems.add(
+            "token_mixer", "is causal, reading each position's past alone; a model that reads both sides "
+            "(causal=False, an encoder) needs token_mixer='attention'"
+        )  # fmt: skip
+    attention_only = {
+        "attention_gate": c.attention_gate != "none", "attention_window": c.attention_window, "qk_norm": c.qk_norm,
+        "value_embeddings": c.value_embeddings, "uniform_attention": c.uniform_attention, "qkv_bias": c.qkv_bias,
+        "init_heads_identical": c.init_heads_identical,
+    }  # fmt: skip
+    for field, on in attention_only.items():
+        if on:
+            problems.add(field, "is a setting of attention, and token_mixer='convolution' has none; leave it off")
+    if {"qkv", "out"} & set(c.adapted):
+        problems.add(
+            "lora_targets", "adapts attention's projections, and token_mixer='convolution' has none; use up,down"
+        )
 
 
 def _check_model(c: ModelConfig) -> None:
@@ -539,11 +606,13 @@ def _check_model(c: ModelConfig) -> None:
     problems.one_of("rope_pairing", ROPE_PAIRINGS)
     _check_adapters(c, problems)
     problems.one_of("objective", OBJECTIVES)
+    problems.one_of("attention_gate", ATTENTION_GATES)
     problems.one_of("dtype", DTYPES)
     problems.one_of("param_dtype", DTYPES)
     problems.raise_if_any()  # the divisibility checks below assume positive integers
 
     _check_heads(c, problems)
+    _check_token_mixer(c, problems)
     if c.objective == "masked":
         _check_masked(c, problems)
     has_encoder = problems.whole_number("encoder_layers", "of blocks, or 0 for a decoder alone") and c.encoder_layers

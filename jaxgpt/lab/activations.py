@@ -12,8 +12,12 @@ H query heads, K key/value heads, d head_dim, D d_model, F the MLP's hidden widt
     blocks.L.attn.hook_rot_q, hook_rot_k            queries and keys after rotary positions (rope)
     blocks.L.attn.hook_attn_scores    (b, H, t, s)  q.k scaled, plus the mask (-inf) and ALiBi
     blocks.L.attn.hook_pattern        (b, H, t, s)  the softmax of the scores
-    blocks.L.attn.hook_z              (b, t, H, d)  each head's output, before the output matrix
-    blocks.L.hook_attn_out            (b, t, D)     what attention writes into the stream
+    blocks.L.attn.hook_attn_gate      (b, t, H, d)  the sigmoid gate on each head's output (model.attention_gate;
+                                                    (b, t, H, 1) headwise)
+    blocks.L.attn.hook_z              (b, t, H, d)  each head's output, before the output matrix (gated)
+    blocks.L.conv.hook_conv_in        (b, t, D)     a convolution mixer's values (model.token_mixer)
+    blocks.L.conv.hook_conv_out       (b, t, D)     the convolution's output, before its projection
+    blocks.L.hook_attn_out            (b, t, D)     what attention (or the convolution) writes into the stream
     blocks.L.hook_resid_mid           (b, t, D)     the stream after attention
     blocks.L.cross_attn.hook_*                      an encoder–decoder's cross-attention (as attn;
                                                     keys and values from the encoder's output)
@@ -56,6 +60,7 @@ from jaxgpt.model.transformer import GPT, init_params
 
 # Which axis of a site holds heads and which positions (the batch is axis 0 everywhere).
 HEAD_AXIS = {"hook_q": 2, "hook_rot_q": 2, "hook_k": 2, "hook_rot_k": 2, "hook_v": 2, "hook_z": 2}
+HEAD_AXIS |= {"hook_attn_gate": 2}
 HEAD_AXIS |= {"hook_attn_scores": 1, "hook_pattern": 1}
 POSITION_AXIS = {"hook_attn_scores": 2, "hook_pattern": 2}  # query positions; 1 for every other site
 
@@ -76,8 +81,8 @@ class Edit(NamedTuple):
 # The sites of one block, and the model's, in the forward pass's order.
 SITE_ORDER = (
     "hook_embed hook_pos_embed hook_resid_pre hook_q hook_k hook_v hook_rot_q hook_rot_k hook_attn_scores "
-    "hook_pattern hook_z hook_attn_out hook_resid_mid hook_cross_attn_out hook_resid_mid_cross hook_pre "
-    "hook_pre_linear hook_post hook_mlp_out hook_resid_post hook_out"
+    "hook_pattern hook_attn_gate hook_z hook_conv_in hook_conv_out hook_attn_out hook_resid_mid "
+    "hook_cross_attn_out hook_resid_mid_cross hook_pre hook_pre_linear hook_post hook_mlp_out hook_resid_post hook_out"
 ).split()
 
 

@@ -248,6 +248,30 @@ def attention_mask(c: ModelConfig, cache_index, segments, windowed: bool = True)
     return Mask(cache_index, slopes, c.attention_window if windowed else 0, c.causal, segments), scale
 
 
+def heads_init(c: ModelConfig, init, shape: tuple[int, ...], heads_axes: tuple[int, ...], queries_axis=None):
+    """`init`, or with model.init_heads_identical the same weights for every head: one head's
+    drawn (size 1 on `heads_axes` of the kernel's `shape`) and repeated over them.
+    `queries_axis`: the fused projection's (g + 2) axis (split_qkv), whose first g entries, the
+    group's queries, get one draw and whose key and value keep their own. Every head of the
+    layer is then the same function; nothing but the initialisation could have told them
+    apart. (DenseGeneral asks for its kernel flattened to (inputs, outputs): so is this one.)"""
+    if not c.init_heads_identical:
+        return init
+
+    def identical(key, flat_shape, dtype=jnp.float32):
+        one = [1 if axis in heads_axes else n for axis, n in enumerate(shape)]
+        if queries_axis is not None:
+            one[queries_axis] = 3  # a query, the key, the value
+        drawn = init(key, tuple(one), dtype)
+        if queries_axis is not None:  # the group's queries are copies of the one drawn
+            query, key_value = jnp.split(drawn, [1], axis=queries_axis)
+            queries = jnp.repeat(query, shape[queries_axis] - 2, axis=queries_axis)
+            drawn = jnp.concatenate([queries, key_value], axis=queries_axis)
+        return jnp.broadcast_to(drawn, shape).reshape(flat_shape)
+
+    return identical
+
+
 class CausalSelfAttention(nn.Module):
     """Multi-head (or grouped-/multi-query) self-attention with an optional KV cache: causal
     in a decoder, over both sides in an encoder (config.causal=False; the name keeps the case
@@ -283,7 +307,13 @@ class CausalSelfAttention(nn.Module):
                 name="qkv",
                 features=(c.n_kv_head, c.group_size + 2, c.head_dim),
                 use_bias=c.bias or c.qkv_bias,
-                kernel_init=nn.initializers.normal(c.init_std),
+                kernel_init=heads_init(
+                    c,
+                    nn.initializers.normal(c.init_std),
+                    (c.d_model, c.n_kv_head, c.group_size + 2, c.head_dim),
+                    (1,),
+                    2,
+                ),
                 **dtypes(c),
             )(x)
             q, k, v = split_qkv(qkv, c.group_size)
@@ -304,16 +334,38 @@ class CausalSelfAttention(nn.Module):
             k, v = kv_cache.extend(self, k, v, cache_index)
         mask, scale = attention_mask(c, cache_index, segments, self.windowed)
         y = attend(self, c.attention, q, k, v, mask, scale)  # (b, t, k, g, d)
-        y = site(self, "hook_z", y, heads_view(y))
+        if c.attention_gate != "none":
+            y = y * self.gate(x)
+        y = site(self, "hook_z", y, heads_view(y))  # what the output projection reads (gated, if gated)
 
         return nn.DenseGeneral(
             name="out",
             features=c.d_model,
             axis=(-3, -2, -1),
             use_bias=c.bias,
-            kernel_init=residual_output_init(c),
+            kernel_init=heads_init(
+                c, residual_output_init(c), (c.n_kv_head, c.group_size, c.head_dim, c.d_model), (0, 1)
+            ),
             **dtypes(c),
         )(y)
+
+    def gate(self, x: jnp.ndarray) -> jnp.ndarray:
+        """sigmoid(x W_g) (b, t, k, g, head_dim or 1) from the attention's input x: how open each
+        head's output is, per feature (elementwise) or per head (headwise); the site
+        hook_attn_gate (b, t, n_head, head_dim or 1)."""
+        c = self.config
+        width = c.head_dim if c.attention_gate == "elementwise" else 1
+        logits = nn.DenseGeneral(
+            name="gate",
+            features=(c.n_kv_head, c.group_size, width),
+            use_bias=c.bias,
+            kernel_init=heads_init(
+                c, nn.initializers.normal(c.init_std), (c.d_model, c.n_kv_head, c.group_size, width), (1, 2)
+            ),
+            **dtypes(c),
+        )(x)
+        gate = jax.nn.sigmoid(logits)
+        return site(self, "hook_attn_gate", gate, heads_view(gate))
 
 
 class CrossAttention(nn.Module):

@@ -44,6 +44,8 @@ def extend(layer, k: jnp.ndarray, v: jnp.ndarray, cache_index: jnp.ndarray) -> t
 def cache_bytes(config: ModelConfig, tokens: int, batch_size: int = 1) -> int:
     """Bytes of the cache that holds `tokens` positions of `batch_size` sequences: a key and a
     value vector of head_dim per key/value head, per layer, per position. This is what
-    grouped-query (n_kv_head < n_head) and multi-query (n_kv_head = 1) attention shrink."""
-    per_position = 2 * config.n_layer * config.n_kv_head * config.head_dim * jnp.dtype(config.dtype).itemsize
+    grouped-query (n_kv_head < n_head) and multi-query (n_kv_head = 1) attention shrink. A
+    convolution in attention's place (model.token_mixer) keeps one vector of d_model instead."""
+    width = config.d_model if config.token_mixer == "convolution" else 2 * config.n_kv_head * config.head_dim
+    per_position = config.n_layer * width * jnp.dtype(config.dtype).itemsize
     return per_position * tokens * batch_size

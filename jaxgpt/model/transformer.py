@@ -19,6 +19,7 @@ import jax.numpy as jnp
 from jaxgpt.config import ModelConfig
 from jaxgpt.model import lora
 from jaxgpt.model.attention import CausalSelfAttention, CrossAttention
+from jaxgpt.model.convolution import CausalConvolution
 from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
 from jaxgpt.model.moe import MixtureOfExpertsLayer
 from jaxgpt.model.positions import sinusoidal_embedding
@@ -32,7 +33,8 @@ REMAT_POLICIES = {
 
 
 class Block(nn.Module):
-    """One transformer block: attention then MLP, each a residual branch.
+    """One transformer block: attention (or model.token_mixer's convolution) then MLP, each a
+    residual branch.
 
     pre-norm:  x + attn(norm(x)), then x + mlp(norm(x))
     post-norm: norm(x + attn(x)), then norm(x + mlp(x))
@@ -92,8 +94,12 @@ class Block(nn.Module):
             width = c.n_kv_head * c.head_dim
             table = nn.Embed(c.vocab_size, width, embedding_init=embedding_init(c), **dtypes(c), name="value_embed")
             value_embedding = table(tokens)
-        attention = CausalSelfAttention(c, windowed=self.windowed, name="attn")
-        attention_branch = lambda x: attention(x, positions, cache_index, segments, value_embedding)  # noqa: E731
+        if c.token_mixer == "convolution":
+            convolution = CausalConvolution(c, name="conv")
+            attention_branch = lambda x: convolution(x, cache_index, segments)  # noqa: E731
+        else:
+            attention = CausalSelfAttention(c, windowed=self.windowed, name="attn")
+            attention_branch = lambda x: attention(x, positions, cache_index, segments, value_embedding)  # noqa: E731
         x = residual_branch(x, attention_branch, "norm_1", "hook_attn_out")
         x = site(self, "hook_resid_mid", x)
         if memory is not None:
