@@ -430,3 +430,23 @@ def test_experts_under_another_objective_train_through_their_evaluations(objecti
     trained(tmp_path, config)
     evaluations = [r for r in read_metrics(tmp_path) if "val_loss" in r]
     assert [r["step"] for r in evaluations] == [2, 4] and all(np.isfinite(r["val_loss"]) for r in evaluations)
+
+
+def test_a_top_one_router_that_renormalises_is_named_when_the_config_is_read():
+    """moe.top_k=1 with moe.renormalize's default trains a router the task never reaches (the one
+    weight is exactly 1; test above): the run says so in one line at its start, and not once
+    renormalize is off or top_k above 1."""
+    from conftest import small_run_config
+
+    from jaxgpt.config_files import resolve
+
+    def notes(**moe):
+        config = small_run_config()
+        config.model.moe.update(experts=4, **moe)
+        said: list[str] = []
+        resolve(config, vocab_size=96, notes=said)
+        return [line for line in said if "router" in line]
+
+    (line,) = notes(top_k=1)
+    assert "model.moe.top_k=1 with renormalize=True" in line and "--config.model.moe.renormalize=false" in line
+    assert notes(top_k=1, renormalize=False) == [] and notes(top_k=2) == []

@@ -12,6 +12,8 @@ across, brightness the attention weight (or, with --scores, the pre-softmax scor
 future left blank). The causal triangle shows as the dark upper right. The weights come from
 the run's newest checkpoint, a kept one (--step), the run's initialisation (--init: the
 parameters its seed gives at step 0), or Hugging Face weights (--init_from).
+It also prints the share of attention the later queries pay the first token, layer by layer
+(the attention sink; model.attention_gate is said to drain it).
 Patterns worth looking for: a bright first column (an attention sink), a bright diagonal
 just below the main one (a previous-token head), and stripes that jump to the token after an
 earlier copy of the current one (an induction head; try a prompt that repeats itself).
@@ -39,7 +41,7 @@ from jaxgpt.commands import cli, inspected  # noqa: E402
 from jaxgpt.commands.plot import save_png  # noqa: E402
 from jaxgpt.config import ModelConfig  # noqa: E402
 from jaxgpt.errors import UserError  # noqa: E402
-from jaxgpt.lab.capture import capture  # noqa: E402
+from jaxgpt.lab.capture import capture, sink_line  # noqa: E402
 from jaxgpt.lab.views import attention_view  # noqa: E402
 
 LABELLED_TOKENS = 32  # longer prompts get numbered axes instead of token ticks
@@ -177,6 +179,11 @@ def main(argv: list[str] | None = None) -> None:
     if f.html and f.scores:
         raise UserError("--html shows attention weights; drop --scores for it (the PNG draws the scores)")
     config, params, tokenizer, source = inspected.load_model(f)
+    if config.token_mixer != "attention":
+        raise UserError(
+            f"this model mixes positions by model.token_mixer={config.token_mixer!r}, which has no attention to draw; "
+            "its sites (python -m jaxgpt activations) show what the convolution reads"
+        )
     if config.encoder_layers:
         return _draw_encoder_decoder(f, config, params, tokenizer, inspected.answering(tokenizer, f.init_from))
     if f.layer is not None and not 0 <= f.layer < config.n_layer:
@@ -191,6 +198,8 @@ def main(argv: list[str] | None = None) -> None:
     out = Path(f.out) if f.out else Path(f.workdir or ".") / "attention.png"
     out = draw(maps, labels, first, out, scores=f.scores)
     print(f"wrote {out} ({source}, {len(ids)} tokens, {maps.shape[0]} layer(s) x {maps.shape[1]} heads)")
+    if not f.scores and len(ids) > 1:
+        print(sink_line(maps[:, None]))
     if f.html:
         page = attention_view(maps, tokens, title=f"attention ({source}): {f.prompt}", first_layer=first).save(f.html)
         print(f"wrote {page} (hover a query token: the weights on each key)")

@@ -200,6 +200,8 @@ def induction_lines(name: str, workdir: Path, step: int | None) -> list[str]:
     from jaxgpt.lab.capture import model_induction_scores
 
     run, params, _, _ = load_latest(workdir, step=step)
+    if reason := headless(run.model):
+        raise UserError(f"{workdir}: {reason}")
     scores = model_induction_scores(run.model, params)
     half = min(run.model.block_size // 2, 64)
     layer, head = np.unravel_index(np.argmax(scores), scores.shape)
@@ -215,7 +217,7 @@ def induction_lines(name: str, workdir: Path, step: int | None) -> list[str]:
 def removal_lines(name: str, workdir: Path, f) -> list[str]:
     """--remove_heads or --prune on one run, as printed."""
     run, params, _, val = load_run(workdir, f.step, budget=f.tokens)
-    if reason := refusal(run.model, run.model.block_size, len(val)):
+    if reason := refusal(run.model, run.model.block_size, len(val)) or headless(run.model):
         raise UserError(f"{workdir}: {reason}")
     full = without_heads(run.model, params, val, f.tokens, [])
     if f.remove_heads is not None:
@@ -341,9 +343,16 @@ def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | Non
 
 def heads_of_run(workdir: Path, budget: int, step: int | None) -> tuple[float, np.ndarray]:
     run, params, _, val = load_run(workdir, step, budget=budget)
-    if reason := refusal(run.model, run.model.block_size, len(val)):
+    if reason := refusal(run.model, run.model.block_size, len(val)) or headless(run.model):
         raise UserError(f"{workdir}: {reason}")
     return without_each_head(run.model, params, val, budget)
+
+
+def headless(model: ModelConfig) -> str | None:
+    """Why a head's measure cannot be taken of `model`, or None: a convolution has no heads."""
+    if model.token_mixer != "attention":
+        return f"its blocks mix positions by model.token_mixer={model.token_mixer!r}, which has no heads to measure"
+    return None
 
 
 def table(rows: list[tuple[str, int, int, LengthResult]]) -> list[str]:
