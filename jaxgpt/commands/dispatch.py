@@ -24,6 +24,7 @@ COMMANDS = {
     "timeline": ("timeline", "a run's loss and train.lab's measures over training, as one page"),
     "attention-maps": ("attention_maps", "draw what every attention head looks at"),
     "logit-lens": ("logit_lens", "what the model would predict after each layer"),
+    "inspect": ("inspect_model", "every architectural choice of a model, each beside the docs that explain it"),
     "activations": ("activations", "list a model's named activation sites, or print and save some (.npz)"),
     "patch": ("patch", "which layers, positions and heads carry a prediction (activation patching)"),
     "fill": ("fill", "fill in [MASK] blanks with an encoder (model.objective=masked)"),
