@@ -373,7 +373,7 @@ def test_bad_switch_values_are_named(changes, message):
 @pytest.mark.parametrize(
     "switch",
     [dict(qk_norm=True), dict(logit_softcap=30.0), dict(attention_window=8), dict(x0_mix=True)]
-    + [dict(value_embeddings=True)],
+    + [dict(value_embeddings=True), dict(attention_gate="elementwise"), dict(token_mixer="convolution")],
 )
 def test_a_model_with_a_switch_on_is_not_exported_as_gpt2(tmp_path, switch):
     from jaxgpt.hf import save_pretrained
