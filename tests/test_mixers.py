@@ -117,9 +117,10 @@ def test_a_convolution_model_decodes_and_scans_like_the_full_forward():
     assert_scanned_and_decoded_match_the_full_forward(config, params_for(config))
 
 
-def test_a_convolution_model_counts_its_parameters_and_its_cache():
+def test_a_convolution_model_counts_its_parameters_its_cache_and_its_flops():
     """Per block 2 D^2 + 2 D (values and output, biases) + w D taps in place of attention's
-    4 D^2 + 4 D; a decoding cache of D numbers a position a layer, not 2 D."""
+    4 D^2 + 4 D; a decoding cache of D numbers a position a layer, not 2 D; 6 FLOPs a token per
+    parameter that multiplies, and no attention scores (12 L d T) to add."""
     from jaxgpt.model.kv_cache import cache_bytes
 
     D, w = 32, 4
@@ -127,6 +128,10 @@ def test_a_convolution_model_counts_its_parameters_and_its_cache():
     params = lambda c: count_params(params_for(c))  # noqa: E731
     assert params(attention) - params(conv) == conv.n_layer * ((4 * D * D + 4 * D) - (2 * D * D + 2 * D + w * D))
     assert cache_bytes(conv, 10) * 2 == cache_bytes(attention, 10) == 2 * 2 * 10 * D * 4
+    # FLOPs: 6 per parameter that multiplies (all but the learned position table), and no scores
+    from jaxgpt.model.transformer import flops_per_token
+
+    assert flops_per_token(conv) == 6 * (params(conv) - conv.block_size * D)
 
 
 @pytest.mark.parametrize(

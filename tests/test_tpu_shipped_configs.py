@@ -38,8 +38,8 @@ GENERATIONS = {
     "arithmetic": (V6E,),
     "brackets": (V5E,),  # a classifier: each packed string scored at one position
     "encoder_tiny": (V5E,),  # the masked objective's program
-    "dates": (V5E,),
-    "deep": (),  # tiny's program at other sizes (12 narrower blocks), which tiny's compile covers  # packed text pairs: a batch with loss weights, segments and positions
+    "dates": (V5E,),  # packed text pairs: a batch with loss weights, segments and positions
+    "deep": (),  # tiny's program at other sizes (12 narrower blocks), which tiny's compile covers
     "finetune_gpt2": (V5E,),
     "gpt2_124m": (),  # on a v5e-8 by the guide's command below, which must print that it fits
     "induction": (V6E,),

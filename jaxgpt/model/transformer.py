@@ -498,10 +498,12 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None, shapes=None
     backward (4 N) multiply-add per parameter; 12 L d T adds attention's score and value
     matmuls over a context of T tokens (default block_size), with d = n_head * head_dim (d_model
     unless model.head_dim sets the heads' width). Norms, softmax and elementwise work are not
-    counted; MFU figures use this convention. For an encoder–decoder the encoder's parameters count against the target
-    tokens too, and its attention and the cross-attention's are counted as the decoder's
-    (L = n_layer + encoder_layers): a figure of the same order, not an exact count, since
-    sources and targets differ in length. `shapes`: the parameters' shapes where the caller has
+    counted; MFU figures use this convention. A convolution in attention's place
+    (model.token_mixer) has no scores: its taps, one multiply-add per token each, are in N.
+    For an encoder–decoder the encoder's parameters count against the target tokens too, and
+    its attention and the cross-attention's are counted as the decoder's (L = n_layer +
+    encoder_layers): a figure of the same order, not an exact count, since sources and targets
+    differ in length. `shapes`: the parameters' shapes where the caller has
     them (a run's state layout), else found by tracing the model's initialisation.
     """
     seq_len = seq_len or config.block_size
@@ -514,5 +516,7 @@ def flops_per_token(config: ModelConfig, seq_len: int | None = None, shapes=None
         n -= count_params(shapes["wte"])
     looked_up = jax.tree_util.tree_leaves_with_path(shapes)
     n -= sum(int(p.size) for path, p in looked_up if "value_embed" in jax.tree_util.keystr(path))
+    if config.token_mixer == "convolution":  # no scores: its taps are parameters, a multiply-add each, in 6 N
+        return 6.0 * n
     attention_width = config.n_head * config.head_dim  # d_model, unless the heads have a width of their own
     return 6.0 * n + 12.0 * (config.n_layer + config.encoder_layers) * attention_width * seq_len
