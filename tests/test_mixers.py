@@ -220,3 +220,23 @@ def test_identical_heads_stay_identical_through_training(tmp_path):
             np.testing.assert_array_equal(heads, np.broadcast_to(heads[0], heads.shape))
         seen.append(heads)
     assert not np.array_equal(*seen)  # trained between the two
+
+
+def test_a_convolution_run_is_measured_by_layer_and_refused_head_measures_in_one_line(tmp_path):
+    """train.lab's layer measures (logit lens, norms, probe) run on a convolution model at its
+    evaluations; a head measure is refused when the config is read, naming the ones it may take."""
+    from conftest import small_run_config
+
+    from jaxgpt.job.trainer import train_and_evaluate
+
+    config = small_run_config(steps=4, eval_every=4, checkpoint_every=4)
+    config.update_from_flattened_dict({"model.token_mixer": "convolution", "mesh.data": 1, "train.lab": "all"})
+    with pytest.raises(ConfigError, match=r"measures heads \(induction, previous_token, dla, entropy\)"):
+        train_and_evaluate(config, tmp_path / "refused", progress=False)
+    config.train.lab = "logit_lens,norms,probe"
+    train_and_evaluate(config, tmp_path / "run", progress=False)
+    import json
+
+    records = [json.loads(line) for line in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()]
+    measured = {k for r in records for k in r if k.startswith("lab_")}
+    assert {"lab_logit_lens", "lab_norms", "lab_probe"} <= measured and "lab_induction" not in measured, measured

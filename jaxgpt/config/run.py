@@ -12,6 +12,7 @@ from jaxgpt.config.problems import ConfigError, Problems
 
 # train.lab's measures (jaxgpt/lab/watch.py), those read on random tokens repeated twice first
 LAB_MEASURES = ("induction", "previous_token", "dla", "entropy", "logit_lens", "norms", "probe")
+HEAD_MEASURES = LAB_MEASURES[:4]  # a number per head; the rest one per layer
 
 
 CHECKPOINT_SCHEDULES = ("", "log")
@@ -368,6 +369,13 @@ class RunConfig:
             raise ConfigError(
                 "train.multiple_choice scores endings as text continuing text, which an encoder–decoder's decoder "
                 "does not read; leave it empty for a run with model.encoder_layers"
+            )
+        heads_measured = [m for m in lab_measures(self.train.lab) if m in HEAD_MEASURES]
+        if heads_measured and self.model.token_mixer != "attention":
+            raise ConfigError(
+                f"train.lab={self.train.lab!r} measures heads ({', '.join(heads_measured)}), and "
+                f"model.token_mixer={self.model.token_mixer!r} has none; measure its layers alone "
+                "(train.lab=logit_lens,norms,probe)"
             )
         tokens = self.train.batch_size * self.model.block_size
         if self.model.objective == "masked" and self.model.mask_rate * tokens < 1:

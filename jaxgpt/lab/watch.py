@@ -166,6 +166,11 @@ def probe_accuracy(features: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
 
 
 def per_layer(config: ModelConfig, sites, name: str) -> jnp.ndarray:
+    """The attention site `name` of every layer (L, b, H, t, s); no heads (H = 0) where a
+    convolution mixes the positions (model.token_mixer), whose layers are measured alone."""
+    if config.token_mixer != "attention":
+        b, t = sites["block_0"]["hook_resid_pre"][0].shape[:2]
+        return jnp.zeros((config.n_layer, b, 0, t, t), jnp.float32)
     return jnp.stack([sites[f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)])
 
 
