@@ -1,18 +1,18 @@
-"""Every architectural choice of a model, by the teaching texts' names, each beside the line of
-docs/model.md that explains it: python -m jaxgpt inspect --init_from DIR | --workdir RUN
+"""Name every architectural choice of a model: python -m jaxgpt inspect --init_from DIR | --workdir RUN
 
 Examples:
   python -m jaxgpt inspect --workdir runs/tiny
   python -m jaxgpt inspect --init_from path/to/a/hugging-face/folder
   python -m jaxgpt inspect --init_from gpt2
 
-The texts' exercise: read a real model's config and name every choice. One row a choice: the
-blocks and their width, the norm and where it sits, the heads (query, key/value, their width:
-multi-head, grouped- or multi-query), the positions (RoPE's base and scaling, a learned table),
-the MLP (its activation and width, or the experts), the biases, whether the embeddings are tied,
-the vocabulary; then every switch the model turns on beyond GPT-2's, and the parameters by part
-(embeddings, attention, MLP, norms, head). A Hugging Face folder is read through its converter,
-so a choice the converter does not know is refused in one line naming it.
+The texts' exercise: read a real model's config and name every choice. One row a choice, by the
+texts' names and beside the line of docs/model.md that explains it: the blocks and their width,
+the norm and where it sits, the heads (query, key/value, their width: multi-head, grouped- or
+multi-query), the positions (RoPE's base and scaling, a learned table), the MLP (its activation
+and width, or the experts), the biases, whether the embeddings are tied, the vocabulary; then
+every switch the model turns on beyond GPT-2's, and the parameters by part (embeddings,
+attention, MLP, norms, head). A Hugging Face folder is read through its converter, so a choice
+the converter does not know is refused in one line naming it.
 """
 
 from __future__ import annotations
