@@ -141,6 +141,7 @@ def test_a_convolution_model_counts_its_parameters_its_cache_and_its_flops():
         (dict(encoder_layers=1), "token_mixer='convolution' is causal"),
         (dict(attention_gate="headwise"), "attention_gate='headwise' is a setting of attention"),
         (dict(qk_norm=True), "qk_norm=True is a setting of attention"),
+        (dict(qkv_projections=False), "qkv_projections=False is a setting of attention"),
         (dict(lora_rank=2), "lora_targets='qkv,out,up,down' adapts attention's projections"),
         (dict(conv_width=0), "conv_width=0 must be a positive integer"),
     ],

@@ -17,6 +17,7 @@ the converter does not know is refused in one line naming it.
 
 from __future__ import annotations
 
+import functools
 from pathlib import Path
 
 import jax
@@ -29,14 +30,18 @@ DOCS = Path(__file__).resolve().parents[2] / "docs" / "model.md"
 GPT2 = ModelConfig()  # the defaults: a switch is "on" where a model differs from them
 
 
+@functools.cache
+def docs_lines() -> tuple[str, ...]:
+    """docs/model.md's lines, read once; none where the docs are not beside the package (an
+    installed wheel)."""
+    return tuple(DOCS.read_text().splitlines()) if DOCS.is_file() else ()
+
+
 def docs_line(anchor: str) -> str:
     """docs/model.md:N, N the first line holding `anchor` (a heading's or a table row's text),
-    or the page's name alone where the docs are not beside the package (an installed wheel)."""
-    if DOCS.is_file():
-        for number, line in enumerate(DOCS.read_text().splitlines(), 1):
-            if anchor in line:
-                return f"docs/model.md:{number}"
-    return "docs/model.md"
+    or the page's name alone where it is not found."""
+    number = next((n for n, line in enumerate(docs_lines(), 1) if anchor in line), None)
+    return f"docs/model.md:{number}" if number else "docs/model.md"
 
 
 def switch_anchor(field: str) -> str:

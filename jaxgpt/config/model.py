@@ -581,7 +581,8 @@ def _check_token_mixer(c: ModelConfig, problems: Problems) -> None:
     attention_only = {
         "attention_gate": c.attention_gate != "none", "attention_window": c.attention_window, "qk_norm": c.qk_norm,
         "value_embeddings": c.value_embeddings, "uniform_attention": c.uniform_attention, "qkv_bias": c.qkv_bias,
-        "init_heads_identical": c.init_heads_identical,
+        "init_heads_identical": c.init_heads_identical, "qkv_projections": not c.qkv_projections,
+        "scale_attention": not c.scale_attention, "attention_scale_dim": c.attention_scale_dim is not None,
     }  # fmt: skip
     for field, on in attention_only.items():
         if on:

@@ -64,9 +64,7 @@ def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
     sown = state["intermediates"]
 
     def per_layer(name):  # the named site of every layer: (n_layer, batch, n_head, t, s)
-        if config.token_mixer != "attention":  # no heads: a convolution mixes the positions
-            return jnp.zeros((config.n_layer, tokens.shape[0], 0, tokens.shape[1], tokens.shape[1]), jnp.float32)
-        return jnp.stack([state[CACHE][f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)])
+        return attention_site(config, state[CACHE], name)
 
     def per_moe_layer(name):
         batch, t = tokens.shape
@@ -82,6 +80,16 @@ def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
         per_moe_layer("experts"),
         per_moe_layer("expert_weights"),
     )
+
+
+def attention_site(config: ModelConfig, sites, name: str) -> jnp.ndarray:
+    """The attention site `name` of every layer from a forward pass's sown sites, (L, b, H, t, s);
+    no heads (H = 0) where a convolution mixes the positions (model.token_mixer), so a capture
+    or a layer measure of such a model still runs."""
+    if config.token_mixer != "attention":
+        b, t = sites["block_0"]["hook_resid_pre"][0].shape[:2]
+        return jnp.zeros((config.n_layer, b, 0, t, t), jnp.float32)
+    return jnp.stack([sites[f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)])
 
 
 def lens_log_probabilities(logit_lens: np.ndarray) -> np.ndarray:

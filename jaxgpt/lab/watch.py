@@ -45,7 +45,7 @@ import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.config.run import LAB_MEASURES, lab_measures
-from jaxgpt.lab.capture import repeated_random_tokens
+from jaxgpt.lab.capture import attention_site, repeated_random_tokens
 from jaxgpt.model.sites import CACHE
 from jaxgpt.model.transformer import GPT, head_weights, unstack_blocks
 
@@ -110,7 +110,7 @@ def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, 
     if set(names) & set(ON_REPEATS):
         _, state = GPT(config).apply({"params": params}, repeats, mutable=[CACHE])
         sites = state[CACHE]
-        pattern = per_layer(config, sites, "hook_pattern")  # (L, b, H, t, t)
+        pattern = attention_site(config, sites, "hook_pattern")  # (L, b, H, t, t)
         half = repeats.shape[1] // 2
         if "induction" in names:
             queries = jnp.arange(half, 2 * half)
@@ -121,7 +121,7 @@ def measure(config: ModelConfig, names: tuple[str, ...], scanned: bool, params, 
         if "dla" in names:
             out["dla"] = direct_logit_attribution(config, params, sites, repeats)
     _, state = GPT(config).apply({"params": params}, text, mutable=["intermediates", CACHE])
-    pattern = per_layer(config, state[CACHE], "hook_pattern")  # (L, b, H, t, t)
+    pattern = attention_site(config, state[CACHE], "hook_pattern")  # (L, b, H, t, t)
     k = min(PATTERN_TOKENS, text.shape[1])
     out["pattern"] = pattern[:, 0, :, :k, :k]
     if set(names) & set(ON_TEXT):
@@ -163,15 +163,6 @@ def probe_accuracy(features: jnp.ndarray, labels: jnp.ndarray) -> jnp.ndarray:
     guess, truth = (x[1::2] @ w).reshape(-1) > 0, y[1::2].reshape(-1) > 0
     recall = lambda cls: jnp.sum((guess == cls) & (truth == cls)) / jnp.maximum(1, jnp.sum(truth == cls))  # noqa: E731
     return (recall(True) + recall(False)) / 2
-
-
-def per_layer(config: ModelConfig, sites, name: str) -> jnp.ndarray:
-    """The attention site `name` of every layer (L, b, H, t, s); no heads (H = 0) where a
-    convolution mixes the positions (model.token_mixer), whose layers are measured alone."""
-    if config.token_mixer != "attention":
-        b, t = sites["block_0"]["hook_resid_pre"][0].shape[:2]
-        return jnp.zeros((config.n_layer, b, 0, t, t), jnp.float32)
-    return jnp.stack([sites[f"block_{i}"]["attn"][name][0] for i in range(config.n_layer)])
 
 
 def direct_logit_attribution(config: ModelConfig, params, sites, repeats) -> jnp.ndarray:
