@@ -51,7 +51,7 @@ def test_a_closed_gate_of_one_half_is_the_plain_model_with_its_output_halved():
     for i in range(gated.n_layer):
         block = params[f"block_{i}"]["attn"]
         block["gate"] = jax.tree.map(np.zeros_like, block["gate"])
-    halved = jax.tree.map(lambda a: a, params)
+    halved = {name: dict(part) for name, part in params.items()}  # copied containers: params stays the gated model's
     for i in range(plain.n_layer):
         attn = halved[f"block_{i}"]["attn"] = dict(params[f"block_{i}"]["attn"])
         del attn["gate"]
