@@ -15,14 +15,12 @@ trustworthy.
 from __future__ import annotations
 
 import argparse
-import json
-import statistics
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from suite import Case, jaxgpt_train  # noqa: E402
+from suite import Case, interleaved_variants  # noqa: E402
 
 VARIANTS = {
     "tiny (dense, MLP 512)": Case("tiny", "configs/tiny.py"),
@@ -38,44 +36,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--out", default="bench/results/moe_cost.json")
     args = parser.parse_args()
-    runs: dict[str, list[dict]] = {name: [] for name in VARIANTS}
-    for round_ in range(args.rounds):
-        for name, case in VARIANTS.items():
-            runs[name].append(jaxgpt_train(case, "auto"))
-            print(
-                f"round {round_ + 1}/{args.rounds}: {name}: {runs[name][-1]['tokens_per_sec']:,.0f} tokens/s",
-                flush=True,
-            )
-    from jaxgpt.hardware.peak_flops import cpu_model
-
-    rows = []
-    for name, results in runs.items():
-        rows.append(
-            {
-                "variant": name,
-                "step_ms": statistics.median(r["step_ms"] for r in results),
-                "tokens_per_sec": statistics.median(r["tokens_per_sec"] for r in results),
-                "mfu": statistics.median(r["mfu"] for r in results),
-            }
-        )
-    base = rows[0]["step_ms"]
-    tiny_runs = next(iter(runs.values()))
-    for row, results in zip(rows, runs.values(), strict=True):  # each round's own ratio: the machine moves
-        row["vs_tiny_by_round"] = [r["step_ms"] / t["step_ms"] for r, t in zip(results, tiny_runs, strict=True)]
-    print(f"\n{cpu_model()}; medians of {args.rounds} interleaved rounds")
-    print(f"{'variant':42} {'step ms':>8} {'tokens/s':>9} {'x tiny':>7} {'MFU':>6}")
-    for row in rows:
-        row["vs_tiny"] = row["step_ms"] / base
-        print(
-            f"{row['variant']:42} {row['step_ms']:8.1f} {row['tokens_per_sec']:9,.0f} {row['vs_tiny']:7.2f} "
-            f"{row['mfu']:6.1%}"
-        )
-    for row in rows[1:]:
-        print(f"{row['variant']}: x tiny round by round {', '.join(f'{r:.2f}' for r in row['vs_tiny_by_round'])}")
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"cpu": cpu_model(), "rounds": args.rounds, "rows": rows}, indent=2))
-    print(f"wrote {out}")
+    interleaved_variants(VARIANTS, args.rounds, Path(args.out), "tiny")
 
 
 if __name__ == "__main__":

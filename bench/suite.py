@@ -105,6 +105,49 @@ def jaxgpt_train(case: Case, devices: str, extra: tuple[str, ...] = ()) -> dict:
     return run_json(command, clean_env(JAXGPT_COMPILATION_CACHE="off"))
 
 
+def interleaved_variants(variants: dict[str, Case], rounds: int, out: Path, first: str) -> list[dict]:
+    """Each variant's training step (bench/train_throughput.py in a fresh process), the variants
+    interleaved `rounds` times; prints medians and each one's step time as a multiple of the
+    first variant's (`first` names it in the table), round by round too: on a shared machine
+    the ratios measured side by side are the figures to trust. Writes them to `out`."""
+    from jaxgpt.hardware.peak_flops import cpu_model
+
+    runs: dict[str, list[dict]] = {name: [] for name in variants}
+    for round_ in range(rounds):
+        for name, case in variants.items():
+            runs[name].append(jaxgpt_train(case, "auto"))
+            print(f"round {round_ + 1}/{rounds}: {name}: {runs[name][-1]['tokens_per_sec']:,.0f} tokens/s", flush=True)
+    rows = []
+    base_runs = next(iter(runs.values()))
+    for name, results in runs.items():
+        rows.append(
+            {
+                "variant": name,
+                "step_ms": statistics.median(r["step_ms"] for r in results),
+                "tokens_per_sec": statistics.median(r["tokens_per_sec"] for r in results),
+                "mfu": statistics.median(r["mfu"] for r in results),
+                # each round's own ratio: the machine moves
+                f"vs_{first}_by_round": [r["step_ms"] / b["step_ms"] for r, b in zip(results, base_runs, strict=True)],
+            }
+        )
+    print(f"\n{cpu_model()}; medians of {rounds} interleaved rounds")
+    width = max(len(name) for name in variants)
+    print(f"{'variant':{width}} {'step ms':>8} {'tokens/s':>9} {'x ' + first:>9} {'MFU':>6}")
+    for row in rows:
+        row[f"vs_{first}"] = row["step_ms"] / rows[0]["step_ms"]
+        print(
+            f"{row['variant']:{width}} {row['step_ms']:8.1f} {row['tokens_per_sec']:9,.0f} {row[f'vs_{first}']:9.2f} "
+            f"{row['mfu']:6.1%}"
+        )
+    for row in rows[1:]:
+        by_round = ", ".join(f"{r:.2f}" for r in row[f"vs_{first}_by_round"])
+        print(f"{row['variant']}: x {first} round by round {by_round}")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps({"cpu": cpu_model(), "rounds": rounds, "rows": rows}, indent=2))
+    print(f"wrote {out}")
+    return rows
+
+
 def torch_train(case: Case, compile: bool) -> dict:
     layers, heads, width, seq, batch = case.torch_shape
     command = [sys.executable, str(BENCH / "torch_reference.py"), "--layers", str(layers), "--heads", str(heads)]

@@ -107,6 +107,36 @@ def test_packed_examples_compute_what_each_computes_alone(params):
         np.testing.assert_allclose(packed[:, a:b], alone, atol=2e-5, rtol=2e-5)
 
 
+def test_the_bottleneck_decoder_reads_each_sources_mean_alone(params):
+    """model.encoder_summary=mean, two examples packed: the logits are those of the attending
+    model (the same weights: the summary adds none) handed as its memory each source's mean
+    of the encoder's outputs, computed in numpy; every cross-attention query then spreads its
+    weight evenly over its source (all its keys are one vector), and the source's order
+    reaches the output only through that mean. float32 sums in another order: 2e-5."""
+    summary = CONFIG.replace(encoder_summary="mean")
+    examples, _ = char_examples(["12\t21", "345\t543"])
+    row = {k: jnp.asarray(x[None]) for k, x in encoder_decoder_row(examples, iter([0, 1]), 9).items()}
+    given = {k: row[k] for k in ("segments", "positions", "source_segments", "source_positions")}
+    full = np.asarray(GPT(CONFIG).apply({"params": params}, None, sources=row["sources"], encode_only=True, **given))
+    segments = np.asarray(row["source_segments"][0])
+    means = np.stack([full[0, segments == s].mean(0) for s in segments])[None]
+    expected = GPT(CONFIG).apply({"params": params}, row["inputs"], memory=jnp.asarray(means), **given)
+    got, state = GPT(summary).apply(
+        {"params": params}, row["inputs"], sources=row["sources"], **given, mutable=["sites"]
+    )
+    np.testing.assert_allclose(got, expected, atol=2e-5, rtol=2e-5)
+    assert not np.allclose(got, GPT(CONFIG).apply({"params": params}, row["inputs"], sources=row["sources"], **given))
+    pattern = np.asarray(state["sites"]["block_1"]["cross"]["hook_pattern"][0])[0]  # (heads, t, s)
+    for t, query_segment in enumerate(np.asarray(row["segments"][0])):
+        keys = segments == query_segment
+        np.testing.assert_allclose(pattern[:, t, keys], 1 / keys.sum(), atol=1e-6)
+
+
+def test_a_summary_needs_an_encoder():
+    with pytest.raises(ConfigError, match="model.encoder_summary='mean' summarises an encoder's output"):
+        ModelConfig(vocab_size=12, block_size=16, encoder_summary="mean")
+
+
 @pytest.mark.parametrize(
     "changes",
     [
@@ -217,6 +247,25 @@ def test_the_digit_tasks_are_reversal_and_sorting():
         assert {len(source) for source, _ in pairs} == set(range(4, 13))
 
 
+def by_length_cells(printed: str) -> dict[int, tuple[float, int]]:
+    """evaluate's "exactly right by source length" line -> {length: (share right, answers)}."""
+    cells = printed.split("(tokens before its end): ")[1].split(", ")
+    return {int(c.split(":")[0]): (float(c.split(": ")[1].split("%")[0]) / 100, int(c.split(" of ")[1])) for c in cells}
+
+
+def test_evaluate_counts_every_held_out_answer_once_by_its_source_length(one_device, capsys):
+    """builtin:reverse's sources are 4 to 12 digits: the table's lengths are among those and
+    its answers add up to the held-out answers the line above counts."""
+    from jaxgpt.commands import evaluate
+
+    evaluate.main(["--workdir", str(one_device)])
+    summary, by_length = capsys.readouterr().out.splitlines()
+    cells = by_length_cells(by_length)
+    assert set(cells) <= set(range(4, 13)) and len(cells) >= 5
+    held_out = int(summary.split(" held-out")[0].split(", ")[-1].replace(",", ""))
+    assert sum(count for _, count in cells.values()) == held_out
+
+
 def test_an_encoder_needs_pairs_and_a_next_token_decoder():
     config = small_run_config()
     config.model.encoder_layers = 2
@@ -261,6 +310,13 @@ def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit(tmp_pa
     subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, env=env | dict(__import__("os").environ))
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 400 and last["val_exact_match"] > 0.95
+    from jaxgpt.commands import evaluate  # the table by length against the engine's own count of exact answers
+
+    summary, by_length = evaluate.answers_line("run", tmp_path, None).splitlines()
+    cells = by_length_cells(by_length)
+    right = sum(share * count for share, count in cells.values()) / sum(count for _, count in cells.values())
+    exact = float(summary.split(" and ")[1].split("%")[0]) / 100
+    assert right == pytest.approx(exact, abs=0.01)  # the table's shares are rounded to 1%
     run, params, tokenizer, _ = load_latest(tmp_path)
     source = np.asarray(tokenizer.encode("31415926\n"))
     decoder_input = np.asarray(tokenizer.encode("\n62951413"))

@@ -7,6 +7,7 @@ Examples:
   python -m jaxgpt evaluate --workdir runs/tiny --mask_heads
   python -m jaxgpt evaluate --workdir runs/tiny --remove_heads 0.1,3.2
   python -m jaxgpt evaluate --workdir runs/tiny --prune 0.25
+  python -m jaxgpt evaluate --workdir runs/tiny --prune 0.25 --out runs/tiny_pruned
   python -m jaxgpt evaluate --workdir runs/tiny --induction
   python -m jaxgpt evaluate --workdir runs/tiny --over_checkpoints --lab induction,entropy
 
@@ -30,7 +31,9 @@ colour per run.
 with each head removed (its output zeroed), and prints the loss increase per layer and head.
 --remove_heads LAYER.HEAD,... scores them with that set removed at once; --prune FRACTION
 removes that share of the heads greedily, each time the one whose removal raises the loss
-least, and prints the order and the loss before and after. --induction prints each head's
+least, and prints the order and the loss before and after; with --out DIR it cuts the same
+number of heads out of every layer's weights and writes the smaller model to DIR, a run folder
+that train.py fine-tunes with --config.train.init_from=DIR (jaxgpt/lab/pruning.py). --induction prints each head's
 induction score (jaxgpt/lab/capture.py): on n random tokens repeated twice, the attention each token
 of the second copy pays to the token after its first occurrence; 1 is a perfect induction head,
 and attention spread evenly over the tokens a query sees scores the mean of 1/(t + 1) over the
@@ -166,12 +169,19 @@ def without_heads(model: ModelConfig, params, tokens: np.ndarray, budget: int, r
     return float(losses_by_position(model, params, tokens, model.block_size, budget, keep).mean())
 
 
-def prune_greedily(model: ModelConfig, params, tokens: np.ndarray, budget: int, fraction: float) -> list[tuple]:
+def prune_greedily(
+    model: ModelConfig, params, tokens: np.ndarray, budget: int, fraction: float, per_layer: int | None = None
+) -> list[tuple]:
     """Remove round(fraction x heads) heads one at a time, each time the one whose removal
-    (beside those already removed) raises the loss least: [((layer, head), loss after), ...]."""
+    (beside those already removed) raises the loss least: [((layer, head), loss after), ...].
+    per_layer: instead, exactly that many from every layer (a layer that has given its share
+    offers no more)."""
     removed: list[tuple] = []
-    for _ in range(round(fraction * model.n_layer * model.n_head)):
-        left = [h for h in np.ndindex(model.n_layer, model.n_head) if h not in [r for r, _ in removed]]
+    count = per_layer * model.n_layer if per_layer else round(fraction * model.n_layer * model.n_head)
+    for _ in range(count):
+        taken = [r for r, _ in removed]
+        full = {layer for layer in range(model.n_layer) if per_layer and sum(r[0] == layer for r in taken) == per_layer}
+        left = [h for h in np.ndindex(model.n_layer, model.n_head) if h not in taken and h[0] not in full]
         scored = [(h, without_heads(model, params, tokens, budget, [r for r, _ in removed] + [h])) for h in left]
         removed.append(min(scored, key=lambda item: item[1]))
     return removed
@@ -227,13 +237,49 @@ def removal_lines(name: str, workdir: Path, f) -> list[str]:
         return [f"{name}: loss {full:.4f} with every head, {loss:.4f} without {named} ({loss - full:+.4f})"]
     if not 0 < f.prune < 1:
         raise UserError(f"--prune {f.prune} is not a share of the heads; give one between 0 and 1 (e.g. 0.25)")
-    pruned = prune_greedily(run.model, params, val, f.tokens, f.prune)
+    per_layer = None
+    if f.out is not None:
+        from jaxgpt.lab import pruning
+
+        if reason := pruning.refusal(run.model):
+            raise UserError(f"{workdir}: --prune --out cannot cut heads out of its weights: {reason}")
+        per_layer = pruning.per_layer_share(run.model, f.prune)
+    pruned = prune_greedily(run.model, params, val, f.tokens, f.prune, per_layer)
     total = run.model.n_layer * run.model.n_head
     order = ", ".join(f"{layer}.{head} ({loss - full:+.4f})" for (layer, head), loss in pruned)
     after = pruned[-1][1] if pruned else full
-    return [
-        f"{name}: pruned {len(pruned)} of {total} heads, the least useful first: {order}",
+    lines = [
+        f"{name}: pruned {len(pruned)} of {total} heads, the least useful first"
+        + (f" ({per_layer} a layer)" if per_layer else "")
+        + f": {order}",
         f"{name}: loss {full:.4f} with every head -> {after:.4f} without them ({after - full:+.4f})",
+    ]
+    if f.out is not None:
+        lines += saved_pruned_lines(name, workdir, f, run, params, val, [head for head, _ in pruned], after)
+    return lines
+
+
+def saved_pruned_lines(name: str, workdir: Path, f, run, params, val, removed: list, masked_loss: float) -> list[str]:
+    """The heads `removed` cut out of the weights and the smaller run written to --out, with its
+    size and its own loss (the masked model's, to float rounding: checked)."""
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab import pruning
+    from jaxgpt.model.transformer import count_params
+
+    _, _, tokenizer, step = load_latest(workdir, step=f.step, warn=lambda _: None)
+    smaller, cut = pruning.pruned_params(run.model, jax.device_get(params), removed)
+    loss = without_heads(smaller, cut, val, f.tokens, [])
+    if not abs(loss - masked_loss) <= 1e-4 * max(1.0, abs(masked_loss)):
+        raise AssertionError(f"the pruned model's loss {loss:.6f} is not the masked model's {masked_loss:.6f}")
+    pruned_from = {"workdir": str(workdir), "step": step, "removed": [f"{layer}.{head}" for layer, head in removed]}
+    smaller_run = dataclasses.replace(run, model=smaller)
+    out = pruning.write_pruned_run(Path(f.out), smaller_run, cut, tokenizer, step, pruned_from)
+    before, now = count_params(params), count_params(cut)
+    return [
+        f"{name}: the pruned model's own loss {loss:.4f}; {run.model.n_head} -> {smaller.n_head} heads a layer, "
+        f"{before:,} -> {now:,} parameters ({now / before - 1:+.1%})",
+        f"wrote {out} (weights alone; fine-tune it: python train.py --config ... --config.train.init_from={out} "
+        "--workdir NEW_DIR)",
     ]
 
 
@@ -318,11 +364,42 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
     score = jax.jit(lambda p, b: eval_step(p, b, model=model))
     first = range(0, validation.batches * rows, rows)
     got = mean_losses([score(params, {k: x[i : i + rows] for k, x in validation.rows.items()}) for i in first])
-    return (
+    line = (
         f"{name}: step {step}, {int(got['examples']):,} held-out {validation.kind}: answer loss {got['loss']:.4f}, "
         f"{got['accuracy']:.1%} of answer tokens and {got['exact_matches'] / got['examples']:.1%} of answers "
         "exactly right (greedy decoding)"
     )
+    if not encoder:
+        return line
+    by_length = exact_by_source_length(model, params, validation.rows, rows)
+    cells = ", ".join(f"{length}: {right / count:.0%} of {count}" for length, (right, count) in by_length.items())
+    return line + f"\n{name}: exactly right by source length (tokens before its end): {cells}"
+
+
+def exact_by_source_length(model, params, rows: dict, batch: int) -> dict[int, tuple[int, int]]:
+    """{source length: (answers exactly right, answers)} over an encoder–decoder's packed
+    validation rows: an answer is right where every scored token of its segment is the most
+    likely one (what greedy decoding writes, each token given the right ones before it), and
+    its source is the same segment on the encoder's side, less the end token."""
+    from jaxgpt.training.batch import MODEL_INPUTS
+
+    def predict(p, b):
+        return model.apply({"params": p}, b["inputs"], **{k: b[k] for k in MODEL_INPUTS if k in b}).argmax(-1)
+
+    predict = jax.jit(predict)
+    tally: dict[int, list[int]] = {}
+    for first in range(0, len(rows["inputs"]), batch):
+        part = {k: x[first : first + batch] for k, x in rows.items()}
+        right = np.asarray(predict(params, part)) == part["targets"]
+        for r, segments in enumerate(part["segments"]):
+            scored = part["weights"][r] > 0
+            for segment in set(segments[scored].tolist()):
+                mine = scored & (segments == segment)
+                length = int((part["source_segments"][r] == segment).sum()) - 1
+                counts = tally.setdefault(length, [0, 0])
+                counts[0] += bool(right[r][mine].all())
+                counts[1] += 1
+    return {length: tuple(tally[length]) for length in sorted(tally)}
 
 
 def evaluate_run(workdir: Path, lengths: list[int], budget: int, step: int | None, say=print):
@@ -444,7 +521,12 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
     flags.DEFINE_list("lengths", ["64", "128", "256", "512", "1024"], "Window lengths.", flag_values=f)
     flags.DEFINE_integer("tokens", 32768, "Validation tokens scored at each length.", flag_values=f)
-    flags.DEFINE_string("out", None, "PNG to write (default: <first workdir>/loss_by_position.png).", flag_values=f)
+    flags.DEFINE_string(
+        "out",
+        None,
+        "PNG to write (default: <first workdir>/loss_by_position.png); with --prune, a folder for the pruned model.",
+        flag_values=f,
+    )
     flags.DEFINE_bool("mask_heads", False, "Instead: the loss at block_size with each head removed.", flag_values=f)
     flags.DEFINE_string("remove_heads", None, "Instead: the loss with heads LAYER.HEAD,... removed.", flag_values=f)
     flags.DEFINE_float("prune", None, "Instead: remove this share of heads, least useful first.", flag_values=f)

@@ -19,6 +19,7 @@ ATTENTION_KERNELS = ("xla", "dot_product", "flash_tpu")
 ROPE_PAIRINGS = ("half", "interleaved")
 OBJECTIVES = ("next_token", "masked", "classification")
 ATTENTION_GATES = ("none", "elementwise", "headwise")
+ENCODER_SUMMARIES = ("none", "mean")  # what cross-attention reads of the source: model.encoder_summary
 TOKEN_MIXERS = ("attention", "convolution")
 LORA_TARGETS = ("qkv", "out", "up", "down", "q", "kv")  # projections an adapter may sit beside (jaxgpt/model/lora.py)
 REMAT_POLICIES = ("none", "full", "dots", "dots_no_batch")
@@ -257,6 +258,11 @@ class ModelConfig:
         to the encoder's output (cross-attention) between its self-attention and its MLP. The
         encoder reads a batch's sources (text pairs: jaxgpt/data/pairs.py), shares the token
         embedding, and is built by the same switches as the decoder; 0: decoder-only.
+    encoder_summary: what of the source the decoder's cross-attention reads. "none": every
+        encoder position (attention, Bahdanau et al. 2015). "mean": one vector a source, the
+        mean of its encoder outputs, at every position, so each cross-attention reads that one
+        vector whatever its weights: the fixed-size bottleneck of the encoder–decoder RNN
+        (Cho et al. 2014, Sutskever et al. 2014) that attention was invented to remove.
     classes: the classifier's outputs, for model.objective=classification: a linear layer over
         the final norm's output in the LM head's place, read at one position of each example
         (jaxgpt/data/labels.py); 0: as many as the labelled texts have labels.
@@ -334,6 +340,7 @@ class ModelConfig:
     objective: str = "next_token"
     mask_rate: float = 0.15
     encoder_layers: int = 0
+    encoder_summary: str = "none"
     mtp_weight: float = 0.0
     classes: int = 0
     lora_rank: int = 0
@@ -455,7 +462,7 @@ FIELD_KINDS = {
         ("qk_norm", "logit_softcap", "attention_window", "global_every", "rope_local_theta", "scale_attention",
          "causal", "residual", "rope_pairing", "mlp", "uniform_attention", "qkv_projections", "scale_embeddings",
          "embedding_norm", "head_transform",
-         "x0_mix", "value_embeddings", "mtp_weight", "attention_gate", "token_mixer", "conv_width"),
+         "x0_mix", "value_embeddings", "mtp_weight", "attention_gate", "token_mixer", "conv_width", "encoder_summary"),
         "workbench",
     ),
     **dict.fromkeys(
@@ -619,6 +626,11 @@ def _check_model(c: ModelConfig) -> None:
     has_encoder = problems.whole_number("encoder_layers", "of blocks, or 0 for a decoder alone") and c.encoder_layers
     if has_encoder and (c.objective != "next_token" or not c.causal):
         problems.add("encoder_layers", "give the encoder to a causal next-token decoder (objective=next_token)")
+    problems.one_of("encoder_summary", ENCODER_SUMMARIES)
+    if c.encoder_summary != "none" and not c.encoder_layers:
+        problems.add(
+            "encoder_summary", "summarises an encoder's output, and encoder_layers=0 has none; set encoder_layers"
+        )
     _check_multi_token(c, problems)
     _check_classifier(c, problems)
     if c.mask_token is not None and not (isinstance(c.mask_token, int) and 0 <= c.mask_token < c.vocab_size):

@@ -126,6 +126,12 @@ def restore_or_start(
     metrics_path = workdir / "metrics.jsonl"
 
     def check_same_run(record: dict) -> None:
+        if record.get("weights_only"):  # jaxgpt/lab/pruning.py's folders: nothing to continue an optimizer from
+            raise UserError(
+                f"cannot resume {workdir}: it holds weights alone, with no optimizer state (written by "
+                f"`jaxgpt evaluate --prune --out`); train from them in a new folder: "
+                f"--config.train.init_from={workdir} --workdir NEW_DIR"
+            )
         conflicts = resume_conflicts(record["config"], config.to_dict())
         if not same_tokenizer(record["tokenizer"], tokenizer.to_dict()):
             conflicts.append("the tokenizer's vocabulary")

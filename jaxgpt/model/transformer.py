@@ -311,20 +311,32 @@ class Encoder(nn.Module):
     own position table, for learned positions), config.encoder_layers blocks without the causal
     mask, built by the same switches as the decoder's (dense: a mixture of experts stays in the
     decoder), and the final norm of a pre-norm model. Returns what cross-attention reads, the
-    memory (batch, source seq, d_model)."""
+    memory (batch, source seq, d_model): the encoder's output, or with model.encoder_summary
+    its mean over each source, at each of the source's positions (`source_means`)."""
 
     config: ModelConfig
 
     @nn.compact
     def __call__(self, wte: nn.Embed, sources, segments=None, positions=None, *, train: bool = False) -> jnp.ndarray:
-        c = self.config.replace(causal=False, moe=None, encoder_layers=0)
+        c = self.config.replace(causal=False, moe=None, encoder_layers=0, encoder_summary="none")
         positions, _ = token_positions(self, c, sources.shape[1], False, positions)
         x = input_embeddings(self, c, wte, sources, positions)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         x, _ = stacked_blocks(
             c, x, positions, None, segments, None, None, train=train, tokens=sources, count=self.config.encoder_layers
         )
-        return site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.has_final_norm else x)
+        x = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.has_final_norm else x)
+        return source_means(x, segments) if self.config.encoder_summary == "mean" else x
+
+
+def source_means(x: jnp.ndarray, segments: jnp.ndarray | None) -> jnp.ndarray:
+    """Each position's row of `x` (batch, seq, d) replaced by the mean over its segment's
+    positions (over the whole row without segments): one vector a source, so every key of a
+    source is alike and cross-attention can only read that vector, evenly weighted."""
+    if segments is None:
+        return jnp.broadcast_to(x.mean(axis=1, keepdims=True), x.shape)
+    same = (segments[:, :, None] == segments[:, None, :]).astype(x.dtype)  # (batch, seq, seq)
+    return jnp.einsum("bst,btd->bsd", same, x) / same.sum(-1, keepdims=True)
 
 
 class TokenAfterNext(nn.Module):
