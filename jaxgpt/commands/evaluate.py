@@ -187,6 +187,31 @@ def prune_greedily(
     return removed
 
 
+def write_pruned_run(out: Path, run, params: dict, tokenizer, step: int, pruned_from: dict) -> Path:
+    """A run folder at `out` (new or empty) holding the smaller model's weights alone, as step
+    `step` (the source's), with its config, tokenizer and what was cut (`pruned_from`)."""
+    import json
+
+    from jaxgpt.job.checkpoint import Checkpoints
+    from jaxgpt.job.resume import WEIGHTS_ONLY, checkpoint_record
+    from jaxgpt.job.workdir import make
+    from jaxgpt.tokenizers import save_tokenizer
+
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise UserError(f"--out {out} already exists and is not an empty folder; give a new folder for the pruned run")
+    make(out)
+    (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
+    save_tokenizer(tokenizer, out / "tokenizer.json")
+    record = checkpoint_record(step, 0.0, [], run, tokenizer) | {WEIGHTS_ONLY: True, "pruned_from": pruned_from}
+    checkpoints = Checkpoints(out / "checkpoints", keep=1)
+    try:
+        checkpoints.save(step, {"params": params}, record)
+        checkpoints.wait()
+    finally:
+        checkpoints.close()
+    return out
+
+
 def parse_heads(text: str, model: ModelConfig) -> list[tuple[int, int]]:
     """'0.1,3.2' -> [(0, 1), (3, 2)], or one line naming what is wrong."""
     heads = []
@@ -273,7 +298,7 @@ def saved_pruned_lines(name: str, workdir: Path, f, run, params, val, removed: l
         raise AssertionError(f"the pruned model's loss {loss:.6f} is not the masked model's {masked_loss:.6f}")
     pruned_from = {"workdir": str(workdir), "step": step, "removed": [f"{layer}.{head}" for layer, head in removed]}
     smaller_run = dataclasses.replace(run, model=smaller)
-    out = pruning.write_pruned_run(Path(f.out), smaller_run, cut, tokenizer, step, pruned_from)
+    out = write_pruned_run(Path(f.out), smaller_run, cut, tokenizer, step, pruned_from)
     before, now = count_params(params), count_params(cut)
     return [
         f"{name}: the pruned model's own loss {loss:.4f}; {run.model.n_head} -> {smaller.n_head} heads a layer, "

@@ -70,6 +70,8 @@ RESUMABLE_FIELDS = frozenset(
     }
 )
 
+WEIGHTS_ONLY = "weights_only"  # a record's mark of weights without an optimizer state (evaluate --prune --out)
+
 
 def resume_conflicts(saved: dict, current: dict) -> list[str]:
     """'key: saved -> current' for every difference between two RunConfig dicts outside
@@ -126,7 +128,7 @@ def restore_or_start(
     metrics_path = workdir / "metrics.jsonl"
 
     def check_same_run(record: dict) -> None:
-        if record.get("weights_only"):  # jaxgpt/lab/pruning.py's folders: nothing to continue an optimizer from
+        if record.get(WEIGHTS_ONLY):  # evaluate --prune --out's folders: nothing to continue an optimizer from
             raise UserError(
                 f"cannot resume {workdir}: it holds weights alone, with no optimizer state (written by "
                 f"`jaxgpt evaluate --prune --out`); train from them in a new folder: "

@@ -15,25 +15,21 @@ loss is the masked model's to float rounding, which the command checks and print
 
 DIR is a run folder holding weights alone (no optimizer state): `train.py
 --config.train.init_from=DIR` fine-tunes it, sample/evaluate/the lab read it, and a resume of it
-is refused in one line (jaxgpt/job/resume.py).
+is refused in one line (jaxgpt/job/resume.py). This module cuts; the command writes the folder
+(jaxgpt/commands/evaluate.py, `write_pruned_run`).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 import numpy as np
 
-from jaxgpt.config import ModelConfig, RunConfig
+from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
 
 # (module, parameter) of a layer's attention -> the axis its heads lie on (before a scanned
 # layout's leading layer axis); with n_kv_head = n_head each head is its own key/value head
 HEAD_AXES = {("qkv", "kernel"): 1, ("qkv", "bias"): 0, ("out", "kernel"): 0, ("gate", "kernel"): 1, ("gate", "bias"): 0}
 SHARED = {"q_norm", "k_norm", "value_mix", "out"}  # parameters every head shares (the output's bias)
-
-WEIGHTS_ONLY = "weights_only"  # the record's mark of a folder of weights without an optimizer state
 
 
 def refusal(model: ModelConfig) -> str | None:
@@ -115,26 +111,3 @@ def pruned_params(model: ModelConfig, params: dict, removed: list[tuple[int, int
             block["attn"] = _cut_attention(block["attn"], [keep[i]], layer_axis=False)
             out[f"block_{i}"] = block
     return pruned_model(model, len(keep[0])), out
-
-
-def write_pruned_run(out: Path, run: RunConfig, params: dict, tokenizer, step: int, pruned_from: dict) -> Path:
-    """A run folder at `out` (new or empty) holding the smaller model's weights alone, as step
-    `step` (the source's), with its config, tokenizer and what was cut (`pruned_from`)."""
-    from jaxgpt.job.checkpoint import Checkpoints
-    from jaxgpt.job.resume import checkpoint_record
-    from jaxgpt.job.workdir import make
-    from jaxgpt.tokenizers import save_tokenizer
-
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise UserError(f"--out {out} already exists and is not an empty folder; give a new folder for the pruned run")
-    make(out)
-    (out / "config.json").write_text(json.dumps(run.to_dict(), indent=2))
-    save_tokenizer(tokenizer, out / "tokenizer.json")
-    record = checkpoint_record(step, 0.0, [], run, tokenizer) | {WEIGHTS_ONLY: True, "pruned_from": pruned_from}
-    checkpoints = Checkpoints(out / "checkpoints", keep=1)
-    try:
-        checkpoints.save(step, {"params": params}, record)
-        checkpoints.wait()
-    finally:
-        checkpoints.close()
-    return out
