@@ -5,6 +5,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from conftest import USERS_COMPILER_OPTIONS
 from test_model import random_tokens, tiny
 
 from jaxgpt.lab.capture import capture, induction_scores, repeated_random_tokens
@@ -172,7 +173,6 @@ def test_an_induction_head_forms_in_a_model_trained_on_repeated_text_and_not_bef
         after_first_period = (np.arange(32)[None] >= periods[:, None] - 1).astype(np.float32)
         return windows, after_first_period
 
-    @jax.jit
     def step(params, opt_state, windows, weights):
         def loss(params):
             logits = GPT(config).apply({"params": params}, windows[:, :-1])
@@ -184,6 +184,8 @@ def test_an_induction_head_forms_in_a_model_trained_on_repeated_text_and_not_bef
         return optax.apply_updates(params, updates), opt_state, value
 
     opt_state, losses = optimizer.init(params), []
+    # 1500 steps: the running time outweighs the compile, so it compiles as users' steps do
+    step = jax.jit(step).lower(params, opt_state, *batch(1)).compile(USERS_COMPILER_OPTIONS)
     for i in range(1500):
         params, opt_state, value = step(params, opt_state, *batch(i + 1))
         losses.append(float(value))

@@ -10,7 +10,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import ROOT, small_run_config, train_losses
+from conftest import ROOT, small_run_config, train_losses, users_environment
 from test_pairs import char_examples
 
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
@@ -304,10 +304,10 @@ def test_reversal_is_learned_and_cross_attention_reads_the_mirrored_digit(tmp_pa
     from jaxgpt.commands.attention_maps import encoder_decoder_maps
     from jaxgpt.job.checkpoint import load_latest
 
-    env = {"PYTHONPATH": str(ROOT)}
     config = ["--config", "configs/seq2seq_reverse.py", "--config.train.steps=400"]
     argv = [sys.executable, "train.py", *config, f"--workdir={tmp_path}", "--quiet"]
-    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, env=env | dict(__import__("os").environ))
+    # 400 steps: compiled as users compile, on a user's devices
+    subprocess.run(argv, cwd=ROOT, check=True, capture_output=True, env=users_environment())
     last = json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])
     assert last["step"] == 400 and last["val_exact_match"] > 0.95
     from jaxgpt.commands import evaluate  # the table by length against the engine's own count of exact answers

@@ -6,7 +6,6 @@ the tiny config's run and its pre-flight check are the numbers those commands pr
 import ast
 import itertools
 import math
-import os
 import re
 import shlex
 import shutil
@@ -15,7 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, UNOPTIMISED_BACKEND, users_environment
 
 # The README, then the pages whose commands read the runs the README's commands write, in the
 # order a reader meets them (a sampling or plotting command comes after the run it reads).
@@ -210,10 +209,12 @@ CHAT_TURNS = "What is 37 + 45?\nAnd 12 + 9?\n"
 @pytest.mark.parametrize("command", SHORTENED)
 def test_readme_command_runs(command, sandbox, request):
     """In the guide's order: the sampling and plotting commands read the runs the training ones wrote."""
-    env = os.environ | {"HOME": str(sandbox), "PYTHONPATH": str(ROOT)}
+    # The user's default device count, not the test session's eight; compiled as the tests
+    # compile (three steps: the compile is most of a command's time, and a user's flags would
+    # show nothing here that tests/test_readme_runs.py's full runs do not).
+    env = users_environment(HOME=str(sandbox), XLA_FLAGS=UNOPTIMISED_BACKEND)
     if "tokenizer=gpt2" in command:
         env["TIKTOKEN_CACHE_DIR"] = str(request.getfixturevalue("gpt2_bpe"))
-    env.pop("XLA_FLAGS")  # the user's default device count, not the test session's eight
     typed = CHAT_TURNS if command_name(shlex.split(command)) == "chat" else None  # what a user types into a chat
     result = subprocess.run(
         argv_for(command, sandbox), cwd=sandbox, env=env, capture_output=True, text=True, input=typed
