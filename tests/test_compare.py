@@ -1,13 +1,12 @@
 """python -m jaxgpt compare: a 2 x 2 comparison of a tiny model, read back independently."""
 
 import json
-import os
 import shlex
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT, run_script
+from conftest import run_script, users_environment
 
 # The first example of `jaxgpt compare --help`, which test_two_short_runs_as_the_help_shows runs
 HELP_EXAMPLE = (
@@ -149,8 +148,7 @@ def test_a_bad_vary_is_one_line_before_any_run(tmp_path, vary, message):
 def test_two_short_runs_as_the_help_shows(tmp_path):
     """compare's --help example, as written, in a fresh directory: two 20-step runs of the
     shipped tiny config (found by name) and a table with a row for each."""
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS")  # the user's default device count
+    env = users_environment()  # the user's default device count
     result = subprocess.run(
         [sys.executable, *shlex.split(HELP_EXAMPLE)[1:]], cwd=tmp_path, env=env, capture_output=True, text=True
     )

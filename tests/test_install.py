@@ -8,7 +8,7 @@ import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, users_environment
 
 TINY = [
     "--config.model.n_layer=1",
@@ -42,8 +42,7 @@ def installed(tmp_path_factory):
 
 def run_installed(installed, cwd, command, *args):
     """The installed console script `jaxgpt COMMAND ARGS`."""
-    env = os.environ | {"PYTHONPATH": str(installed)}  # the installed copy only, not the checkout
-    env.pop("XLA_FLAGS")  # a user's default device count, not the test session's eight
+    env = users_environment(PYTHONPATH=str(installed))  # the installed copy only, not the checkout
     return subprocess.run(
         [sys.executable, str(installed / "bin" / "jaxgpt"), command, *args],
         cwd=cwd,

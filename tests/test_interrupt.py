@@ -12,17 +12,12 @@ import sys
 import time
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, users_environment
 
 from jaxgpt.commands.interrupt import INTERRUPTED
 
 SMALL = ["--config.model.n_layer=2", "--config.model.d_model=64", "--config.train.steps=400", "--quiet"]
 TRIES = 3
-
-
-def users_environment() -> dict:
-    """This process's environment without the tests' eight fake devices, at the repository's root."""
-    return {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"} | {"PYTHONPATH": str(ROOT)}
 
 
 def interrupted_after(seconds: float, command: list[str], tmp_path) -> subprocess.CompletedProcess:

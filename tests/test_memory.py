@@ -5,7 +5,7 @@ import re
 
 import jax
 import pytest
-from conftest import small_run_config
+from conftest import small_run_config, users_environment
 
 from jaxgpt import sharding
 from jaxgpt.commands.dispatch import COMMANDS
@@ -173,7 +173,6 @@ def test_an_address_space_limit_is_memory_the_run_cannot_use(monkeypatch):
 def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
     """`ulimit -v 1500000` (1.4 GiB) in the shell that starts training: one line and exit 2
     before any work (it used to abort in XLA: std::bad_alloc), nothing written."""
-    import os
     import shlex
     import subprocess
     import sys
@@ -181,8 +180,7 @@ def test_the_limit_set_by_ulimit_is_read_from_the_process(tmp_path):
     from conftest import ROOT
 
     command = [sys.executable, str(ROOT / "train.py"), "--config=tiny", f"--workdir={tmp_path / 'run'}", "--quiet"]
-    env = os.environ.copy()
-    env.pop("XLA_FLAGS")  # the user's default device count, not the test session's eight
+    env = users_environment()  # the user's default device count, not the test session's eight
     result = subprocess.run(
         ["bash", "-c", f"ulimit -v 1500000 && exec {shlex.join(command)}"], capture_output=True, text=True, env=env
     )

@@ -3,13 +3,12 @@ two workers share them: the full first run ends at the losses the README quotes,
 beats it in 400 steps, and the pre-flight table is what `jaxgpt check --config tiny` prints. The
 last two run the README's commands as written, so tests/test_readme.py leaves them out."""
 
-import os
 import re
 import subprocess
 import sys
 
 import pytest
-from conftest import ROOT
+from conftest import ROOT, users_environment
 from test_readme import README, agree, argv_for, quoted_block, readme_command
 
 
@@ -22,8 +21,7 @@ def test_the_first_run_ends_at_the_losses_the_readme_quotes(tmp_path):
     on purpose, the docs say before which changes."""
     quoted = quoted_block("ends with a summary line")
     step_line = next(line for line in quoted.splitlines() if line.startswith("step 2000:"))
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS")
+    env = users_environment()
     result = subprocess.run(
         [sys.executable, str(ROOT / "train.py"), "--config", str(ROOT / "configs/tiny.py"), f"--workdir={tmp_path}"],
         env=env,
@@ -40,8 +38,7 @@ def test_the_speedrun_reaches_the_first_runs_bits_per_byte_in_400_steps(tmp_path
     """The README's claim: its speedrun command ends below the validation bits per byte that
     configs/tiny.py ends at (the README's step-2000 line, which the test above holds to the run)."""
     tiny_bpb = float(re.search(r"step 2000: .*\(([\d.]+) bits/byte\)", README).group(1))
-    env = os.environ | {"PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    env.pop("XLA_FLAGS")
+    env = users_environment(HOME=str(tmp_path))
     result = subprocess.run(
         argv_for(readme_command("speedrun"), tmp_path, shortened=False),
         cwd=tmp_path,
@@ -60,8 +57,7 @@ def test_the_preflight_table_is_what_check_prints(tmp_path):
     """Every number in the README's check table except times and this machine's memory, and
     every row's verdict (PASS, INFO): the healthy config's check, run as a user runs it."""
     quoted = quoted_block("prints a table").splitlines()
-    env = os.environ | {"PYTHONPATH": str(ROOT), "HOME": str(tmp_path)}
-    env.pop("XLA_FLAGS")
+    env = users_environment(HOME=str(tmp_path))
     result = subprocess.run(
         argv_for(readme_command("pre-flight"), tmp_path, shortened=False),
         cwd=tmp_path,
@@ -99,8 +95,7 @@ def test_the_dates_run_lands_where_the_docs_say_every_cpu_lands(tmp_path):
     Zen 5, the slow set's one run of a documented figure of a long fine-tuning-like run."""
     page = " ".join((ROOT / "docs" / "configuration.md").read_text().split())
     floor = float(re.search(r"at least ([\d.]+)% of the held-out dates on any CPU", page).group(1)) / 100
-    env = os.environ | {"PYTHONPATH": str(ROOT)}
-    env.pop("XLA_FLAGS")
+    env = users_environment()
     train = [
         sys.executable,
         str(ROOT / "train.py"),
