@@ -67,9 +67,9 @@ os.environ["HF_DATASETS_CACHE"] = os.path.join(os.environ["JAXGPT_CACHE"], "hf-d
 # a libtpu compile ignores both flags (the same memory and time either way), and the commands
 # that print what the docs quote run in a fresh process with the user's flags (`users_environment`).
 # What users compile with stays for the few tests whose training runs long enough that running
-# the unoptimised code costs more than compiling it saves (the slow set's induction head: 33 s
-# against 82 s): a fresh process with `users_environment()`, or `USERS_COMPILER_OPTIONS` for a
-# test's own jitted step.
+# the unoptimised code costs more than compiling it saves (the slow set's induction head, run
+# alone: 33 s against 82 s): a fresh process with `users_environment()`, or
+# `USERS_COMPILER_OPTIONS` for a test's own jitted step.
 UNOPTIMISED_BACKEND = "--xla_backend_optimization_level=0" + ("" if ON_GPU else " --xla_cpu_use_fusion_emitters=false")
 USERS_COMPILER_OPTIONS = {"xla_backend_optimization_level": 3}
 if not ON_GPU:
