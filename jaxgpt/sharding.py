@@ -32,6 +32,7 @@ ROWS_BESIDE_EXPERTS = ("data", "fsdp")  # a batch's split while its experts are 
 RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("wte", "embedding"): ("tensor", "fsdp"),  # (vocab, d_model)
     ("wpe", "embedding"): (None, "fsdp"),  # (block_size, d_model)
+    ("patch_embed", "kernel"): (None, "fsdp"),  # a Vision Transformer's (patch values, d_model)
     # a block's value embeddings (vocab, kv_heads x head_dim): the width split as the values' heads are
     ("value_embed", "embedding"): ("fsdp", "tensor"),
     ("qkv", "kernel"): ("fsdp", "tensor", None, None),  # (d_model, kv_heads, group + 2, head_dim)

@@ -14,7 +14,8 @@ from jaxgpt.config import DataConfig, MeshConfig, ModelConfig, RunConfig, TrainC
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import core_parallel, runtime, step_choice
 from jaxgpt.hardware.core_parallel import CoreParallelStep
-from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, state_layout
+from jaxgpt.hardware.mesh_step import MeshStep, state_layout
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.model.transformer import GPT
 from jaxgpt.training.batch import windows_batch
 from jaxgpt.training.optimizer import make_optimizer
@@ -275,7 +276,7 @@ def test_plan_picks_microbatches_per_core_and_says_so(source, monkeypatch):
     kept = plan.step.memory_analysis().temp_size_in_bytes
     assert f"{chosen}: {kept / 2**20:.0f} MiB" in plan.note
     first = plan.step._first_share
-    shapes = batch_layout(plan.program, plan.step.batch_mesh)
+    shapes = batch_layout(plan.program.run, plan.step.batch_mesh)
     batch = {name: jax.device_put(np.zeros(s.shape, s.dtype), s.sharding) for name, s in shapes.items()}
     assert plan.step.compile(create(), batch).shares.compiled[0] is first
     assert (

@@ -13,7 +13,8 @@ from jaxgpt.config import MeshConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
-from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.hardware.mesh_step import jit_train_step, state_layout
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.program import training_program
 
 GiB = 2**30
@@ -44,7 +45,7 @@ def compiled_bytes(run, mesh) -> int:
     program = training_program(run)
     layout, _ = state_layout(program, mesh)
     analysis = (
-        jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh)).compile().memory_analysis()
+        jit_train_step(program, mesh, layout).lower(layout, batch_layout(program.run, mesh)).compile().memory_analysis()
     )
     return analysis.argument_size_in_bytes + analysis.temp_size_in_bytes
 

@@ -14,7 +14,8 @@ from conftest import layout_run_config, small_run_config, train_losses, trained
 from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
 from jaxgpt.config_files import resolve
-from jaxgpt.hardware.mesh_step import batch_layout, jit_train_step, state_layout
+from jaxgpt.hardware.mesh_step import jit_train_step, state_layout
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.model.layers import ACTIVATION_FUNCTIONS
 from jaxgpt.model.moe import MixtureOfExpertsLayer
@@ -305,7 +306,7 @@ def test_on_an_expert_axis_each_device_holds_its_experts_and_tokens_travel_all_t
     layout, _ = state_layout(program, mesh)
     up = layout.params["block_0"]["moe"]["experts_up"]
     assert up.sharding.shard_shape(up.shape)[0] == 1  # 4 experts over 4 devices of the axis
-    text = jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh)).compile().as_text()
+    text = jit_train_step(program, mesh, layout).lower(layout, batch_layout(program.run, mesh)).compile().as_text()
     assert " all-to-all(" in text
 
 

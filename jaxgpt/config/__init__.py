@@ -26,6 +26,7 @@ from jaxgpt.config.model import (
 from jaxgpt.config.problems import ConfigError
 from jaxgpt.config.run import (
     BUILTIN_CHATS,
+    BUILTIN_IMAGES,
     BUILTIN_LABELLED,
     BUILTIN_PAIRS,
     DataConfig,
@@ -33,6 +34,7 @@ from jaxgpt.config.run import (
     RunConfig,
     TrainConfig,
     is_chat_source,
+    is_image_source,
     is_labelled_source,
     is_pairs_source,
     run_config_from_dict,
@@ -43,6 +45,7 @@ __all__ = [
     "ACTIVATIONS",
     "ATTENTION_KERNELS",
     "BUILTIN_CHATS",
+    "BUILTIN_IMAGES",
     "BUILTIN_LABELLED",
     "BUILTIN_PAIRS",
     "DTYPES",
@@ -63,6 +66,7 @@ __all__ = [
     "TrainConfig",
     "default_mlp_hidden",
     "is_chat_source",
+    "is_image_source",
     "is_labelled_source",
     "is_pairs_source",
     "run_config_from_dict",

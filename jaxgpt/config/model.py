@@ -266,6 +266,12 @@ class ModelConfig:
     classes: the classifier's outputs, for model.objective=classification: a linear layer over
         the final norm's output in the LM head's place, read at one position of each example
         (jaxgpt/data/labels.py); 0: as many as the labelled texts have labels.
+    patch_size: a Vision Transformer (Dosovitskiy et al. 2021): the model reads images of an image
+        source (jaxgpt/data/images.py) cut into patch_size x patch_size patches, each projected to
+        d_model as a token's embedding would be (patch_embed), after a learned class token; with
+        objective=classification and causal=False the class token's output is classified.
+        block_size is then 1 + the patches an image has. 0: the model reads tokens.
+    channels: an image's channels (1 grey, 3 RGB), for patch_size.
     mtp_weight: multi-token prediction (DeepSeek-V3's, at depth 1; Gloeckle et al. 2024): a
         module beside the head that predicts the token after next, from the last block's output
         and the next token's embedding through one more block, read out by the shared head;
@@ -343,6 +349,8 @@ class ModelConfig:
     encoder_summary: str = "none"
     mtp_weight: float = 0.0
     classes: int = 0
+    patch_size: int = 0
+    channels: int = 1
     lora_rank: int = 0
     lora_alpha: float = 16.0
     lora_embeddings: bool = False
@@ -455,7 +463,7 @@ FIELD_KINDS = {
         ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "d_model", "head_dim", "mlp_hidden",
          "activation", "norm", "norm_position", "norm_eps", "position", "rope_theta", "rope_scaling",
          "attention_scale_dim", "bias", "qkv_bias", "tie_embeddings", "moe", "logits_bias", "mask_token",
-         "objective", "encoder_layers", "classes"),
+         "objective", "encoder_layers", "classes", "patch_size", "channels"),
         "architecture",
     ),
     **dict.fromkeys(
@@ -498,6 +506,13 @@ def _check_classifier(c: ModelConfig, problems: Problems) -> None:
         problems.add("classes", "is 1, and a classifier tells at least 2 apart; leave it 0 for the data's labels")
     if c.objective == "classification" and c.loss_chunk:
         problems.add("loss_chunk", "chunks the vocabulary's logits, and a classifier has a few; set 0")
+    if not problems.whole_number("patch_size", "of pixels a side, or 0 for a model that reads tokens"):
+        return
+    if c.patch_size and (c.objective != "classification" or c.causal or c.encoder_layers):
+        problems.add("patch_size", "gives a Vision Transformer, an encoder that classifies: set objective="
+                     "classification, causal=False and encoder_layers=0, or patch_size=0")  # fmt: skip
+    if c.channels not in (1, 3):
+        problems.add("channels", "is an image's channels: 1 (grey) or 3 (RGB)")
 
 
 def _check_multi_token(c: ModelConfig, problems: Problems) -> None:

@@ -113,6 +113,11 @@ class DataConfig:
         return is_labelled_source(self.source)
 
     @property
+    def images(self) -> bool:
+        """Whether the source is labelled images, for a Vision Transformer (jaxgpt/data/images.py)."""
+        return is_image_source(self.source)
+
+    @property
     def examples(self) -> bool:
         """Whether batches pack whole examples (pairs, conversations, labelled texts), the loss
         on what each scores, rather than cut windows from a stream."""
@@ -121,6 +126,7 @@ class DataConfig:
 
 BUILTIN_PAIRS = ("dates", "reverse", "sort")  # builtin:NAME sources of text pairs (jaxgpt/data/pairs.py)
 BUILTIN_LABELLED = ("brackets",)  # builtin:NAME sources of labelled texts (jaxgpt/data/labels.py)
+BUILTIN_IMAGES = ("digits",)  # builtin:NAME sources of labelled images (jaxgpt/data/images.py)
 BUILTIN_CHATS = ("arithmetic-chat",)  # builtin:NAME sources of conversations (jaxgpt/data/conversations.py)
 LOSS_ON = ("assistant", "all")
 
@@ -136,6 +142,12 @@ def is_labelled_source(source: str) -> bool:
     """labels:PATH and builtin:brackets give labelled texts."""
     kind, _, rest = source.partition(":")
     return kind == "labels" or (kind == "builtin" and rest in BUILTIN_LABELLED)
+
+
+def is_image_source(source: str) -> bool:
+    """images:PATH and builtin:digits give labelled images."""
+    kind, _, rest = source.partition(":")
+    return kind == "images" or (kind == "builtin" and rest in BUILTIN_IMAGES)
 
 
 def is_chat_source(source: str) -> bool:
@@ -354,10 +366,17 @@ class RunConfig:
                 f"model.encoder_layers={self.model.encoder_layers} gives the model an encoder, and a chat source's "
                 "conversations are read by a decoder alone; set model.encoder_layers=0"
             )
-        if self.data.labelled != (self.model.objective == "classification"):
+        if (self.data.labelled or self.data.images) != (self.model.objective == "classification"):
             raise ConfigError(
                 f"data.source={self.data.source!r} and model.objective={self.model.objective!r}: labelled texts "
-                "(labels:PATH, builtin:brackets) train a classifier and a classifier needs them; set both or neither"
+                "(labels:PATH, builtin:brackets) or images (images:PATH, builtin:digits) train a classifier and a "
+                "classifier needs them; set both or neither"
+            )
+        if self.data.images != bool(self.model.patch_size):
+            raise ConfigError(
+                f"data.source={self.data.source!r} and model.patch_size={self.model.patch_size}: images are read in "
+                "patches (model.patch_size > 0, a Vision Transformer) and patches are cut from images; set both or "
+                "neither (configs/vit_digits.py)"
             )
         if self.model.encoder_layers and not self.data.pairs:
             raise ConfigError(

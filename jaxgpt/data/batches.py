@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable, Iterator
 
 import numpy as np
 
-from jaxgpt.data import conversations, labels, pairs
+from jaxgpt.data import conversations, images, labels, pairs
 from jaxgpt.data.prepared import Dataset
 from jaxgpt.errors import UserError
 from jaxgpt.training.batch import segment_positions, windows_batch
@@ -206,6 +206,8 @@ def batch_sources(dataset: Dataset, run):
     into rows (jaxgpt/data/pairs.py, conversations.py). Each has batch(...) giving the batch
     contract's dict, sharded."""
     t, seq_len = run.train, run.model.block_size
+    if run.data.images:
+        return images.batch_sources(dataset, run)
     if run.data.labelled:
         return labels.batch_sources(dataset, run)
     if run.data.examples:
@@ -247,7 +249,9 @@ def example_splits(dataset: Dataset, run):
 def check_batches_fit(dataset: Dataset, run) -> None:
     """One line, before any state exists, where `run`'s batches cannot be cut from `dataset`:
     a split shorter than a window, or (text pairs, conversations) no example that fits a row."""
-    if run.data.labelled:
+    if run.data.images:
+        images.check_fits(dataset.images, run.model)
+    elif run.data.labelled:
         labels.split_labelled(dataset, run.data.source, run.model.block_size)
     elif run.data.examples:
         example_splits(dataset, run)

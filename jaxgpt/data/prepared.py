@@ -36,6 +36,7 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxgpt.config import DataConfig
+from jaxgpt.data import images
 from jaxgpt.data.conversations import chat_tokenizer, without_markers
 from jaxgpt.data.shards import (
     PREPARATION_VERSION,
@@ -232,7 +233,10 @@ def prepare(
     `verify` hashes the token files whatever their size; `check_in_background` hashes those
     too large to hash at the start (CHECKSUM_ON_START_BYTES) in a thread (Dataset.damage says
     what it found), as training does. `tokenizer` replaces the one data.tokenizer names (a
-    resumed run's own, where that one changed: jaxgpt/job/resume.py)."""
+    resumed run's own, where that one changed: jaxgpt/job/resume.py). An image source has no
+    tokens to cache: its images are read as they are (jaxgpt/data/images.py)."""
+    if config.images:
+        return images.prepare(config)
     folder = cache_folder(config, tokenizer)
     problem = cache_problem(folder, verify) if folder.exists() else None
     if problem:

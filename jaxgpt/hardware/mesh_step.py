@@ -13,7 +13,6 @@ from concurrent.futures import Future
 import jax
 
 from jaxgpt import sharding
-from jaxgpt.training.batch import batch_fields
 from jaxgpt.training.program import TrainingProgram
 from jaxgpt.training.train_step import TrainState, seed_key_data
 
@@ -90,15 +89,6 @@ def jit_train_step(program: TrainingProgram, mesh, layout):
         out_shardings=(state_shardings, replicated),
         donate_argnums=0,
     )
-
-
-def batch_layout(program: TrainingProgram, mesh) -> dict[str, jax.ShapeDtypeStruct]:
-    """The shapes, dtypes and shardings of the run's batches (jaxgpt/training/batch.py), nothing allocated."""
-    shape = (program.run.train.batch_size, program.run.model.block_size)
-    where = sharding.batch_sharding(mesh)
-    return {
-        name: jax.ShapeDtypeStruct(shape, dtype, sharding=where) for name, dtype in batch_fields(program.run).items()
-    }
 
 
 def initial_state(program: TrainingProgram, mesh) -> TrainState:

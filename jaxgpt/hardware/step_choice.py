@@ -55,7 +55,8 @@ from jaxgpt.config import RunConfig
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import machine, memory, peak_flops, runtime
 from jaxgpt.hardware.core_parallel import CoreParallelStep
-from jaxgpt.hardware.mesh_step import MeshStep, batch_layout, jit_train_step
+from jaxgpt.hardware.mesh_step import MeshStep, jit_train_step
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.program import TrainingProgram
 from jaxgpt.training.train_step import TrainState
 
@@ -141,7 +142,7 @@ def plan(program: TrainingProgram, devices: list, mesh, layout) -> CorePlan:
     def first_core_compiled(m: int) -> CoreParallelStep:
         candidate = program.with_train(microbatches=m)
         step = CoreParallelStep(candidate, devices[:n], layout)
-        return step.compile_first_share(layout, batch_layout(candidate, step.batch_mesh))
+        return step.compile_first_share(layout, batch_layout(candidate.run, step.batch_mesh))
 
     per_core = program.with_train(batch_size=run.train.batch_size // n)
     started = time.perf_counter()
@@ -172,7 +173,7 @@ def compile_step(program: TrainingProgram, mesh, layout):
     """The program's train step, compiled ahead of time for its state (`layout`) and batch;
     raises memory.OutOfMemory where the compiler refuses it."""
     with memory.refusals_as_out_of_memory():
-        return jit_train_step(program, mesh, layout).lower(layout, batch_layout(program, mesh)).compile()
+        return jit_train_step(program, mesh, layout).lower(layout, batch_layout(program.run, mesh)).compile()
 
 
 def temp_bytes(compiled) -> int:

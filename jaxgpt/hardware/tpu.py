@@ -120,7 +120,8 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     the run's own mesh, shardings and batch: the step training would choose there (microbatches
     = 0 filled against `tpu`'s memory, jaxgpt/hardware/step_choice.py), and read its memory and
     FLOPs. Raises OutOfMemory when the compiler finds it cannot fit."""
-    from jaxgpt.hardware.mesh_step import batch_layout, state_layout
+    from jaxgpt.hardware.mesh_step import state_layout
+    from jaxgpt.training.batch import batch_layout
     from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.model.transformer import flops_per_token
     from jaxgpt.training.program import training_program
@@ -130,7 +131,7 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     layout, _ = state_layout(program, mesh)
     with memory.refusals_as_out_of_memory():
         program, step, _ = choose_step(program, mesh, layout, device_bytes=tpu.hbm_bytes if tpu else None)
-        batch = batch_layout(program, mesh)
+        batch = batch_layout(program.run, mesh)
         step.compile(layout, batch)
     run = program.run
     analysis, cost = step.memory_analysis(), step.cost_analysis()

@@ -38,7 +38,8 @@ from jaxgpt.config.run import scheduled_steps
 from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
-from jaxgpt.hardware.mesh_step import batch_layout, in_background, state_layout
+from jaxgpt.hardware.mesh_step import in_background, state_layout
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
@@ -110,9 +111,9 @@ def with_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
 
 
 def with_classes(run: RunConfig) -> RunConfig:
-    """`run` with model.classes its labelled texts' labels (jaxgpt/data/labels.py), where it
-    classifies them and left the count unset; one line where a count set differs."""
-    if not run.data.labelled:
+    """`run` with model.classes its labelled texts' or images' labels (jaxgpt/data/labels.py,
+    images.py), where it classifies them and left the count unset; one line where a count set differs."""
+    if not (run.data.labelled or run.data.images):
         return run
     names = data.class_names(run.data.source)
     if run.model.classes in (0, len(names)):
@@ -196,7 +197,7 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
         # batch have the same): the step then compiles beside the state's initialisation and the
         # data's reading: where XLA's compiles leave cores idle, a fresh start is shorter
         started = time.perf_counter()
-        step.compile(resolved.layout, batch_layout(program, step.batch_mesh))
+        step.compile(resolved.layout, batch_layout(program.run, step.batch_mesh))
         return time.perf_counter() - started
 
     peak, source = peak_flops(mesh.devices.flatten().tolist())

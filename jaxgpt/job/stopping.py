@@ -92,15 +92,15 @@ RUNAWAY_EVALUATIONS = 3
 
 class RunawayWatch:
     """Follows the validation loss evaluation by evaluation: a warning at each evaluation far
-    above the best (RUNAWAY_NATS, or ln vocab_size), or after `warmup_steps` more than
-    RUNAWAY_NATS above ln vocab_size (worse than guessing uniformly, however it compares with
-    the best), and a UserError once RUNAWAY_EVALUATIONS in a row are, naming the best
+    above the best (RUNAWAY_NATS, or ln outputs: of the vocabulary, or a classifier's classes),
+    or after `warmup_steps` more than RUNAWAY_NATS above ln outputs (worse than guessing
+    uniformly, however it compares with the best), and a UserError once RUNAWAY_EVALUATIONS in a row are, naming the best
     checkpoint `checkpoints` keeps to go back to (or a fresh start, where the best is hopeless
     too). The best is this session's (a resumed run starts watching afresh); the best
     checkpoint is the run's."""
 
-    def __init__(self, vocab_size: int, checkpoints, warn, warmup_steps: int = 0):
-        self.ceiling = math.log(vocab_size)
+    def __init__(self, outputs: int, checkpoints, warn, warmup_steps: int = 0):
+        self.ceiling = math.log(outputs)  # a uniform guess over the model's outputs: tokens, or a classifier's classes
         self.checkpoints, self.warn, self.warmup_steps = checkpoints, warn, warmup_steps
         self.best = math.inf
         self.best_step: int | None = None

@@ -61,7 +61,7 @@ def describe_val(record: dict) -> str:
     the first evaluation."""
     loss = f"{record.get('val_loss', float('nan')):.4f}"
     if "val_confusion" in record:
-        return f"{loss} (classification loss; {record['val_accuracy']:.1%} of held-out texts classified right)"
+        return f"{loss} (classification loss; {record['val_accuracy']:.1%} of held-out examples classified right)"
     if "val_accuracy" in record:
         return f"{loss} (masked-token loss; {record['val_accuracy']:.1%} of hidden tokens right)"
     past_only = f", past-only {record['val_loss_past_only']:.4f}" if "val_loss_past_only" in record else ""
@@ -193,7 +193,7 @@ class Trainer:
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
         run = placed.run
         self.scheduled = scheduled_steps(run.train)  # train.checkpoint_schedule's, kept for good
-        self.runaway = RunawayWatch(run.model.vocab_size, self.checkpoints, warn, run.train.warmup_steps)
+        self.runaway = RunawayWatch(run.model.classes or run.model.vocab_size, self.checkpoints, warn, run.train.warmup_steps)
         # train.lab's probes, made once from the seed and the validation split: a resume measures the same
         self.lab = Watch(run.model, run.train.lab, run.train.seed, self.validation.tokens) if run.train.lab else None
         # evaluation's programs compile beside the step's (one process only: a multi-host

@@ -138,14 +138,21 @@ def token_positions(
 
 
 def input_embeddings(
-    module: nn.Module, config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, positions: jnp.ndarray
+    module: nn.Module, config: ModelConfig, wte: nn.Embed, tokens: jnp.ndarray, positions: jnp.ndarray, pixels=None
 ) -> jnp.ndarray:
     """What the first block reads: the tokens' embeddings (times sqrt(d_model) with
     scale_embeddings; the site hook_embed) plus, for absolute positions, their position's
     (hook_pos_embed; rope and alibi act inside attention instead), normalised with
-    embedding_norm. Called inside `module`'s compact method: a learned table is its "wpe"."""
+    embedding_norm. Called inside `module`'s compact method: a learned table is its "wpe".
+    A Vision Transformer's (patch_size) patches are projected and added to their tokens'
+    embeddings (jaxgpt/data/images.py: the class token's and "a patch here", the projection's bias)."""
     c = config
     x = wte(tokens)
+    if c.patch_size:
+        if pixels is None:
+            raise ValueError("a Vision Transformer (model.patch_size) reads its patches: pass pixels=")
+        patch_embed = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="patch_embed", **dtypes(c))
+        x = x + patch_embed(pixels.astype(x.dtype) / 255)  # bytes as [0, 1]: the class token's zeros add nothing
     if c.scale_embeddings:
         x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
     x = site(module, "hook_embed", x)
@@ -180,6 +187,7 @@ class GPT(nn.Module):
         sources: jnp.ndarray | None = None,
         source_segments: jnp.ndarray | None = None,
         source_positions: jnp.ndarray | None = None,
+        pixels: jnp.ndarray | None = None,
         memory: jnp.ndarray | None = None,
         encode_only: bool = False,
         train: bool = False,
@@ -193,6 +201,8 @@ class GPT(nn.Module):
         sources, source_segments, source_positions: (batch, source seq), an encoder–decoder's
             (config.encoder_layers): what its encoder reads; or `memory`, what it made of them
             (encode_only=True returns that, for decoding with the sources encoded once).
+        pixels: (batch, seq, patch_size x patch_size x channels) uint8, a Vision Transformer's
+            patches (config.patch_size; jaxgpt/data/images.py).
         train: enables dropout (needs a "dropout" rng).
         decode: read and extend the KV cache (mutable "cache" collection; see init_cache).
         head: False stops before the LM head, returning what it reads (batch, seq, d_model):
@@ -207,7 +217,7 @@ class GPT(nn.Module):
         if encode_only:
             return memory
         positions, cache_index = token_positions(self, c, tokens.shape[1], decode, positions)
-        x = input_embeddings(self, c, wte, tokens, positions)  # (batch, seq, d_model)
+        x = input_embeddings(self, c, wte, tokens, positions, pixels)  # (batch, seq, d_model)
         x = nn.Dropout(c.dropout, deterministic=not train)(x)
         beside = (segments, memory, source_segments)
         x, residuals = stacked_blocks(
@@ -436,15 +446,24 @@ def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jn
 def init_params(config: ModelConfig, rng: jax.Array) -> dict:
     """Freshly initialised parameters (the "params" collection) for `config`."""
     tokens = jnp.zeros((1, min(config.block_size, 8)), jnp.int32)
-    sources = {"sources": tokens} if config.encoder_layers else {}
-    return GPT(config).init(rng, tokens, **sources)["params"]
+    return GPT(config).init(rng, tokens, **inputs_beside(config, tokens))["params"]
+
+
+def inputs_beside(config: ModelConfig, tokens: jnp.ndarray) -> dict:
+    """What a model reads beside `tokens` where it reads more, as zeros: an encoder–decoder's
+    sources, a Vision Transformer's pixels."""
+    if config.encoder_layers:
+        return {"sources": tokens}
+    if config.patch_size:
+        return {"pixels": jnp.zeros((*tokens.shape, config.patch_size**2 * config.channels), jnp.uint8)}
+    return {}
 
 
 def init_cache(config: ModelConfig, batch_size: int) -> dict:
     """An empty KV cache (the "cache" collection) for `batch_size` sequences of up to block_size."""
     tokens = jnp.zeros((batch_size, 1), jnp.int32)
-    sources = {"sources": tokens} if config.encoder_layers else {}
-    shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True, **sources))["cache"]
+    beside = inputs_beside(config, tokens)
+    shapes = jax.eval_shape(lambda: GPT(config).init(jax.random.key(0), tokens, decode=True, **beside))["cache"]
     return zeros_shaped(shapes)
 
 

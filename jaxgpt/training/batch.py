@@ -19,6 +19,11 @@ and for an encoder–decoder (model.encoder_layers), what its encoder reads, (ro
                         the source tokens, their segments (a target token attends to the
                         source tokens of its own segment) and positions
 
+and for a Vision Transformer (model.patch_size; jaxgpt/data/images.py), beside its inputs:
+
+    pixels     uint8    (rows, seq, patch_size x patch_size x channels): each position's
+                        patch, zeros at the class token
+
 A field whose value would be its default is left out, so a batch of plain windows is
 {inputs, targets} and computes exactly what it did before the other fields existed (and a run
 compiles only what its batches use). A (rows, seq + 1) array of windows cut from a token stream
@@ -30,11 +35,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
-FIELDS = ("inputs", "targets", "weights", "segments", "positions", "sources", "source_segments", "source_positions")
-MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions")  # beside the inputs
+from jaxgpt.sharding import batch_sharding
+
+FIELDS = ("inputs", "targets", "weights", "segments", "positions", "sources", "source_segments", "source_positions",
+          "pixels")  # fmt: skip
+MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions", "pixels")  # beside the inputs
 REQUIRED = ("inputs", "targets")
 
 
@@ -64,7 +73,20 @@ def batch_fields(run) -> dict[str, type]:
         fields |= {"segments": jnp.int32, "positions": jnp.int32}
     if run.model.encoder_layers:  # what the encoder reads
         fields |= {"sources": jnp.int32, "source_segments": jnp.int32, "source_positions": jnp.int32}
+    if run.model.patch_size:  # an image a row, scored at its class token
+        fields |= {"weights": jnp.float32, "pixels": jnp.uint8}
     return fields
+
+
+def batch_layout(run, mesh) -> dict:
+    """The shapes, dtypes and shardings of `run`'s batches over `mesh` (jax.ShapeDtypeStructs,
+    nothing allocated): what a step is compiled for before any batch exists."""
+    shape, where = (run.train.batch_size, run.model.block_size), batch_sharding(mesh)
+    patch = (run.model.patch_size**2 * run.model.channels,)
+    return {
+        name: jax.ShapeDtypeStruct(shape + (patch if name == "pixels" else ()), dtype, sharding=where)
+        for name, dtype in batch_fields(run).items()
+    }
 
 
 def rows_of(batch: Mapping) -> int:
