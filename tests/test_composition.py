@@ -6,7 +6,7 @@ and the same weights. A cell that cannot be is refused in one line when the conf
 
 The objectives: next-token prediction on a text, masked-token prediction (an encoder), an
 encoder–decoder on text pairs, a decoder on text pairs, conversations, classification of
-labelled texts. The settings: plain, a
+labelled texts, and of images (a Vision Transformer). The settings: plain, a
 mixture of experts, low-rank adapters, 2 microbatches, the batch split over 2 CPU cores (one
 program per core, as train.py runs on a 2-core machine), scanned layers, a chunked loss, full
 rematerialisation, multi-token prediction. The next-token row is in the quick set (26 s on a
@@ -36,6 +36,8 @@ OBJECTIVES = {
     "decoder-on-pairs": {"data.source": "builtin:reverse"},
     "conversations": {"data.source": "builtin:arithmetic-chat", "data.tokenizer": "byte"},
     "classification": {"model.objective": "classification", "data.source": "builtin:brackets"},
+    "images": {"model.objective": "classification", "data.source": "builtin:digits", "model.causal": False,
+               "model.patch_size": 4, "model.block_size": 17, "model.position": "learned"},
 }
 SETTINGS = {
     "plain": {},
@@ -58,6 +60,8 @@ REFUSED = {
     ("encoder-decoder", "multi-token"): NOT_NEXT_TOKENS,
     ("classification", "multi-token"): NOT_NEXT_TOKENS,
     ("classification", "chunked-loss"): "model.loss_chunk=8 chunks the vocabulary's logits, and a classifier has a few",
+    ("images", "multi-token"): NOT_NEXT_TOKENS,
+    ("images", "chunked-loss"): "model.loss_chunk=8 chunks the vocabulary's logits, and a classifier has a few",
 }
 
 

@@ -207,8 +207,8 @@ def test_two_processes_of_four_devices_train_like_one_process_of_eight(tmp_path)
 def test_every_large_parameter_of_every_switch_has_a_sharding_rule():
     """A model with every switch that makes parameters on (experts, an encoder with
     cross-attention, adapters, value embeddings, the x0 mix, BERT's head, an untied head,
-    biases, QK-norm, the attention gate), SwiGLU, multi-token prediction's module, and the
-    convolution in attention's place: each of its parameters has a
+    biases, QK-norm, the attention gate), SwiGLU, multi-token prediction's module, a Vision Transformer's patch
+    projection and the convolution in attention's place: each of its parameters has a
     rule in jaxgpt/sharding.py, or is small enough to replicate by design (a norm's scale, a
     bias of d_model, a router, a few scalars: at most max(vocab, experts x d_model) numbers).
     A new weight matrix left without a rule would be replicated on every device; it fails here."""
@@ -226,8 +226,10 @@ def test_every_large_parameter_of_every_switch_has_a_sharding_rule():
     with_experts = ModelConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, d_model=32, activation="swiglu",
                                moe=MixtureOfExperts(experts=4, top_k=2, shared_experts=1))  # fmt: skip
     ahead = ModelConfig(vocab_size=64, block_size=16, n_layer=2, n_head=4, d_model=32, mtp_weight=0.5)
+    vision = ModelConfig(vocab_size=2, block_size=17, n_layer=2, n_head=4, d_model=32, patch_size=8, channels=3,
+                         objective="classification", classes=10, causal=False)  # fmt: skip
     small = max(64, 4 * 32)
-    for config in (everything, with_experts, ahead, convolution):
+    for config in (everything, with_experts, ahead, convolution, vision):
         shapes = jax.eval_shape(lambda c=config: init_params(c, jax.random.key(0)))
         for path, leaf in jax.tree_util.tree_leaves_with_path(shapes):
             names = ["", *(k.key for k in path)]

@@ -6,6 +6,7 @@ Examples:
   python -m jaxgpt attention-maps --init_from gpt2 --prompt "The cat sat on the mat. The cat"
   python -m jaxgpt attention-maps --workdir runs/seq2seq_reverse --prompt 31415926
   python -m jaxgpt attention-maps --workdir runs/tiny --prompt "if x is None: x = x + 1" --html attention.html
+  python -m jaxgpt attention-maps --workdir runs/vit_digits --image 3
 
 One panel per head (a row per layer, or only layer L): query position down, key position
 across, brightness the attention weight (or, with --scores, the pre-softmax score, the masked
@@ -21,6 +22,11 @@ On an encoder–decoder run (model.encoder_layers, e.g. configs/seq2seq_reverse.
 a source: the model answers it greedily, and its cross-attention is drawn, answer positions down
 and source tokens across, with the encoder's and the decoder's self-attention in two more files
 beside it (<out>_encoder.png, <out>_decoder.png).
+On a Vision Transformer's run (model.patch_size, e.g. configs/vit_digits.py) --image N takes the
+run's held-out image N instead of a prompt, and draws where its class token looks: the image,
+then a panel per layer and head with the class token's weights on each patch laid over the
+patch's pixels, titled with the weight it keeps on itself; the line printed names the true and
+the predicted class.
 --html PAGE also writes the weights as a page to touch (jaxgpt/lab/views.py): pick a layer and a
 head, hover a query token, and the keys it reads are shaded by their weights, listed to three
 decimals; one self-contained file, nothing fetched (an encoder–decoder's three beside each other).
@@ -28,6 +34,7 @@ decimals; one self-contained file, nothing fetched (an encoder–decoder's three
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import matplotlib
@@ -172,13 +179,81 @@ def _draw_encoder_decoder(f: flags.FlagValues, config: ModelConfig, params, toke
         print(f"wrote {f.html} and, beside it, its _encoder and _decoder pages (hover a query token)")
 
 
+def class_token_maps(config: ModelConfig, params, row: dict) -> tuple[np.ndarray, np.ndarray]:
+    """(the class token's attention weights (n_layer, n_head, t) over the sequence, position 0
+    itself then the patches; its class probabilities) for one image's row (images.image_rows)."""
+    captured = capture(config, params, row["inputs"], {"pixels": row["pixels"]})
+    logits = captured.logits[0, 0].astype(np.float64)
+    probabilities = np.exp(logits - logits.max())
+    return captured.weights[:, 0, :, 0, :], probabilities / probabilities.sum()
+
+
+def draw_over_image(weights: np.ndarray, pixels: np.ndarray, patch: int, title: str, out: Path) -> Path:
+    """The image (H, W, C uint8), then a panel per layer and head: the class token's weight on each
+    patch (weights (layers, heads, 1 + patches)) laid over the patch's pixels, one colour scale."""
+    layers, heads, _ = weights.shape
+    h, w, c = pixels.shape
+    grey = pixels[..., 0] if c == 1 else pixels
+    on_patches = weights[..., 1:].reshape(layers, heads, h // patch, w // patch)
+    upsampled = np.kron(on_patches, np.ones((patch, patch)))  # each patch's weight over its pixels
+    top = float(on_patches.max())
+    figure, grid = plt.subplots(layers, heads + 1, figsize=(1.6 * (heads + 1) + COLOUR_BAR_INCHES, 1.6 * layers),
+                                dpi=DPI, squeeze=False, layout="constrained")  # fmt: skip
+    for layer in range(layers):
+        grid[layer, 0].imshow(grey, cmap="gray", vmin=0, vmax=255)
+        grid[layer, 0].set_title("the image", fontsize=7)
+        for head in range(heads):
+            axes = grid[layer, head + 1]
+            axes.imshow(grey, cmap="gray", vmin=0, vmax=255)
+            shown = axes.imshow(upsampled[layer, head], cmap="inferno", alpha=0.65, vmin=0.0, vmax=top)
+            axes.set_title(f"layer {layer} head {head}; self {weights[layer, head, 0]:.2f}", fontsize=7)
+        for axes in grid[layer]:
+            axes.set_xticks([]), axes.set_yticks([])
+    figure.colorbar(shown, ax=grid, fraction=0.5 / (1.6 * (heads + 1) + COLOUR_BAR_INCHES),
+                    label="the class token's attention weight on a patch")  # fmt: skip
+    figure.suptitle(title, fontsize=9)
+    return save_png(figure, out)
+
+
+def _draw_image(f: flags.FlagValues) -> None:
+    from jaxgpt.config import run_config_from_dict
+    from jaxgpt.data import images
+
+    cli.require(f, "workdir", what="the Vision Transformer run whose held-out images --image counts")
+    if f.init and f.step is not None:
+        raise UserError("--step and --init both choose the checkpoint; pass one")
+    config, params, _, where = inspected.load(Path(f.workdir), None, f.step, f.init)
+    if not config.patch_size:
+        raise UserError("--image draws a Vision Transformer's (model.patch_size) attention; this model reads text: "
+                        "pass --prompt instead")  # fmt: skip
+    run = run_config_from_dict(json.loads((Path(f.workdir) / "config.json").read_text()))
+    held = images.prepare(run.data).split(validation=True)
+    if not 0 <= f.image < len(held):
+        raise UserError(f"--image {f.image} is out of range: the run holds out images 0 to {len(held) - 1}")
+    row = images.image_rows(held, np.asarray([f.image]), config.patch_size)
+    weights, probabilities = class_token_maps(config, params, row)
+    truth, guess = held.names[held.classes[f.image]], held.names[int(probabilities.argmax())]
+    title = (f"held-out image {f.image} ({where}): class {truth}, predicted {guess} at p={probabilities.max():.2f}; "
+             "where the class token looks")  # fmt: skip
+    out = Path(f.out) if f.out else Path(f.workdir) / f"attention_image_{f.image}.png"
+    out = draw_over_image(weights, held.pixels[f.image], config.patch_size, title, out)
+    print(f"wrote {out} ({where}, held-out image {f.image} of {run.data.source}: class {truth}, predicted {guess} "
+          f"at p={probabilities.max():.2f}; {weights.shape[0]} layer(s) x {weights.shape[1]} heads)")  # fmt: skip
+
+
 @cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
     f = inspected.parse_flags(argv, __doc__, _define_flags)
+    if f.image is not None:
+        if f.prompt is not None:
+            raise UserError("--image and --prompt both say what the model reads; pass one")
+        return _draw_image(f)
     if f.html and f.scores:
         raise UserError("--html shows attention weights; drop --scores for it (the PNG draws the scores)")
     config, params, tokenizer, source = inspected.load_model(f)
+    if config.patch_size:
+        raise UserError("this model reads images: pass --image N, a held-out image's index, instead of --prompt")
     if config.token_mixer != "attention":
         raise UserError(
             f"this model mixes positions by model.token_mixer={config.token_mixer!r}, which has no attention to draw; "
@@ -210,6 +285,8 @@ def _define_flags(f: flags.FlagValues) -> None:
     flags.DEFINE_bool("scores", False, "Draw the pre-softmax scores instead of the weights.", flag_values=f)
     flags.DEFINE_string("out", None, "PNG to write (default: <workdir>/attention.png).", flag_values=f)
     flags.DEFINE_string("html", None, "Also write the weights as an interactive page, this HTML file.", flag_values=f)
+    flags.DEFINE_integer("image", None, "A Vision Transformer's held-out image, by index, instead of --prompt.",
+                         flag_values=f)  # fmt: skip
 
 
 def token_texts(tokenizer, ids) -> list[str]:

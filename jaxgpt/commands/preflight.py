@@ -4,7 +4,8 @@ Runs, on the config's own model, data and mesh (a minute or less for small confi
 the checks the transformer literature recommends before spending real compute (Karpathy,
 "A recipe for training neural networks", 2019):
   initial loss    at initialisation the model should be unsure of every token: cross-entropy
-                  near ln(vocab_size). Far above it means an init scale that is too large.
+                  near ln(vocab_size) (a classifier's: ln(classes)). Far above it means an init
+                  scale that is too large.
   gradients       per layer at initialisation: none zero (a disconnected layer), none
                   non-finite, global norm not exploding.
   overfit         one batch trained repeatedly must be learnt: the loss falls below half of
@@ -94,13 +95,14 @@ def run_checks(config, overfit_steps: int, overrides=()) -> list[Row]:
     ]
 
 
-def initial_loss_row(initial: float, vocab_size: int) -> Row:
-    ln_vocab = math.log(vocab_size)
-    off = abs(initial - ln_vocab) / ln_vocab
+def initial_loss_row(initial: float, outputs: int) -> Row:
+    """`outputs`: what the model chooses among, the vocabulary or a classifier's classes."""
+    uniform = math.log(outputs)
+    off = abs(initial - uniform) / uniform
     return Row(
         "initial loss",
         off <= INITIAL_LOSS_TOLERANCE,
-        f"{initial:.3f} vs ln({vocab_size}) = {ln_vocab:.3f} ({off:.0%} off; limit {INITIAL_LOSS_TOLERANCE:.0%})",
+        f"{initial:.3f} vs ln({outputs}) = {uniform:.3f} ({off:.0%} off; limit {INITIAL_LOSS_TOLERANCE:.0%})",
     )
 
 
@@ -180,7 +182,7 @@ def learning_rows(run, mesh, batch, step_batch, overfit_steps: int) -> tuple[lis
         return measured["loss"], gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
-    rows = [initial_loss_row(float(initial), run.model.vocab_size), gradients_row(per_layer(norms))]
+    rows = [initial_loss_row(float(initial), run.model.classes or run.model.vocab_size), gradients_row(per_layer(norms))]
     draws = objective_of(run.model).draws_each_step
     _, overfit = overfit_row(learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr, draws)
     return rows, overfit
@@ -192,7 +194,7 @@ def kv_cache_row(model_config) -> Row:
 
     c = model_config
     if not objective_of(c).reads_the_past:
-        return Row("kv cache", None, "none: an encoder (model.objective=masked) reads its whole input at once")
+        return Row("kv cache", None, f"none: {objective_of(c).described.split(', ')[0]} reads its whole input at once")
     decoding = model_config.replace(dtype="float32")  # as sample.py decodes
     per_token = cache_bytes(decoding, 1)
     return Row(

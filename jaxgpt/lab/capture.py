@@ -47,21 +47,24 @@ class Captured(NamedTuple):
     expert_weights: np.ndarray  # (moe layers, batch, t, top_k)
 
 
-def capture(config: ModelConfig, params, tokens) -> Captured:
-    """Run `tokens` (batch, t) through the model once and keep every layer's intermediates.
+def capture(config: ModelConfig, params, tokens, beside: dict | None = None) -> Captured:
+    """Run `tokens` (batch, t) through the model once and keep every layer's intermediates;
+    `beside`: what else the model reads (a Vision Transformer's pixels, jaxgpt/data/images.py).
 
     Runs unscanned (a scanned checkpoint is unstacked: sown values come out per block) in
-    float32, whatever the run trained in."""
+    float32, whatever the run trained in. A classifier has no logit lens (its (L + 1, b, t, 0))."""
     if config.scan_layers:
         params = unstack_blocks(params)
     config = config.replace(scan_layers=False, dtype="float32", remat="none")
-    return Captured(*(np.asarray(a) for a in _capture(config, params, jnp.asarray(tokens, jnp.int32))))
+    tokens = jnp.asarray(tokens, jnp.int32)
+    return Captured(*(np.asarray(a) for a in _capture(config, params, tokens, beside or {})))
 
 
 @partial(jax.jit, static_argnums=0)
-def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
-    logits, state = GPT(config).apply({"params": params}, tokens, mutable=["intermediates", CACHE])
+def _capture(config: ModelConfig, params, tokens: jax.Array, beside: dict) -> Captured:
+    logits, state = GPT(config).apply({"params": params}, tokens, **beside, mutable=["intermediates", CACHE])
     sown = state["intermediates"]
+    no_lens = jnp.zeros((*sown["residual"][0].shape[:-1], 0))
 
     def per_layer(name):  # the named site of every layer: (n_layer, batch, n_head, t, s)
         return attention_site(config, state[CACHE], name)
@@ -76,7 +79,7 @@ def _capture(config: ModelConfig, params, tokens: jax.Array) -> Captured:
         per_layer("hook_attn_scores"),
         per_layer("hook_pattern"),
         sown["residual"][0],
-        sown["logit_lens"][0],
+        sown["logit_lens"][0] if "logit_lens" in sown else no_lens,
         per_moe_layer("experts"),
         per_moe_layer("expert_weights"),
     )

@@ -228,6 +228,8 @@ class GPT(nn.Module):
             ahead = TokenAfterNext(c, name="mtp")(x, wte, tokens, positions, segments, train=train)
             self.sow("ahead", "features", ahead)
         if c.classes:  # a classifier in the LM head's place (model.objective=classification)
+            if residuals:  # capturing: the residual stream after every layer (a classifier has no logit lens)
+                self.sow("intermediates", "residual", jnp.stack(residuals))
             return self._classifier(x)
         features = self._head_input()
         final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
