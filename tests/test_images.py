@@ -12,7 +12,7 @@ import sys
 import jax
 import numpy as np
 import pytest
-from conftest import ROOT, users_environment
+from conftest import ROOT, layout_run_config, train_losses, trained, users_environment
 
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.config_files import base_config, resolve
@@ -160,6 +160,16 @@ def test_what_the_first_block_reads_is_the_token_s_embedding_plus_the_projected_
     assert captured.logits.shape == (1, 5, 4) and captured.logit_lens.shape[-1] == 0  # classes; no lens
 
 
+def test_a_command_given_a_prompt_for_a_model_of_images_says_what_it_reads_instead():
+    """activations, patch, logit-lens and attention-maps read a prompt through prompt_ids: for a
+    ViT one line naming --image, not a traceback from the model's missing pixels."""
+    from jaxgpt.commands.inspected import prompt_ids
+    from jaxgpt.tokenizers import CharTokenizer
+
+    with pytest.raises(UserError, match=r"reads images \(model.patch_size\), not a prompt: .* --image N"):
+        prompt_ids(CharTokenizer("cp"), "cp", vit_config())
+
+
 @pytest.mark.parametrize(
     "changes, message",
     [
@@ -202,6 +212,22 @@ def test_check_holds_a_fresh_vision_transformer_to_ln_classes_and_it_overfits_a_
     rows = {row.name: row for row in run_checks(config, overfit_steps=40)}
     assert rows["initial loss"].passed and "vs ln(10) = 2.303" in rows["initial loss"].detail
     assert rows["overfit one batch"].passed, rows["overfit one batch"].detail
+
+
+def test_a_vision_transformer_sharded_over_data_fsdp_and_tensor_trains_like_one_device(tmp_path):
+    """The patch projection and the pixels sharded by the mesh's rules (2 x 2 x 2 over 8 CPU
+    devices): 10 steps' losses those of one device to float32 re-association (rtol 1e-5, as
+    tests/test_sharding.py argues; a wrong split moves them by > 1e-2)."""
+
+    def vit(mesh: dict):
+        config = layout_run_config(mesh)
+        config.data.source = "builtin:digits"
+        config.model.update(objective="classification", causal=False, patch_size=4, block_size=17, position="learned")
+        return config
+
+    one = trained(tmp_path / "one", vit(dict(data=1)))
+    meshed = trained(tmp_path / "mesh", vit(dict(data=2, fsdp=2, tensor=2)))
+    np.testing.assert_allclose(train_losses(meshed), train_losses(one), rtol=1e-5)
 
 
 @pytest.mark.slow

@@ -252,8 +252,6 @@ def main(argv: list[str] | None = None) -> None:
     if f.html and f.scores:
         raise UserError("--html shows attention weights; drop --scores for it (the PNG draws the scores)")
     config, params, tokenizer, source = inspected.load_model(f)
-    if config.patch_size:
-        raise UserError("this model reads images: pass --image N, a held-out image's index, instead of --prompt")
     if config.token_mixer != "attention":
         raise UserError(
             f"this model mixes positions by model.token_mixer={config.token_mixer!r}, which has no attention to draw; "

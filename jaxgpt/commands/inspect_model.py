@@ -107,7 +107,7 @@ def choices(c: ModelConfig) -> list[tuple[str, str, str]]:
 
 
 PARTS = (  # a parameter's part, by the first name on its path that says (else "other")
-    ("embeddings", ("wte", "wpe", "value_embed")),
+    ("embeddings", ("wte", "wpe", "value_embed", "patch_embed")),
     ("attention", ("attn", "cross", "conv")),
     ("MLP", ("mlp", "moe")),
     ("head", ("lm_head", "head_dense", "head_bias", "classifier", "mtp")),

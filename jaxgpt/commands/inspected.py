@@ -96,7 +96,13 @@ def answering(tokenizer, init_from: str | None = None):
 
 
 def prompt_ids(tokenizer, prompt: str, config: ModelConfig) -> np.ndarray:
-    """The prompt's token ids, refused unless 1 to block_size of them."""
+    """The prompt's token ids, refused unless 1 to block_size of them (and for a model that
+    reads images, which no prompt is)."""
+    if config.patch_size:
+        raise UserError(
+            "this model reads images (model.patch_size), not a prompt: python -m jaxgpt attention-maps --workdir ... "
+            "--image N draws one of its held-out images"
+        )
     ids = np.asarray(tokenizer.encode(prompt))
     if not 0 < len(ids) <= config.block_size:
         raise UserError(f"the prompt is {len(ids)} tokens; give 1 to {config.block_size} (the model's block_size)")
