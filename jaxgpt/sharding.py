@@ -42,6 +42,7 @@ RULES: dict[tuple[str, str], tuple[str | None, ...]] = {
     ("up", "bias"): ("tensor",),
     ("down", "kernel"): ("tensor", "fsdp"),  # (hidden, d_model)
     ("lm_head", "kernel"): ("fsdp", "tensor"),  # (d_model, vocab)
+    ("classifier", "kernel"): ("fsdp", None),  # a classifier's (d_model, classes): a few columns, not split
     # BERT's prediction head (d_model, d_model), its norm reading the whole width after it: split over fsdp alone
     ("head_dense", "kernel"): ("fsdp", None),
     # multi-token prediction's (2 d_model, d_model): the joined stream and embedding in, likewise

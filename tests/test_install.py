@@ -102,17 +102,20 @@ def test_installed_package_carries_its_configs(installed):
     assert result.returncode == 0 and result.stdout.strip() == "4", result.stderr
 
 
-def test_installed_package_carries_every_module_and_the_chat_page(installed):
+def test_installed_package_carries_every_module_the_chat_page_and_the_digits(installed):
     """Every package under jaxgpt/ is in pyproject.toml's list (a new one left out would install
-    without its modules), and the server's page travels as package data."""
+    without its modules), and the server's page and the pinned digits travel as package data
+    (builtin:digits read from the installed copy, its sha256 checked)."""
     packages = sorted(str(p.parent.relative_to(ROOT)).replace("/", ".") for p in (ROOT / "jaxgpt").rglob("__init__.py"))
     code = (
         "import importlib, importlib.resources as r, sys; "
         f"[importlib.import_module(name) for name in {packages!r}]; "
-        "print(len(r.files('jaxgpt.serve').joinpath('page.html').read_text()))"
+        "print(len(r.files('jaxgpt.serve').joinpath('page.html').read_text())); "
+        "from jaxgpt.data.images import read_images; print(len(read_images('builtin:digits')))"
     )
     result = subprocess.run(
         [sys.executable, "-c", code], cwd=installed.parent, env=os.environ | {"PYTHONPATH": str(installed)},
         text=True, capture_output=True,
     )  # fmt: skip
-    assert result.returncode == 0 and int(result.stdout) > 1000, result.stderr
+    page, digits = result.stdout.split() if result.returncode == 0 else ("0", "0")
+    assert int(page) > 1000 and int(digits) == 4000, result.stderr

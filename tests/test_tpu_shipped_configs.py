@@ -37,6 +37,7 @@ V5E, V6E = "tpu-v5e-8", "tpu-v6e-8"
 GENERATIONS = {
     "arithmetic": (V6E,),
     "brackets": (V5E,),  # a classifier: each packed string scored at one position
+    "vit_digits": (V5E,),  # a Vision Transformer: the pixels a batch field beside the tokens
     "encoder_tiny": (V5E,),  # the masked objective's program
     "dates": (V5E,),  # packed text pairs: a batch with loss weights, segments and positions
     "deep": (),  # tiny's program at other sizes (12 narrower blocks), which tiny's compile covers

@@ -106,7 +106,7 @@ def test_a_spike_that_recovers_only_warns():
     from jaxgpt.job.stopping import RunawayWatch
 
     warned = []
-    watch = RunawayWatch(vocab_size=100, checkpoints=None, warn=warned.append)  # ceiling ln 100 = 4.6
+    watch = RunawayWatch(outputs=100, checkpoints=None, warn=warned.append)  # ceiling ln 100 = 4.6
     for step, loss in enumerate([3.0, 2.0, 3.5, 3.6, 2.1, 3.2, 3.3, 1.9, 4.7], start=1):
         watch.evaluated(step, loss, lr=1e-3)
     # far: 3.5, 3.6 (over 2.0 + 1), then 3.2, 3.3 (over 2.0 + 1), 4.7 (over ln 100): never 3 in a row
@@ -124,7 +124,7 @@ def test_a_run_worse_than_a_uniform_guess_from_its_first_evaluation_is_stopped()
 
     warned = []
     saved = SimpleNamespace(best=lambda: (30, 286.0))
-    watch = RunawayWatch(vocab_size=96, checkpoints=saved, warn=warned.append, warmup_steps=10)
+    watch = RunawayWatch(outputs=96, checkpoints=saved, warn=warned.append, warmup_steps=10)
     watch.evaluated(10, 400.0, lr=3.0)  # still warming up: not counted
     watch.evaluated(20, 300.0, lr=3.0)
     watch.evaluated(30, 290.0, lr=3.0)
@@ -138,7 +138,7 @@ def test_a_run_worse_than_a_uniform_guess_from_its_first_evaluation_is_stopped()
     watch.evaluated(50, 5.0, lr=3.0)  # within a nat of a uniform guess: the count starts again
     assert watch.far == []
     # from a sound best, far above it three times: back to the best checkpoint
-    watch = RunawayWatch(vocab_size=96, checkpoints=SimpleNamespace(best=lambda: (5, 2.0)), warn=warned.append)
+    watch = RunawayWatch(outputs=96, checkpoints=SimpleNamespace(best=lambda: (5, 2.0)), warn=warned.append)
     with pytest.raises(UserError, match=r"against its best 2.0000 at step 5, .* --from_step 5 \(the best checkpoint"):
         for step, loss in [(5, 2.0), (10, 3.5), (15, 3.6), (20, 3.7)]:
             watch.evaluated(step, loss, lr=3.0)
