@@ -198,6 +198,7 @@ def test_images_and_patches_go_together_and_the_block_size_names_its_fix():
         images.check_fits(digits, resolve(config).model)
 
 
+@pytest.mark.slow  # 14 s: the step compiled twice (the check's loss, the overfit run)
 def test_check_holds_a_fresh_vision_transformer_to_ln_classes_and_it_overfits_a_batch():
     """jaxgpt check on a small ViT of the digits: the initial loss against ln 10 = 2.303, a uniform
     guess over the classes (against ln 2, the two tokens it reads, it failed: 2.27 is 227% off),
