@@ -1,4 +1,4 @@
-"""A Vision Transformer (Dosovitskiy et al. 2021) classifying builtin:digits: 2,000 images of the
+"""A Vision Transformer (Dosovitskiy et al. 2021) classifying builtin:digits: 4,000 images of the
 ten digits, 16 x 16 grey, drawn in matplotlib's fonts at random sizes, angles and shifts with
 noise (jaxgpt/data/images.py; scripts/make_digits.py writes them from a fixed seed). Each image
 is cut into 16 patches of 4 x 4 pixels, each projected to d_model as a token is embedded, after
