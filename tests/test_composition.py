@@ -36,8 +36,14 @@ OBJECTIVES = {
     "decoder-on-pairs": {"data.source": "builtin:reverse"},
     "conversations": {"data.source": "builtin:arithmetic-chat", "data.tokenizer": "byte"},
     "classification": {"model.objective": "classification", "data.source": "builtin:brackets"},
-    "images": {"model.objective": "classification", "data.source": "builtin:digits", "model.causal": False,
-               "model.patch_size": 4, "model.block_size": 17, "model.position": "learned"},
+    "images": {
+        "model.objective": "classification",
+        "data.source": "builtin:digits",
+        "model.causal": False,
+        "model.patch_size": 4,
+        "model.block_size": 17,
+        "model.position": "learned",
+    },
 }
 SETTINGS = {
     "plain": {},

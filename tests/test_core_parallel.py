@@ -15,9 +15,8 @@ from jaxgpt.errors import UserError
 from jaxgpt.hardware import core_parallel, runtime, step_choice
 from jaxgpt.hardware.core_parallel import CoreParallelStep
 from jaxgpt.hardware.mesh_step import MeshStep, state_layout
-from jaxgpt.training.batch import batch_layout
 from jaxgpt.model.transformer import GPT
-from jaxgpt.training.batch import windows_batch
+from jaxgpt.training.batch import batch_layout, windows_batch
 from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.program import training_program
 from jaxgpt.training.train_step import create_train_state, eval_step, train_step

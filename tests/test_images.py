@@ -276,8 +276,8 @@ def test_a_vision_transformer_learns_the_digits_resumes_bit_for_bit_and_draws_it
     weights, probabilities = class_token_maps(config, params, row)
     np.testing.assert_allclose(weights.sum(-1), 1.0, atol=1e-5)  # a softmax row, float32
     assert weights.shape == (4, 4, 17) and abs(probabilities.sum() - 1) < 1e-9
-    drawn = subprocess.run([sys.executable, "-m", "jaxgpt", "attention-maps", "--workdir", str(tmp_path / "whole"),
-                            "--image", "3"], cwd=ROOT, env=users_environment(), capture_output=True, text=True)  # fmt: skip
+    command = [sys.executable, "-m", "jaxgpt", "attention-maps", "--workdir", str(tmp_path / "whole"), "--image", "3"]
+    drawn = subprocess.run(command, cwd=ROOT, env=users_environment(), capture_output=True, text=True)
     assert drawn.returncode == 0, drawn.stderr[-2000:]
     assert "held-out image 3 of builtin:digits: class" in drawn.stdout
     assert (tmp_path / "whole" / "attention_image_3.png").stat().st_size > 10_000

@@ -15,11 +15,11 @@ from jaxgpt import sharding
 from jaxgpt.config import ConfigError, MixtureOfExperts, ModelConfig
 from jaxgpt.config_files import resolve
 from jaxgpt.hardware.mesh_step import jit_train_step, state_layout
-from jaxgpt.training.batch import batch_layout
 from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.model.layers import ACTIVATION_FUNCTIONS
 from jaxgpt.model.moe import MixtureOfExpertsLayer
 from jaxgpt.model.transformer import GPT, active_params, count_params, describe_parameters, flops_per_token, init_params
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.optimizer import make_optimizer
 from jaxgpt.training.program import training_program
 from jaxgpt.training.train_step import create_train_state, gradients, train_step

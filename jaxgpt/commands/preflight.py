@@ -182,7 +182,7 @@ def learning_rows(run, mesh, batch, step_batch, overfit_steps: int) -> tuple[lis
         return measured["loss"], gradient_norms(grads)
 
     initial, norms = loss_and_norms(state.params, batch)
-    rows = [initial_loss_row(float(initial), run.model.classes or run.model.vocab_size), gradients_row(per_layer(norms))]
+    rows = [initial_loss_row(float(initial), run.model.outputs), gradients_row(per_layer(norms))]
     draws = objective_of(run.model).draws_each_step
     _, overfit = overfit_row(learner.compile(state, step_batch), state, step_batch, overfit_steps, t.lr, draws)
     return rows, overfit

@@ -402,6 +402,12 @@ class ModelConfig:
         return self.moe is not None and layer % self.moe.every == self.moe.every - 1
 
     @property
+    def outputs(self) -> int:
+        """What the model's last layer chooses among: a classifier's classes, else the vocabulary
+        (a uniform guess over them scores ln outputs)."""
+        return self.classes or self.vocab_size
+
+    @property
     def moe_layers(self) -> list[int]:
         """The blocks that hold a mixture of experts, in order."""
         return [i for i in range(self.n_layer) if self.is_moe_layer(i)]

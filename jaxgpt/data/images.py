@@ -85,7 +85,8 @@ def _npz(raw: bytes, where: str) -> LabelledImages:
         raise UserError(f"{where} is not a NumPy .npz file ({error}); write one with np.savez") from None
     missing = {"images", "labels"} - set(found)
     if missing:
-        raise UserError(f"{where} has no array named {' or '.join(sorted(missing))}; np.savez(path, images=..., labels=...)")
+        named = " or ".join(sorted(missing))
+        raise UserError(f"{where} has no array named {named}; write it with np.savez(path, images=..., labels=...)")
     images, labels = found["images"], found["labels"]
     if images.dtype != np.uint8 or images.ndim not in (3, 4) or len(images) != len(labels) or labels.ndim != 1:
         raise UserError(
@@ -157,10 +158,11 @@ def check_fits(images: LabelledImages, model) -> None:
                         f"model.patch_size dividing both")  # fmt: skip
     if c != model.channels:
         raise UserError(f"the images have {c} channel(s) and model.channels={model.channels}; set it to {c}")
-    if model.block_size != 1 + (h // p) * (w // p):
+    count = (h // p) * (w // p)
+    if model.block_size != 1 + count:
         raise UserError(
-            f"model.block_size={model.block_size}, but {w} x {h} images in {p} x {p} patches make {(h // p) * (w // p)} "
-            f"patches and a class token: set --config.model.block_size={1 + (h // p) * (w // p)}"
+            f"model.block_size={model.block_size}, but {w} x {h} images in {p} x {p} patches make {count} patches "
+            f"and a class token: set --config.model.block_size={1 + count}"
         )
 
 
@@ -190,8 +192,8 @@ class TrainImages:
         from jaxgpt.sharding import global_batch
 
         def rows(start: int, stop: int) -> dict:
-            seed = run.train.seed
-            chosen = [np.random.default_rng([seed, stream, index, r]).integers(len(self.images)) for r in range(start, stop)]
+            drawn = (np.random.default_rng([run.train.seed, stream, index, r]) for r in range(start, stop))
+            chosen = [rng.integers(len(self.images)) for rng in drawn]
             return image_rows(self.images, np.asarray(chosen), run.model.patch_size)
 
         return global_batch(mesh, rows, run.train.batch_size)
@@ -239,5 +241,6 @@ def batch_sources(dataset: ImageSet, run) -> tuple[TrainImages, ImageValidation]
     chosen[: min(count, len(val))] = np.arange(min(count, len(val)))
     rows = image_rows(val, chosen, run.model.patch_size)
     scored = int(rows["weights"].sum())
-    validation = ImageValidation(rows, t.batch_size, scored, scored, int(rows["pixels"][:scored].size), held_out=len(val))
+    pixel_bytes = int(rows["pixels"][:scored].size)
+    validation = ImageValidation(rows, t.batch_size, scored, scored, pixel_bytes, held_out=len(val))
     return TrainImages(dataset.split(validation=False)), validation

@@ -121,9 +121,9 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     = 0 filled against `tpu`'s memory, jaxgpt/hardware/step_choice.py), and read its memory and
     FLOPs. Raises OutOfMemory when the compiler finds it cannot fit."""
     from jaxgpt.hardware.mesh_step import state_layout
-    from jaxgpt.training.batch import batch_layout
     from jaxgpt.hardware.step_choice import choose_step
     from jaxgpt.model.transformer import flops_per_token
+    from jaxgpt.training.batch import batch_layout
     from jaxgpt.training.program import training_program
 
     mesh = sharding.make_mesh(run.mesh, devices)

@@ -39,7 +39,6 @@ from jaxgpt.config_files import resolve, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.mesh_step import in_background, state_layout
-from jaxgpt.training.batch import batch_layout
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
@@ -57,6 +56,7 @@ from jaxgpt.lab import multiple_choice, watch
 from jaxgpt.model.kernels import kernel_fallback
 from jaxgpt.model.transformer import describe_parameters, flops_per_token
 from jaxgpt.tokenizers import save_tokenizer
+from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.program import TrainingProgram, training_program
 from jaxgpt.training.train_step import TrainState
 

@@ -94,9 +94,9 @@ class RunawayWatch:
     """Follows the validation loss evaluation by evaluation: a warning at each evaluation far
     above the best (RUNAWAY_NATS, or ln outputs: of the vocabulary, or a classifier's classes),
     or after `warmup_steps` more than RUNAWAY_NATS above ln outputs (worse than guessing
-    uniformly, however it compares with the best), and a UserError once RUNAWAY_EVALUATIONS in a row are, naming the best
-    checkpoint `checkpoints` keeps to go back to (or a fresh start, where the best is hopeless
-    too). The best is this session's (a resumed run starts watching afresh); the best
+    uniformly, however it compares with the best), and a UserError once RUNAWAY_EVALUATIONS in
+    a row are, naming the best checkpoint `checkpoints` keeps to go back to (or a fresh start,
+    where the best is hopeless too). The best is this session's (a resumed run starts watching afresh); the best
     checkpoint is the run's."""
 
     def __init__(self, outputs: int, checkpoints, warn, warmup_steps: int = 0):

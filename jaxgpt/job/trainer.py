@@ -193,7 +193,7 @@ class Trainer:
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
         run = placed.run
         self.scheduled = scheduled_steps(run.train)  # train.checkpoint_schedule's, kept for good
-        self.runaway = RunawayWatch(run.model.classes or run.model.vocab_size, self.checkpoints, warn, run.train.warmup_steps)
+        self.runaway = RunawayWatch(run.model.outputs, self.checkpoints, warn, run.train.warmup_steps)
         # train.lab's probes, made once from the seed and the validation split: a resume measures the same
         self.lab = Watch(run.model, run.train.lab, run.train.seed, self.validation.tokens) if run.train.lab else None
         # evaluation's programs compile beside the step's (one process only: a multi-host

@@ -151,7 +151,8 @@ def input_embeddings(
     if c.patch_size:
         if pixels is None:
             raise ValueError("a Vision Transformer (model.patch_size) reads its patches: pass pixels=")
-        patch_embed = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="patch_embed", **dtypes(c))
+        patch_embed = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="patch_embed",
+                               **dtypes(c))  # fmt: skip
         x = x + patch_embed(pixels.astype(x.dtype) / 255)  # bytes as [0, 1]: the class token's zeros add nothing
     if c.scale_embeddings:
         x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))

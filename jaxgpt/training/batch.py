@@ -43,7 +43,7 @@ from jaxgpt.sharding import batch_sharding
 
 FIELDS = ("inputs", "targets", "weights", "segments", "positions", "sources", "source_segments", "source_positions",
           "pixels")  # fmt: skip
-MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions", "pixels")  # beside the inputs
+MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions", "pixels")  # beside inputs
 REQUIRED = ("inputs", "targets")
 
 
