@@ -10,9 +10,9 @@ labelled texts, and of images (a Vision Transformer). The settings: plain, a
 mixture of experts, low-rank adapters, 2 microbatches, the batch split over 2 CPU cores (one
 program per core, as train.py runs on a 2-core machine), scanned layers, a chunked loss, full
 rematerialisation, multi-token prediction. The next-token row is in the quick set (26 s on a
-2-vCPU Zen 5, before the multi-token column's 5 s); the other four are slow (136 s together
-there, and 21 s for the new column), each cell's continued run loading the programs its
-straight run compiled from the compilation cache.
+2-vCPU Zen 5, before the multi-token column's 5 s); the other six rows are slow (336 s together
+on a 2-vCPU Zen 3 before the images row, which added 70 s there with other work beside it),
+each cell's continued run loading the programs its straight run compiled from the compilation cache.
 """
 
 import json
