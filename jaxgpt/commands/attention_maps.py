@@ -220,9 +220,7 @@ def _draw_image(f: flags.FlagValues) -> None:
     from jaxgpt.data import images
 
     cli.require(f, "workdir", what="the Vision Transformer run whose held-out images --image counts")
-    if f.init and f.step is not None:
-        raise UserError("--step and --init both choose the checkpoint; pass one")
-    config, params, _, where = inspected.load(Path(f.workdir), None, f.step, f.init)
+    config, params, _, where = inspected.load_model(f, reads_a_prompt=False)
     if not config.patch_size:
         raise UserError("--image draws a Vision Transformer's (model.patch_size) attention; this model reads text: "
                         "pass --prompt instead")  # fmt: skip

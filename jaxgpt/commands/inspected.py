@@ -39,11 +39,12 @@ def parse_flags(
     return f
 
 
-def load_model(f: flags.FlagValues) -> tuple[ModelConfig, dict, object, str]:
+def load_model(f: flags.FlagValues, reads_a_prompt: bool = True) -> tuple[ModelConfig, dict, object, str]:
     """(model config, params, tokenizer, where the weights came from) for the flags above;
-    one line for a combination that names no model, or two."""
+    one line for a combination that names no model, or two (and, where the command reads a
+    prompt, none)."""
     cli.require(f, "workdir", "init_from", what="the model to look at: a train.py run, or Hugging Face weights")
-    if "prompt" in f:
+    if "prompt" in f and reads_a_prompt:
         cli.require(f, "prompt", what="the text to run the model on")
     if f.init and f.step is not None:
         raise UserError("--step and --init both choose the checkpoint; pass one")
