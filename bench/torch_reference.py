@@ -77,7 +77,16 @@ class GPT(nn.Module):
 
 
 def measure(
-    layers: int, heads: int, width: int, seq: int, batch: int, vocab: int, steps: int, repeats: int, compile: bool
+    layers: int,
+    heads: int,
+    width: int,
+    seq: int,
+    batch: int,
+    vocab: int,
+    steps: int,
+    repeats: int,
+    compile: bool,
+    dtype: str = "float32",
 ) -> dict:
     torch.manual_seed(0)
     model = GPT(vocab, seq, layers, heads, width)
@@ -85,8 +94,13 @@ def measure(
 
     forward = torch.compile(model) if compile else model  # nanoGPT compiles the model, not the step
 
+    # nanoGPT's train.py on a bfloat16 machine: the forward pass under autocast, the backward
+    # outside it (autocast records each op's dtype for it), parameters and AdamW in float32
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16, enabled=dtype == "bfloat16")
+
     def step(tokens, targets):
-        loss = forward(tokens, targets)
+        with autocast:
+            loss = forward(tokens, targets)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
@@ -114,6 +128,7 @@ def measure(
         "threads": torch.get_num_threads(),
         "max_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
         "torch": torch.__version__,
+        "dtype": dtype,
     }
 
 
@@ -177,6 +192,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="torch.compile the step")
+    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
+                        help="bfloat16: the forward pass under torch.autocast('cpu', torch.bfloat16)")
     parser.add_argument("--loop", metavar="DATA", help="time nanoGPT's whole loop over this uint16 token file")
     parser.add_argument("--eval_every", type=int, default=250)
     parser.add_argument("--eval_batches", type=int, default=20)
@@ -188,7 +205,8 @@ def main() -> None:
         print(json.dumps(measure_loop(*shape, args.loop, args.steps, *cadence)))
         return
     result = measure(
-        args.layers, args.heads, args.width, args.seq, args.batch, args.vocab, args.steps, args.repeats, args.compile
+        args.layers, args.heads, args.width, args.seq, args.batch, args.vocab, args.steps, args.repeats, args.compile,
+        args.dtype,
     )
     print(json.dumps(result))
 

@@ -20,6 +20,7 @@ from jaxgpt import sharding
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory
+from jaxgpt.model import products
 
 GiB = 2**30
 
@@ -128,8 +129,9 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
 
     mesh = sharding.make_mesh(run.mesh, devices)
     program = training_program(run)
-    layout, _ = state_layout(program, mesh)
-    with memory.refusals_as_out_of_memory():
+    # traced as the devices' platform computes (jaxgpt/model/products.py), not as this CPU would
+    with memory.refusals_as_out_of_memory(), products.traced_for(devices[0].platform):
+        layout, _ = state_layout(program, mesh)
         program, step, _ = choose_step(program, mesh, layout, device_bytes=tpu.hbm_bytes if tpu else None)
         batch = batch_layout(program.run, mesh)
         step.compile(layout, batch)

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model import kv_cache
-from jaxgpt.model.layers import dtypes, residual_output_init
+from jaxgpt.model.layers import dtypes, projection_keywords, residual_output_init
 from jaxgpt.model.positions import alibi_slopes, apply_rope, rope_frequencies
 from jaxgpt.model.sites import changes_site, reads_site, site
 
@@ -314,7 +314,7 @@ class CausalSelfAttention(nn.Module):
                     (1,),
                     2,
                 ),
-                **dtypes(c),
+                **projection_keywords(c),
             )(x)
             q, k, v = split_qkv(qkv, c.group_size)
         else:  # the ablation: each head's slice of the input is its query, key and value
@@ -346,7 +346,7 @@ class CausalSelfAttention(nn.Module):
             kernel_init=heads_init(
                 c, residual_output_init(c), (c.n_kv_head, c.group_size, c.head_dim, c.d_model), (0, 1)
             ),
-            **dtypes(c),
+            **projection_keywords(c),
         )(y)
 
     def gate(self, x: jnp.ndarray) -> jnp.ndarray:
@@ -362,7 +362,7 @@ class CausalSelfAttention(nn.Module):
             kernel_init=heads_init(
                 c, nn.initializers.normal(c.init_std), (c.d_model, c.n_kv_head, c.group_size, width), (1, 2)
             ),
-            **dtypes(c),
+            **projection_keywords(c),
         )(x)
         gate = jax.nn.sigmoid(logits)
         return site(self, "hook_attn_gate", gate, heads_view(gate))
@@ -384,10 +384,18 @@ class CrossAttention(nn.Module):
         c = self.config
         init = nn.initializers.normal(c.init_std)
         q = nn.DenseGeneral(
-            name="q", features=(c.n_kv_head, c.group_size, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
+            name="q",
+            features=(c.n_kv_head, c.group_size, c.head_dim),
+            use_bias=c.bias,
+            kernel_init=init,
+            **projection_keywords(c),
         )(x)
         kv = nn.DenseGeneral(
-            name="kv", features=(c.n_kv_head, 2, c.head_dim), use_bias=c.bias, kernel_init=init, **dtypes(c)
+            name="kv",
+            features=(c.n_kv_head, 2, c.head_dim),
+            use_bias=c.bias,
+            kernel_init=init,
+            **projection_keywords(c),
         )(memory)
         k, v = kv[:, :, :, 0], kv[:, :, :, 1]  # (b, s, k, d)
         q, k, v = head_sites(self, q, k, v)
@@ -398,4 +406,4 @@ class CrossAttention(nn.Module):
         y = attend(self, c.attention, q, k, v, mask, None)  # (b, t, k, g, d)
         y = site(self, "hook_z", y, heads_view(y))
         out = dict(features=c.d_model, axis=(-3, -2, -1), use_bias=c.bias, kernel_init=residual_output_init(c))
-        return nn.DenseGeneral(name="out", **out, **dtypes(c))(y)
+        return nn.DenseGeneral(name="out", **out, **projection_keywords(c))(y)

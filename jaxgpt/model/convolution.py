@@ -21,7 +21,7 @@ import flax.linen as nn
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
-from jaxgpt.model.layers import dtypes, residual_output_init
+from jaxgpt.model.layers import projection_keywords, residual_output_init
 from jaxgpt.model.sites import site
 
 
@@ -56,7 +56,7 @@ class CausalConvolution(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray, cache_index: jnp.ndarray | None, segments: jnp.ndarray | None) -> jnp.ndarray:
         c = self.config
-        dense = dict(use_bias=c.bias, **dtypes(c))
+        dense = dict(use_bias=c.bias, **projection_keywords(c))
         v = nn.Dense(c.d_model, name="value", kernel_init=nn.initializers.normal(c.init_std), **dense)(x)
         v = site(self, "hook_conv_in", v)
         # fan-in w: each output reads w values, so 1/sqrt(w) keeps its variance that of one value

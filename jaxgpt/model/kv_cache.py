@@ -14,6 +14,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model.products import compute_dtype
 
 
 def slot_positions(slots: int, last: jnp.ndarray) -> jnp.ndarray:
@@ -47,5 +48,5 @@ def cache_bytes(config: ModelConfig, tokens: int, batch_size: int = 1) -> int:
     grouped-query (n_kv_head < n_head) and multi-query (n_kv_head = 1) attention shrink. A
     convolution in attention's place (model.token_mixer) keeps one vector of d_model instead."""
     width = config.d_model if config.token_mixer == "convolution" else 2 * config.n_kv_head * config.head_dim
-    per_position = config.n_layer * width * jnp.dtype(config.dtype).itemsize
+    per_position = config.n_layer * width * compute_dtype(config).itemsize
     return per_position * tokens * batch_size

@@ -10,13 +10,20 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model.products import compute_dtype, dot_general_for
 from jaxgpt.model.sites import site
 
 
 def dtypes(config: ModelConfig) -> dict:
     """The dtype keywords of every flax layer: compute in config.dtype, keep parameters in
     config.param_dtype (float32 under bfloat16 training)."""
-    return dict(dtype=jnp.dtype(config.dtype), param_dtype=jnp.dtype(config.param_dtype))
+    return dict(dtype=compute_dtype(config), param_dtype=jnp.dtype(config.param_dtype))
+
+
+def projection_keywords(config: ModelConfig) -> dict:
+    """dtypes' keywords, and for a Dense or DenseGeneral the product it computes with
+    (jaxgpt/model/products.py: bfloat16 on a CPU at the bfloat16 units' speed)."""
+    return dtypes(config) | dot_general_for(config)
 
 
 def residual_output_init(c: ModelConfig):
@@ -56,7 +63,7 @@ class MLP(nn.Module):
     @nn.compact
     def __call__(self, x: jnp.ndarray) -> jnp.ndarray:
         c = self.config
-        dense = dict(use_bias=c.bias, **dtypes(c))
+        dense = dict(use_bias=c.bias, **projection_keywords(c))
         if c.activation in GATES:
             gate_up = nn.DenseGeneral(
                 name="up", features=(2, c.mlp_hidden), kernel_init=nn.initializers.normal(c.init_std), **dense

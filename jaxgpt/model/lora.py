@@ -38,6 +38,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
+from jaxgpt.model.products import compute_dtype
 
 ADAPTER_PARAMS = ("lora_a", "lora_b")
 
@@ -45,7 +46,7 @@ ADAPTER_PARAMS = ("lora_a", "lora_b")
 def lora_delta(module: nn.Module, x: jnp.ndarray, in_axes: tuple[int, ...], features: tuple[int, ...], config):
     """(alpha / r) (x A) B for the projection `module` of x's `in_axes` onto `features`, its
     A and B made in the module as lora_a (*in, r) and lora_b (r, *features)."""
-    rank, dtype = config.lora_rank, jnp.dtype(config.dtype)
+    rank, dtype = config.lora_rank, compute_dtype(config)
     in_shape = tuple(x.shape[a] for a in in_axes)
     fan_in = math.prod(in_shape)
     a = module.param("lora_a", nn.initializers.normal(1 / math.sqrt(fan_in)), (*in_shape, rank), config.param_dtype)

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, GATES, MLP, residual_output_init
+from jaxgpt.model.products import compute_dtype
 from jaxgpt.sharding import experts_split, rows_split
 
 
@@ -150,7 +151,7 @@ class MixtureOfExpertsLayer(nn.Module):
         MLP of jaxgpt/layers.py with a leading expert axis on each weight."""
         c, m = self.config, self.config.moe
         d, hidden = c.d_model, c.expert_hidden
-        param_dtype, dtype = jnp.dtype(c.param_dtype), jnp.dtype(c.dtype)
+        param_dtype, dtype = jnp.dtype(c.param_dtype), compute_dtype(c)
         gated = c.activation in GATES
         up_shape = (m.experts, d, 2, hidden) if gated else (m.experts, d, hidden)
         # the normal initialisers ignore fan-in, so each expert's matrix is drawn as the MLP's is

@@ -20,9 +20,10 @@ from jaxgpt.config import ModelConfig
 from jaxgpt.model import lora
 from jaxgpt.model.attention import CausalSelfAttention, CrossAttention
 from jaxgpt.model.convolution import CausalConvolution
-from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm
+from jaxgpt.model.layers import ACTIVATION_FUNCTIONS, MLP, dtypes, make_norm, projection_keywords
 from jaxgpt.model.moe import MixtureOfExpertsLayer
 from jaxgpt.model.positions import sinusoidal_embedding
+from jaxgpt.model.products import compute_dtype, dot_general_for
 from jaxgpt.model.sites import site
 
 REMAT_POLICIES = {
@@ -152,7 +153,7 @@ def input_embeddings(
         if pixels is None:
             raise ValueError("a Vision Transformer (model.patch_size) reads its patches: pass pixels=")
         patch_embed = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="patch_embed",
-                               **dtypes(c))  # fmt: skip
+                               **projection_keywords(c))  # fmt: skip
         x = x + patch_embed(pixels.astype(x.dtype) / 255)  # bytes as [0, 1]: the class token's zeros add nothing
     if c.scale_embeddings:
         x = x * jnp.sqrt(jnp.asarray(c.d_model, x.dtype))
@@ -249,7 +250,7 @@ class GPT(nn.Module):
         final norm's output (pre-norm), read where the batch scores a text."""
         c = self.config
         final = site(self, "final_norm_out", make_norm(c, "norm_f")(x) if c.has_final_norm else x)
-        classifier = nn.Dense(c.classes, kernel_init=embedding_init(c), name="classifier", **dtypes(c))
+        classifier = nn.Dense(c.classes, kernel_init=embedding_init(c), name="classifier", **projection_keywords(c))
         return classifier(final).astype(jnp.float32)
 
     def _head_input(self):
@@ -260,7 +261,9 @@ class GPT(nn.Module):
         norm_f = make_norm(c, "norm_f") if c.has_final_norm else (lambda x: x)
         if not c.head_transform:
             return norm_f
-        dense = nn.Dense(c.d_model, kernel_init=embedding_init(c), use_bias=c.bias, name="head_dense", **dtypes(c))
+        dense = nn.Dense(
+            c.d_model, kernel_init=embedding_init(c), use_bias=c.bias, name="head_dense", **projection_keywords(c)
+        )
         norm = make_norm(c, "head_norm")
         return lambda x: norm(ACTIVATION_FUNCTIONS[c.activation](dense(norm_f(x))))
 
@@ -367,7 +370,9 @@ class TokenAfterNext(nn.Module):
         c = self.config.replace(moe=None)
         following = jnp.concatenate([tokens[:, 1:], tokens[:, -1:]], axis=1)
         joined = jnp.concatenate([make_norm(c, "norm_hidden")(x), make_norm(c, "norm_next")(wte(following))], -1)
-        project = nn.Dense(c.d_model, use_bias=False, kernel_init=embedding_init(c), name="project", **dtypes(c))
+        project = nn.Dense(
+            c.d_model, use_bias=False, kernel_init=embedding_init(c), name="project", **projection_keywords(c)
+        )
         x = project(joined)  # its own first input, where the block mixes that in (x0_mix)
         x = Block(c, train=train, name="block")(x, positions, None, segments, None, None, x, tokens)
         return make_norm(c, "norm_f")(x) if c.has_final_norm else x
@@ -431,13 +436,12 @@ def head_logits(config: ModelConfig, weights: dict, features: jnp.ndarray) -> jn
     transpose, or its own matrix; in the compute dtype, as nn.Embed.attend and nn.Dense
     compute), a bias per token (BERT's, BART's), the soft cap. One definition for the model's forward pass
     and the chunked loss."""
-    dtype = jnp.dtype(config.dtype)
+    dtype = compute_dtype(config)
+    product = dot_general_for(config).get("dot_general", jax.lax.dot_general)
     x = features.astype(dtype)
-    if "embedding" in weights:
-        logits = jnp.dot(x, weights["embedding"].astype(dtype).T)
-    else:
-        kernel = weights["kernel"].astype(dtype)
-        logits = jax.lax.dot_general(x, kernel, (((x.ndim - 1,), (0,)), ((), ())))
+    tied = "embedding" in weights  # (vocab, d_model): its last axis is the one contracted
+    matrix = (weights["embedding"] if tied else weights["kernel"]).astype(dtype)
+    logits = product(x, matrix, (((x.ndim - 1,), (1 if tied else 0,)), ((), ())))
     logits = logits.astype(jnp.float32)
     if "bias" in weights:
         logits = logits + weights["bias"].astype(jnp.float32)
