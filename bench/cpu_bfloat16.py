@@ -32,7 +32,7 @@ import jax  # noqa: E402
 import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 
-from jaxgpt.hardware.peak_flops import cpuinfo, describe_cpu  # noqa: E402
+from jaxgpt.hardware.peak_flops import describe_cpu  # noqa: E402
 from jaxgpt.model import products  # noqa: E402
 
 # (M, K, N): nanoGPT's CPU shape (B=12, T=64, d=128: the MLP's up projection), 6 x 384 at T=256,
@@ -54,35 +54,31 @@ STEPS = {
 }  # fmt: skip
 
 
-def rate(fn, *args, flops: float, seconds: float = 0.5) -> float:
-    """GFLOP/s of fn(*args): the best of five windows."""
-    jax.block_until_ready(fn(*args))
+def rate(run, flops: float, seconds: float = 0.5) -> float:
+    """GFLOP/s of run(), which does `flops` and returns when they are done: the best of five
+    windows after one call."""
+    run()
     best = 0.0
     for _ in range(5):
         runs, start = 0, time.perf_counter()
         while (elapsed := time.perf_counter() - start) < seconds / 5:
-            jax.block_until_ready(fn(*args))
+            run()
             runs += 1
         best = max(best, flops * runs / elapsed / 1e9)
     return best
 
 
-def torch_rate(m: int, k: int, n: int, dtype: str, seconds: float = 0.5) -> float | None:
+def jax_rate(fn, *args, flops: float) -> float:
+    return rate(lambda: jax.block_until_ready(fn(*args)), flops)
+
+
+def torch_rate(a: np.ndarray, b: np.ndarray, dtype: str) -> float | None:
     try:
         import torch
     except ImportError:
         return None
-    a = torch.randn(m, k).to(getattr(torch, dtype))
-    b = torch.randn(k, n).to(getattr(torch, dtype))
-    torch.matmul(a, b)
-    best = 0.0
-    for _ in range(5):
-        runs, start = 0, time.perf_counter()
-        while (elapsed := time.perf_counter() - start) < seconds / 5:
-            torch.matmul(a, b)
-            runs += 1
-        best = max(best, 2 * m * k * n * runs / elapsed / 1e9)
-    return best
+    a, b = (torch.from_numpy(x).to(getattr(torch, dtype)) for x in (a, b))
+    return rate(lambda: torch.matmul(a, b), 2 * a.shape[0] * a.shape[1] * b.shape[1])  # eager: done on return
 
 
 def matmul_rates() -> dict:
@@ -99,14 +95,14 @@ def matmul_rates() -> dict:
         flops = 2 * m * k * n
         a16, b16 = jnp.asarray(a, bf16), jnp.asarray(b, bf16)
         rows[name] = {
-            "xla float32": rate(jax.jit(jnp.matmul), a, b, flops=flops),
-            "xla bf16 -> bf16": rate(jax.jit(jnp.matmul), a16, b16, flops=flops),
-            "xla bf16 -> f32": rate(jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=f32)), a16, b16,
-                                    flops=flops),
-            "layer f32": rate(layer(jax.lax.dot_general), a, b, flops=3 * flops),
-            "layer bf16": rate(layer(products.dot_general), a, b, flops=3 * flops),
-            "torch float32": torch_rate(m, k, n, "float32"),
-            "torch bf16": torch_rate(m, k, n, "bfloat16"),
+            "xla float32": jax_rate(jax.jit(jnp.matmul), a, b, flops=flops),
+            "xla bf16 -> bf16": jax_rate(jax.jit(jnp.matmul), a16, b16, flops=flops),
+            "xla bf16 -> f32": jax_rate(jax.jit(lambda x, y: jnp.matmul(x, y, preferred_element_type=f32)), a16, b16,
+                                        flops=flops),
+            "layer f32": jax_rate(layer(jax.lax.dot_general), a, b, flops=3 * flops),
+            "layer bf16": jax_rate(layer(products.dot_general), a, b, flops=3 * flops),
+            "torch float32": torch_rate(a, b, "float32"),
+            "torch bf16": torch_rate(a, b, "bfloat16"),
         }  # fmt: skip
     return rows
 
@@ -137,18 +133,13 @@ def step_rates(rounds: int) -> dict:
     return results
 
 
-def bfloat16_units() -> str:
-    flags = set(cpuinfo().get("flags", "").split())
-    units = [name for name, flag in (("AMX", "amx_bf16"), ("AVX512-BF16", "avx512_bf16")) if flag in flags]
-    return ", ".join(units) or "none"
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--out", default="bench/results/cpu_bfloat16.json")
     args = parser.parse_args()
-    machine = f"{describe_cpu()}; bfloat16 units: {bfloat16_units()}; jax {jax.__version__}"
+    units = ", ".join(products.bfloat16_units()) or "none"
+    machine = f"{describe_cpu()}; bfloat16 units: {units}; jax {jax.__version__}"
     matmuls = matmul_rates()
     steps = step_rates(args.rounds)
     print(machine)

@@ -133,7 +133,7 @@ def test_cpu_has_bfloat16_units_reads_the_flags(monkeypatch, tmp_path):
         info = tmp_path / "cpuinfo"
         info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n\nprocessor\t: 1\nflags\t\t: {flags}\n")
         monkeypatch.setattr(products, "CPUINFO", info)
-        products.cpu_has_bfloat16_units.cache_clear()
+        products.bfloat16_units.cache_clear()
         return products.cpu_has_bfloat16_units()
 
     try:
@@ -141,10 +141,10 @@ def test_cpu_has_bfloat16_units_reads_the_flags(monkeypatch, tmp_path):
         assert with_flags("fpu avx512f amx_bf16 amx_tile")  # Sapphire Rapids and later
         assert not with_flags("fpu sse2 avx2 fma")  # Zen 3
         monkeypatch.setattr(products, "CPUINFO", tmp_path / "absent")
-        products.cpu_has_bfloat16_units.cache_clear()
+        products.bfloat16_units.cache_clear()
         assert not products.cpu_has_bfloat16_units()  # not Linux
     finally:
-        products.cpu_has_bfloat16_units.cache_clear()
+        products.bfloat16_units.cache_clear()
 
 
 @pytest.mark.parametrize("tied", [True, False])

@@ -46,17 +46,26 @@ def traced_for(platform: str):
         _TARGET_PLATFORM.reset(token)
 
 
+# the /proc/cpuinfo flags of the bfloat16 units XLA:CPU's library uses, and their names
+BFLOAT16_UNITS = {"amx_bf16": "AMX", "avx512_bf16": "AVX512-BF16"}
+
+
 @functools.cache
-def cpu_has_bfloat16_units() -> bool:
-    """Whether this machine's CPU multiplies bfloat16 in hardware (Intel's AMX or AVX512-BF16,
-    AMD's AVX512-BF16 from Zen 4), read from Linux's /proc/cpuinfo; False where it cannot be
-    read. Elsewhere bfloat16 products would be emulated: no reason to take this path there."""
+def bfloat16_units() -> tuple[str, ...]:
+    """The bfloat16 units this machine's CPU has (Intel's AMX or AVX512-BF16, AMD's AVX512-BF16
+    from Zen 4), read from Linux's /proc/cpuinfo; none where it cannot be read."""
     try:
         text = CPUINFO.read_text()
     except OSError:
-        return False
+        return ()
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return bool({"amx_bf16", "avx512_bf16"} & set(flags))
+    return tuple(name for flag, name in BFLOAT16_UNITS.items() if flag in flags)
+
+
+def cpu_has_bfloat16_units() -> bool:
+    """Whether the CPU multiplies bfloat16 in hardware. Elsewhere bfloat16 products would be
+    emulated: no reason to take this path there."""
+    return bool(bfloat16_units())
 
 
 def on_cpu_in_bfloat16(config) -> bool:
