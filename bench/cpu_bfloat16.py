@@ -85,8 +85,9 @@ def matmul_rates() -> dict:
     f32, bf16 = jnp.float32, jnp.bfloat16
     dn = (((1,), (0,)), ((), ()))
 
-    def layer(product):  # a layer's forward product and its backward's two
-        return jax.jit(jax.grad(lambda x, w: jnp.sum(product(x, w, dn)), (0, 1)))
+    def layer(product):  # a layer's forward product and its backward's two, on a cotangent c
+        grads = jax.jit(jax.grad(lambda x, w, c: jnp.sum(product(x, w, dn) * c), (0, 1)))
+        return lambda x, w: grads(x, w, cotangent)  # (not a constant, which XLA would fold into a sum)
 
     rows = {}
     for name, (m, k, n) in MATMULS.items():
@@ -94,6 +95,7 @@ def matmul_rates() -> dict:
         a, b = rng.normal(size=(m, k)).astype(np.float32), rng.normal(size=(k, n)).astype(np.float32)
         flops = 2 * m * k * n
         a16, b16 = jnp.asarray(a, bf16), jnp.asarray(b, bf16)
+        cotangent = jnp.asarray(rng.normal(size=(m, n)), f32)
         rows[name] = {
             "xla float32": jax_rate(jax.jit(jnp.matmul), a, b, flops=flops),
             "xla bf16 -> bf16": jax_rate(jax.jit(jnp.matmul), a16, b16, flops=flops),

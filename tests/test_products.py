@@ -147,8 +147,13 @@ def test_cpu_has_bfloat16_units_reads_the_flags(monkeypatch, tmp_path):
         products.bfloat16_units.cache_clear()
 
 
-@pytest.mark.parametrize("tied", [True, False])
-def test_a_models_loss_and_gradients_follow_float32(monkeypatch, tied):
+@pytest.mark.parametrize(
+    "settings",
+    [dict(tie_embeddings=True), dict(tie_embeddings=False), dict(scan_layers=True, remat="full"),
+     dict(lora_rank=4, lora_targets="qkv,out,up,down")],
+    ids=["tied", "untied", "scanned-remat", "lora"],
+)  # fmt: skip
+def test_a_models_loss_and_gradients_follow_float32(monkeypatch, settings):
     """A bfloat16 model on a CPU with the units against the float32 model, same parameters: only
     the products' operands are rounded (2^-9 relative each), so the loss moves by well under 1%
     and the gradient by a few percent at most; the difference is not zero (bfloat16 was used)."""
@@ -157,7 +162,7 @@ def test_a_models_loss_and_gradients_follow_float32(monkeypatch, tied):
     from jaxgpt.model.transformer import GPT
 
     monkeypatch.setattr(products, "cpu_has_bfloat16_units", lambda: True)
-    config = bf16_config(tie_embeddings=tied)
+    config = bf16_config(**settings)
     tokens = jax.random.randint(jax.random.key(3), (4, 17), 0, config.vocab_size)
     batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]}
     params = GPT(config.replace(dtype="float32")).init(jax.random.key(0), batch["inputs"])["params"]
