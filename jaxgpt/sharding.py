@@ -24,6 +24,9 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec
 from jaxgpt.config import MeshConfig
 
 AXES = ("data", "fsdp", "expert", "tensor")
+# Auto axis types: linen modules do not annotate shardings, so GSPMD propagates them from the
+# inputs (Explicit axes would make nn.Embed fail)
+AXIS_TYPES = (jax.sharding.AxisType.Auto,) * len(AXES)
 BATCH = ("data", "fsdp", "expert")
 ROWS_BESIDE_EXPERTS = ("data", "fsdp")  # a batch's split while its experts are split over `expert`
 
@@ -88,21 +91,14 @@ EXPERT_SWIGLU_UP = {
 def make_mesh(config: MeshConfig, devices=None) -> Mesh:
     """The one mesh of a run over `devices` (default: all of JAX's; a training job passes
     jaxgpt.hardware.runtime.mesh_devices(), which knows when CPU devices stand for cores).
-    Auto axis types: linen modules do not annotate shardings, so GSPMD propagates them from
-    the inputs (Explicit axes would make nn.Embed fail)."""
+    Its axes are AXIS_TYPES."""
     devices = devices if devices is not None else jax.devices()
     shape = config.shape(len(devices))
     return _mesh(shape, devices[: math.prod(shape)])  # a mesh may use a divisor of the devices, e.g. one
 
 
-def data_mesh(devices) -> Mesh:
-    """A mesh over `devices` on the data axis alone: batches split over them, every parameter
-    whole on each."""
-    return _mesh((len(devices), 1, 1, 1), devices)
-
-
 def _mesh(shape: tuple[int, ...], devices) -> Mesh:
-    return jax.make_mesh(shape, AXES, axis_types=(jax.sharding.AxisType.Auto,) * len(AXES), devices=devices)
+    return jax.make_mesh(shape, AXES, axis_types=AXIS_TYPES, devices=devices)
 
 
 def traced_on(mesh: Mesh, fn):

@@ -118,7 +118,7 @@ def test_every_core_runs_one_tracing_of_the_gradient_program(monkeypatch):
     run = make_run(model=MODEL.replace(d_model=64))  # 64 wide: the MLP's and qkv's matrices travel alone
     program = training_program(run)
     devices = jax.devices()[:2]
-    layout, create = state_layout(program, sharding.data_mesh(devices[:1]))
+    layout, create = state_layout(program, core_parallel.data_mesh(devices[:1]))
     step = CoreParallelStep(program, devices, layout)
     step.trace(create(), jax.device_put(windows_batch(batches(1)[0]), sharding.batch_sharding(step.batch_mesh)))
     assert len(step._lowered[0]) == 2 and len(traced) == 1

@@ -337,16 +337,19 @@ def test_extending_a_run_is_announced_only_where_the_rate_moves():
     rate is still held continues at that rate: nothing to say (why warmup-stable-decay runs are
     the ones to extend)."""
     from jaxgpt.config import DataConfig, ModelConfig, RunConfig, TrainConfig
-    from jaxgpt.job.resume import schedule_change_note
+    from jaxgpt.training.optimizer import schedule_change_note
 
-    def run(**train):
-        return RunConfig(ModelConfig(), DataConfig(), TrainConfig(warmup_steps=10, lr=1e-3, min_lr=1e-4, **train))
+    def train(**fields):
+        return TrainConfig(warmup_steps=10, lr=1e-3, min_lr=1e-4, **fields)
 
-    saved = {"config": run(steps=100, cooldown_steps=40).to_dict()}
-    assert schedule_change_note(saved, run(steps=200, cooldown_steps=40), step=50) is None  # held at lr
-    note = schedule_change_note(saved, run(steps=200, cooldown_steps=40), step=80)  # half-way down
+    def saved_train(**fields):  # as a checkpoint's record holds it
+        return RunConfig(ModelConfig(), DataConfig(), train(**fields)).to_dict()["train"]
+
+    saved = saved_train(steps=100, cooldown_steps=40)
+    assert schedule_change_note(saved, train(steps=200, cooldown_steps=40), step=50) is None  # held at lr
+    note = schedule_change_note(saved, train(steps=200, cooldown_steps=40), step=80)  # half-way down
     assert note and "now 0.001 (the run was at 0.00055)" in note and "decay_steps=100" in note
-    cosine = {"config": run(steps=100).to_dict()}
-    assert "decay_steps=100" in schedule_change_note(cosine, run(steps=200), step=100)
-    assert schedule_change_note(cosine, run(steps=200, decay_steps=100), step=100) is None  # kept at min_lr
-    assert "now 0.001" in schedule_change_note(cosine, run(steps=100, cooldown_steps=40), step=50)  # cosine -> held
+    cosine = saved_train(steps=100)
+    assert "decay_steps=100" in schedule_change_note(cosine, train(steps=200), step=100)
+    assert schedule_change_note(cosine, train(steps=200, decay_steps=100), step=100) is None  # kept at min_lr
+    assert "now 0.001" in schedule_change_note(cosine, train(steps=100, cooldown_steps=40), step=50)  # cosine -> held

@@ -538,6 +538,9 @@ def run_names(workdirs: list[Path]) -> list[str]:
     return [str(w) for w in workdirs]
 
 
+OUT_HELP = "PNG to write (default: <first workdir>/loss_by_position.png); with --prune, a folder for the pruned model."
+
+
 @cli.command()
 def main(argv: list[str] | None = None) -> None:
     """The command's entry point: bad input exits 2 with one line."""
@@ -546,12 +549,7 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_integer("step", None, "A kept checkpoint's step (default: the newest).", flag_values=f)
     flags.DEFINE_list("lengths", ["64", "128", "256", "512", "1024"], "Window lengths.", flag_values=f)
     flags.DEFINE_integer("tokens", 32768, "Validation tokens scored at each length.", flag_values=f)
-    flags.DEFINE_string(
-        "out",
-        None,
-        "PNG to write (default: <first workdir>/loss_by_position.png); with --prune, a folder for the pruned model.",
-        flag_values=f,
-    )
+    flags.DEFINE_string("out", None, OUT_HELP, flag_values=f)
     flags.DEFINE_bool("mask_heads", False, "Instead: the loss at block_size with each head removed.", flag_values=f)
     flags.DEFINE_string("remove_heads", None, "Instead: the loss with heads LAYER.HEAD,... removed.", flag_values=f)
     flags.DEFINE_float("prune", None, "Instead: remove this share of heads, least useful first.", flag_values=f)

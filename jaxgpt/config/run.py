@@ -18,15 +18,6 @@ HEAD_MEASURES = LAB_MEASURES[:4]  # a number per head; the rest one per layer
 CHECKPOINT_SCHEDULES = ("", "log")
 
 
-def scheduled_steps(train) -> frozenset[int]:
-    """The steps train.checkpoint_schedule keeps for good: "log", each about √2 times the last."""
-    if train.checkpoint_schedule != "log":
-        return frozenset()
-    return frozenset(
-        s for s in (round(2 ** (i / 2)) for i in range(2 * train.steps.bit_length() + 1)) if s <= train.steps
-    )
-
-
 def lab_measures(lab: str) -> tuple[str, ...]:
     """train.lab's measures, in LAB_MEASURES' order ("all": every one)."""
     named = {m.strip() for m in lab.split(",") if m.strip()}

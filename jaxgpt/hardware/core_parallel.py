@@ -52,9 +52,10 @@ from jax.flatten_util import ravel_pytree
 from jax.sharding import NamedSharding, PartitionSpec, SingleDeviceSharding
 
 from jaxgpt import sharding
+from jaxgpt.model import lora
 from jaxgpt.training.batch import as_batch, rows_of
 from jaxgpt.training.program import TrainingProgram
-from jaxgpt.training.train_step import TrainState, apply_gradients, batch_weight, gradients, trained_and_fixed
+from jaxgpt.training.train_step import TrainState, apply_gradients, batch_weight, gradients
 
 
 def core_gradients(params, key, step, rows, core, weight=None, *, model, microbatches: int, batch_rows: int):
@@ -74,6 +75,13 @@ def core_gradients(params, key, step, rows, core, weight=None, *, model, microba
 # A leaf of at least this many elements (32 KiB of float32) travels between the cores as it is;
 # smaller ones are raveled together (the module's docstring says why).
 TRAVELS_ALONE = 2**13
+
+
+def data_mesh(devices) -> jax.sharding.Mesh:
+    """A mesh over `devices` on the data axis alone: a batch's rows split over the cores, every
+    parameter whole on each."""
+    grid = np.array(devices).reshape(len(devices), 1, 1, 1)
+    return jax.sharding.Mesh(grid, sharding.AXES, axis_types=sharding.AXIS_TYPES)
 
 
 class Packing:
@@ -154,10 +162,10 @@ class CoreParallelStep:
         """`program`'s train.batch_size is the whole batch's, split over `devices` in order; its
         state is laid out as `layout` (mesh_step.state_layout's shapes, or a state)."""
         self.devices = list(devices)
-        self.batch_mesh = sharding.data_mesh(self.devices)  # a batch's rows, split over the cores
+        self.batch_mesh = data_mesh(self.devices)  # a batch's rows, split over the cores
         t = program.run.train
         share = partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
-        params, grads = Packing(layout.params), Packing(trained_and_fixed(program.run.model, layout.params)[0])
+        params, grads = Packing(layout.params), Packing(lora.split(program.run.model, layout.params)[0])
         packed_share = partial(packed_core_gradients, share=share, params=params, grads=grads)
         shares = OneProgramOverCores if t.one_program_for_cores else ProgramPerCore
         self.shares = shares(packed_share, program.eval_step, self.batch_mesh)
@@ -254,7 +262,7 @@ class ProgramPerCore:
         self.devices = list(mesh.devices.flat)
         self._share = jax.jit(with_core_axis(share))
         self._eval_loss = jax.jit(eval_step)
-        self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
+        self._device_meshes = [data_mesh([d]) for d in self.devices]  # one core's own (evaluation)
         self._core_ids = [jax.device_put(np.int32(i), d) for i, d in enumerate(self.devices)]
         self.compiled: list | None = None  # one per core, in core order
 
@@ -302,7 +310,7 @@ class OneProgramOverCores:
         everywhere, split = PartitionSpec(), PartitionSpec(sharding.BATCH)
         self._share = jax.jit(each_core(share_of_this_core(share), mesh, (everywhere,) * 3 + (split, everywhere)))
         self._eval_losses = jax.jit(each_core(eval_step, mesh, (everywhere, split)))
-        self._device_meshes = [sharding.data_mesh([d]) for d in self.devices]
+        self._device_meshes = [data_mesh([d]) for d in self.devices]
         self.compiled: list | None = None  # the one program
 
     def _inputs(self, params_pack, key_data, step, batch, weight) -> tuple:

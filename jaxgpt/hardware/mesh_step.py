@@ -11,10 +11,11 @@ import threading
 from concurrent.futures import Future
 
 import jax
+import numpy as np
 
 from jaxgpt import sharding
 from jaxgpt.training.program import TrainingProgram
-from jaxgpt.training.train_step import TrainState, seed_key_data
+from jaxgpt.training.train_step import TrainState
 
 
 def state_layout(program: TrainingProgram, mesh):
@@ -24,7 +25,9 @@ def state_layout(program: TrainingProgram, mesh):
     The model's initialisation is traced once, here: the program that creates the state replays
     that trace with the shardings its shapes gave, instead of tracing the model again (a Flax
     initialisation is slow to trace, a large part of what tracing its training step takes)."""
-    key_data = seed_key_data(program.run.train.seed)
+    # the seed's key bits as an argument, not a constant: runs that differ only in seed share
+    # one compiled initialisation (`compare --seeds`)
+    key_data = np.asarray(jax.random.key_data(jax.random.key(program.run.train.seed)))
     traced = jax.jit(program.create_state).trace(key_data)
     layout = sharding.laid_out(traced.out_info, mesh)
     shardings = jax.tree.map(lambda s: s.sharding, layout)

@@ -139,12 +139,13 @@ def plan(program: TrainingProgram, devices: list, mesh, layout) -> CorePlan:
     if n == 1:
         return CorePlan(program, devices[:1], None)
 
+    per_core = program.with_train(batch_size=run.train.batch_size // n)
+
     def first_core_compiled(m: int) -> CoreParallelStep:
         candidate = program.with_train(microbatches=m)
         step = CoreParallelStep(candidate, devices[:n], layout)
         return step.compile_first_share(layout, batch_layout(candidate.run, step.batch_mesh))
 
-    per_core = program.with_train(batch_size=run.train.batch_size // n)
     started = time.perf_counter()
     tuned = fill_microbatches(per_core, mesh, layout, candidate=first_core_compiled)
     microbatches = tuned.program.run.train.microbatches

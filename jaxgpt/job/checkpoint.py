@@ -32,12 +32,27 @@ from jax.experimental import multihost_utils
 
 from jaxgpt.config import MeshConfig, run_config_from_dict
 from jaxgpt.errors import UserError, warn_once
-from jaxgpt.job.workdir import unused_sibling
 from jaxgpt.model.transformer import init_params
 from jaxgpt.sharding import laid_out, make_mesh
 from jaxgpt.tokenizers import same_tokenizer, tokenizer_from_dict
 
 PRUNED_RETRIES = 3  # listings read again when a reader finds its checkpoints pruned under it
+
+
+def scheduled_steps(train) -> frozenset[int]:
+    """The steps train.checkpoint_schedule keeps for good: "log", each about √2 times the last."""
+    if train.checkpoint_schedule != "log":
+        return frozenset()
+    return frozenset(
+        s for s in (round(2 ** (i / 2)) for i in range(2 * train.steps.bit_length() + 1)) if s <= train.steps
+    )
+
+
+def unused_sibling(path: Path, suffix: str, bare_first: bool = False) -> Path:
+    """path with `.{suffix}-1`, `-2`, ... appended (with `bare_first`: `.{suffix}`, then `-2`,
+    ...): the first name not taken, for what is moved aside rather than deleted."""
+    names = (f"{path.name}.{suffix}" + ("" if bare_first and n == 1 else f"-{n}") for n in range(1, 100_000))
+    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 @functools.cache
@@ -81,6 +96,7 @@ class Checkpoints:
     def __init__(self, directory: Path, keep: int = 3, read_only: bool = False, scheduled=frozenset()):
         self.directory = Path(directory).absolute()
         self.read_only = read_only
+        self.scheduled = frozenset(scheduled)  # kept for good, whatever `keep` says
         policies = ocp.checkpoint_managers
         kept = policies.AnyPreservationPolicy(
             [

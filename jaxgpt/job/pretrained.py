@@ -1,5 +1,6 @@
 """A run that starts from trained weights (train.init_from): a jaxgpt run's workdir (its newest
-checkpoint), or a Hugging Face folder (or a Hub name, online).
+checkpoint), or a Hugging Face folder (or a Hub name, online); and what a resumed run keeps of
+its own when its sources have moved on (its model, its tokenizer).
 
 The model is the weights' model. Every field that says what the weights compute — sizes,
 positions and their base and scaling, norms and their epsilon, activation, tying, biases, the
@@ -12,9 +13,12 @@ override (the command line's --config.model.X) of what a context extension chang
 said in one line; any other override that differs is refused in one line, before any data is
 prepared or any workdir made.
 
+  kept_tokenizer            a resumed run's own tokenizer, where the folder it was read from changed
   with_source_architecture  the run's model made the source's, before the data is prepared
-  with_source_vocabulary    the weights' rows, which the run's tokenizer must fill, once it is known
-  check_init_from_run       a run's weights and tokenizer fit, a folder's files read, before a workdir
+  check_init_from_run       a run's weights fit, a folder's files read, before the data is prepared
+  refuse_another_tokenizer  the weights' tokenizer is the run's (jaxgpt/job/setup.py's
+                            with_source_vocabulary, once the tokenizer is known: the weights' rows
+                            it must fill)
   start_from_pretrained     the state's random parameters replaced by the source's, at step 0
 """
 
@@ -30,10 +34,16 @@ import jax
 
 from jaxgpt.config import ModelConfig, RunConfig, run_config_from_dict
 from jaxgpt.config.model import fields_of_kind
-from jaxgpt.config_files import tokens_needed
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import load_latest, recorded_config
-from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, same_tokenizer
+from jaxgpt.tokenizers import (
+    TOKENIZERS,
+    base_tokenizer,
+    load_tokenizer,
+    make_tokenizer,
+    same_tokenizer,
+    using_the_runs_copy,
+)
 from jaxgpt.training.objectives import objective_of
 
 # The fields that decide what the weights compute (not dropout, dtypes or layout): what two sets
@@ -85,6 +95,34 @@ def resumed_model(workdir: Path, source: str) -> ModelConfig | None:
     except (ValueError, TypeError, KeyError):  # a damaged config.json: the resume itself says so
         return None
     return run.model if run.train.init_from == source else None
+
+
+def kept_tokenizer(workdir: Path, run: RunConfig):
+    """For a resume: the tokenizer the run was trained with, from its own tokenizer.json, where
+    the folder data.tokenizer names has changed since or is gone (a BPE trained again in place,
+    a Hugging Face folder overwritten or moved), said in one line; None where that folder still
+    gives the same tokenizer (or the tokenizer is named, not a folder), and the corpus is
+    prepared as before. So a resume never tokenizes with another vocabulary."""
+    saved, kept = workdir / "config.json", workdir / "tokenizer.json"
+    checkpoints = workdir / "checkpoints"
+    if run.data.tokenizer in TOKENIZERS or not (saved.is_file() and kept.is_file() and checkpoints.is_dir()):
+        return None
+    try:
+        trained_with = json.loads(saved.read_text())["data"]["tokenizer"]
+    except (ValueError, KeyError, TypeError):  # a damaged config.json: the resume itself says so
+        return None
+    if trained_with != run.data.tokenizer or not any(p.name.isdigit() for p in checkpoints.iterdir()):
+        return None
+    theirs = base_tokenizer(load_tokenizer(kept))
+    source = Path(run.data.tokenizer) / "tokenizer.json"
+    try:
+        today = make_tokenizer(run.data.tokenizer)
+    except UserError:  # the folder is gone, or no longer holds a tokenizer
+        today = None
+    if today is not None and same_tokenizer(theirs.to_dict(), today.to_dict()):
+        return None
+    using_the_runs_copy(source, changed=today is not None)
+    return theirs
 
 
 def values_set(config, keys: Collection[str]) -> dict[str, object]:
@@ -197,24 +235,6 @@ def _shown(value) -> str:
     return repr(value) if isinstance(value, str) else str(value)
 
 
-def with_source_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
-    """Once the tokenizer is known: the vocabulary of the weights' rows, which the tokenizer
-    must fill (its base, before the chat template's tokens, which add rows of their own);
-    else one line naming the tokenizer that goes with the weights."""
-    rows, source = run.model.vocab_size, run.train.init_from
-    if is_run(source) and (Path(source) / "tokenizer.json").is_file():  # the tokenizers compared themselves
-        refuse_another_tokenizer(source, load_tokenizer(Path(source) / "tokenizer.json"), tokenizer)
-    needed = tokens_needed(run.model, base_tokenizer(tokenizer).vocab_size)
-    if needed != rows:
-        raise UserError(
-            f"train.init_from={source}'s weights have {rows:,} token rows, and data.tokenizer={run.data.tokenizer} "
-            f"gives {needed:,} tokens, whose ids would read other tokens' rows; fine-tune with the tokenizer the "
-            "weights were trained with (the run's workdir, the folder's own, or gpt2 for GPT-2)"
-        )
-    grown = tokens_needed(run.model, tokenizer.vocab_size)  # the chat template's tokens after the weights' rows
-    return dataclasses.replace(run, model=run.model.replace(vocab_size=grown))
-
-
 def architecture_mismatches(ours: ModelConfig, theirs: ModelConfig, grows: bool = False) -> list[str]:
     """The fields in which `theirs`' weights do not describe `ours`' model. block_size may
     differ wherever no parameter has its length (every position kind but learned), and RoPE's
@@ -278,16 +298,16 @@ def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None)
     if is_run(source):
         run, params, their_tokenizer, step = load_latest(Path(source))
         pretrained, origin = run.model, f"{source} (step {step})"
-        if tokenizer is not None:
-            refuse_another_tokenizer(source, their_tokenizer, tokenizer)
     else:
         from jaxgpt.hf import load_pretrained
 
         pretrained, params, _ = load_pretrained(source)
-        origin = source
+        origin, their_tokenizer = source, None
     ours = config.model
     grows = config.data.chat  # the chat template's tokens, added after the weights' vocabulary
     refuse_unless_fits(source, ours, pretrained, grows)
+    if their_tokenizer is not None and tokenizer is not None:
+        refuse_another_tokenizer(source, their_tokenizer, tokenizer)
     if ours.vocab_size > pretrained.vocab_size:
         params = grow_vocabulary(pretrained, params, ours.vocab_size)
         origin += f", {ours.vocab_size - pretrained.vocab_size} token rows added"

@@ -9,25 +9,15 @@ to the restored step so the resumed run's lines are written once.
 from __future__ import annotations
 
 import dataclasses
-import json
-import math
 from pathlib import Path
 
 from jaxgpt.config import RunConfig, run_config_from_dict
 from jaxgpt.errors import UserError
-from jaxgpt.job import workdir as run_dir
-from jaxgpt.job.checkpoint import Checkpoints
+from jaxgpt.job.checkpoint import Checkpoints, unused_sibling
 from jaxgpt.job.metrics import metrics_lines
 from jaxgpt.job.pretrained import EXTENSIBLE_FIELDS, start_from_pretrained
-from jaxgpt.tokenizers import (
-    TOKENIZERS,
-    base_tokenizer,
-    load_tokenizer,
-    make_tokenizer,
-    same_tokenizer,
-    using_the_runs_copy,
-)
-from jaxgpt.training.optimizer import learning_rate_schedule
+from jaxgpt.tokenizers import same_tokenizer
+from jaxgpt.training.optimizer import schedule_change_note
 
 # What a resumed run may change: how long it runs (raising steps also moves the end of the
 # cosine schedule), the learning-rate schedule and clipping (the optimizer state does not
@@ -124,7 +114,6 @@ def restore_or_start(
     """Continue from the newest readable checkpoint, or start at step 0 if there is none
     (from `train.init_from`'s weights when set). Refuses a checkpoint of another run before
     anything is written."""
-    checkpoints.check_room_for(fresh_state)  # before any work, not at the first save
     metrics_path = workdir / "metrics.jsonl"
 
     def check_same_run(record: dict) -> None:
@@ -152,6 +141,7 @@ def restore_or_start(
                 )
             )
 
+    checkpoints.check_room_for(fresh_state)  # before any work, not at the first save
     found = checkpoints.restore_latest_readable(fresh_state, check_record=check_same_run, warn=warn)
     if found is None:
         state = fresh_state
@@ -163,61 +153,13 @@ def restore_or_start(
             metrics_path.write_text("")
         return StartingPoint(state)
     step, state, record = found
-    note = schedule_change_note(record, config, step)
+    note = schedule_change_note(record["config"]["train"], config.train, step)
     if note:
         say(note)
     if main:
         truncate_metrics(metrics_path, step)
     say(f"resuming from step {step} of {config.train.steps}")
     return StartingPoint(state, step, record.get("elapsed_sec", 0.0), tuple(record.get("pending_losses", [])))
-
-
-def kept_tokenizer(workdir: Path, run: RunConfig):
-    """For a resume: the tokenizer the run was trained with, from its own tokenizer.json, where
-    the folder data.tokenizer names has changed since or is gone (a BPE trained again in place,
-    a Hugging Face folder overwritten or moved), said in one line; None where that folder still
-    gives the same tokenizer (or the tokenizer is named, not a folder), and the corpus is
-    prepared as before. So a resume never tokenizes with another vocabulary."""
-    saved, kept = workdir / "config.json", workdir / "tokenizer.json"
-    checkpoints = workdir / "checkpoints"
-    if run.data.tokenizer in TOKENIZERS or not (saved.is_file() and kept.is_file() and checkpoints.is_dir()):
-        return None
-    try:
-        trained_with = json.loads(saved.read_text())["data"]["tokenizer"]
-    except (ValueError, KeyError, TypeError):  # a damaged config.json: the resume itself says so
-        return None
-    if trained_with != run.data.tokenizer or not any(p.name.isdigit() for p in checkpoints.iterdir()):
-        return None
-    theirs = base_tokenizer(load_tokenizer(kept))
-    source = Path(run.data.tokenizer) / "tokenizer.json"
-    try:
-        today = make_tokenizer(run.data.tokenizer)
-    except UserError:  # the folder is gone, or no longer holds a tokenizer
-        today = None
-    if today is not None and same_tokenizer(theirs.to_dict(), today.to_dict()):
-        return None
-    using_the_runs_copy(source, changed=today is not None)
-    return theirs
-
-
-def schedule_change_note(record: dict, config: RunConfig, step: int) -> str | None:
-    """Raising train.steps moves the end of the decay (the cosine's, or the cooldown's): a run
-    past its decay's start would continue at a higher learning rate than it had. Say so, and
-    how to avoid it."""
-    saved_values = {
-        k: record["config"]["train"].get(k, 0)
-        for k in ("steps", "decay_steps", "cooldown_steps", "warmup_steps", "lr", "min_lr")
-    }
-    saved = dataclasses.replace(config.train, **saved_values)
-    before = float(learning_rate_schedule(saved)(step))
-    now = float(learning_rate_schedule(config.train)(step))
-    if math.isclose(before, now, rel_tol=1e-3):
-        return None
-    return (
-        f"note: the learning rate at step {step} is now {now:.3g} (the run was at {before:.3g}): the new "
-        f"train settings move the schedule. To continue a finished decay at min_lr instead, add "
-        f"--config.train.decay_steps={saved.decay_steps or saved.steps}"
-    )
 
 
 def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:
@@ -227,7 +169,7 @@ def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:
     logged = [p for p in (metrics_path, workdir / "tensorboard") if p.exists()]
     if not any(p.is_dir() or p.stat().st_size for p in logged):
         return
-    aside = run_dir.unused_sibling(workdir / "history", "before-restart")
+    aside = unused_sibling(workdir / "history", "before-restart")
     aside.mkdir()
     for path in logged:
         path.rename(aside / path.name)

@@ -34,28 +34,28 @@ from jax.experimental import multihost_utils
 
 from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
-from jaxgpt.config.run import scheduled_steps
-from jaxgpt.config_files import resolve, with_tokenizer_vocab
+from jaxgpt.config_files import resolve, tokens_needed, with_tokenizer_vocab
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.mesh_step import in_background, state_layout
 from jaxgpt.hardware.peak_flops import peak_flops
 from jaxgpt.hardware.step_choice import Step, choose_step
 from jaxgpt.job import workdir as run_dir
-from jaxgpt.job.checkpoint import Checkpoints
+from jaxgpt.job.checkpoint import Checkpoints, scheduled_steps
 from jaxgpt.job.metrics import check_sinks_available
 from jaxgpt.job.pretrained import (
     check_init_from_run,
+    is_run,
+    kept_tokenizer,
+    refuse_another_tokenizer,
     resumed_model,
     values_set,
     with_source_architecture,
-    with_source_vocabulary,
 )
-from jaxgpt.job.resume import kept_tokenizer
 from jaxgpt.lab import multiple_choice, watch
 from jaxgpt.model.kernels import kernel_fallback
 from jaxgpt.model.transformer import describe_parameters, flops_per_token
-from jaxgpt.tokenizers import save_tokenizer
+from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, save_tokenizer
 from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.program import TrainingProgram, training_program
 from jaxgpt.training.train_step import TrainState
@@ -93,6 +93,7 @@ def check_runnable(config, notes: list[str] | None = None, overrides=(), workdir
     continued = resumed_model(workdir, run.train.init_from) if workdir is not None else None
     given = values_set(config if not isinstance(config, RunConfig) else run.to_dict(), overrides)
     run = with_source_architecture(run, given, notes, continued)
+    check_init_from_run(run)
     check_sinks_available(run.train.wandb_project)
     if why := watch.refusal(run):
         raise UserError(why)
@@ -124,6 +125,24 @@ def with_classes(run: RunConfig) -> RunConfig:
     )
 
 
+def with_source_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
+    """Once the tokenizer is known: the vocabulary of the weights' rows, which the tokenizer
+    must fill (its base, before the chat template's tokens, which add rows of their own);
+    else one line naming the tokenizer that goes with the weights."""
+    rows, source = run.model.vocab_size, run.train.init_from
+    if is_run(source) and (Path(source) / "tokenizer.json").is_file():  # the tokenizers compared themselves
+        refuse_another_tokenizer(source, load_tokenizer(Path(source) / "tokenizer.json"), tokenizer)
+    needed = tokens_needed(run.model, base_tokenizer(tokenizer).vocab_size)
+    if needed != rows:
+        raise UserError(
+            f"train.init_from={source}'s weights have {rows:,} token rows, and data.tokenizer={run.data.tokenizer} "
+            f"gives {needed:,} tokens, whose ids would read other tokens' rows; fine-tune with the tokenizer the "
+            "weights were trained with (the run's workdir, the folder's own, or gpt2 for GPT-2)"
+        )
+    grown = tokens_needed(run.model, tokenizer.vocab_size)  # the chat template's tokens after the weights' rows
+    return dataclasses.replace(run, model=run.model.replace(vocab_size=grown))
+
+
 def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool, overrides=(), fresh=False) -> ResolvedRun:
     """Stage 1: the run, checked and resolved, and its prepared data."""
     run_dir.check_not_under_a_file(workdir)  # before the slow work, not after it
@@ -134,7 +153,6 @@ def resolve_run(config, workdir: Path, *, progress: bool, verify_data: bool, ove
     dataset = data.prepare(run.data, progress=progress, verify=verify_data, check_in_background=True, tokenizer=kept)
     run = with_vocabulary(run, dataset.tokenizer)
     data.check_batches_fit(dataset, run)
-    check_init_from_run(run)
     program = training_program(run)
     mesh = sharding.make_mesh(run.mesh, runtime.mesh_devices())
     layout, create = state_layout(program, mesh)  # computed once, passed on to every stage that needs it

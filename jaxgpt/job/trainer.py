@@ -34,7 +34,6 @@ import numpy as np
 from tqdm import tqdm
 
 from jaxgpt import data
-from jaxgpt.config.run import scheduled_steps
 from jaxgpt.errors import warn
 from jaxgpt.hardware import runtime
 from jaxgpt.hardware.distributed import is_main_process
@@ -192,7 +191,6 @@ class Trainer:
         # memory rather than beside it
         self.state, self.checkpoints, self.validation, self.train_batches, self.questions = inputs
         run = placed.run
-        self.scheduled = scheduled_steps(run.train)  # train.checkpoint_schedule's, kept for good
         self.runaway = RunawayWatch(run.model.outputs, self.checkpoints, warn, run.train.warmup_steps)
         # train.lab's probes, made once from the seed and the validation split: a resume measures the same
         self.lab = Watch(run.model, run.train.lab, run.train.seed, self.validation.tokens) if run.train.lab else None
@@ -254,7 +252,7 @@ class Trainer:
         due = Due(
             logs=done % t.log_every == 0 or done == t.steps,
             evals=done % t.eval_every == 0 or done == t.steps,
-            saves=done % t.checkpoint_every == 0 or done == t.steps or stopping or done in self.scheduled,
+            saves=done % t.checkpoint_every == 0 or done == t.steps or stopping or done in self.checkpoints.scheduled,
             asks=bool(self.questions) and (done == t.steps or done % (t.multiple_choice_every or t.steps) == 0),
         )
         return due if any(due) else None

@@ -13,6 +13,7 @@ import socket
 from pathlib import Path
 
 from jaxgpt.errors import UserError
+from jaxgpt.job.checkpoint import unused_sibling
 
 LOCK_NAME = "train.lock"
 # What a run keeps in its workdir, and whether each is a file or a folder (jaxgpt/job/trainer.py)
@@ -24,13 +25,6 @@ RUN_FILES = {
     "checkpoints": "folder",
     "tensorboard": "folder",
 }
-
-
-def unused_sibling(path: Path, suffix: str, bare_first: bool = False) -> Path:
-    """path with `.{suffix}-1`, `-2`, ... appended (with `bare_first`: `.{suffix}`, then `-2`,
-    ...): the first name not taken, for what is moved aside rather than deleted."""
-    names = (f"{path.name}.{suffix}" + ("" if bare_first and n == 1 else f"-{n}") for n in range(1, 100_000))
-    return next(p for name in names if not (p := path.with_name(name)).exists())
 
 
 def check_not_under_a_file(workdir: Path) -> None:

@@ -123,9 +123,12 @@ def adapter_labels(config: ModelConfig):
 
 
 def split(config: ModelConfig, params) -> tuple:
-    """(what the adapted model trains, what it keeps fixed): two trees of params' structure, each
-    with None where the other holds the parameter. Differentiating the first alone, no gradient
-    of a frozen weight is computed, stored, summed over microbatches or copied between cores."""
+    """(what the step differentiates, what it keeps fixed): for an adapted model two trees of
+    params' structure, each with None where the other holds the parameter, so no gradient of a
+    frozen weight is computed, stored, summed over microbatches or copied between cores; for
+    any other model (params, None). `params` may be shapes."""
+    if not config.lora_rank:
+        return params, None
     trained = jax.tree_util.tree_map_with_path(lambda path, p: p if trains(config, path) else None, params)
     fixed = jax.tree_util.tree_map_with_path(lambda path, p: None if trains(config, path) else p, params)
     return trained, fixed

@@ -235,11 +235,14 @@ class GPT(nn.Module):
             return self._classifier(x)
         features = self._head_input()
         final = site(self, "final_norm_out", features(x))  # TransformerLens's ln_final.hook_out
-        if not head:
-            return final
+        return self._logits(wte, features, final, residuals) if head else final
 
+    def _logits(self, wte: nn.Embed, features, final: jnp.ndarray, residuals: list) -> jnp.ndarray:
+        """The LM head's logits of the final norm's output; capturing (jaxgpt.lab.capture), the
+        residual stream after every layer and the logit lens, its readout there, beside them."""
+        c = self.config
         weights = self._head_weights(wte)  # once: a parameter may be created only once
-        if residuals:  # capturing (jaxgpt.lab.capture): the logit lens, the readout after every layer
+        if residuals:
             self.sow("intermediates", "residual", jnp.stack(residuals))
             lens = [head_logits(c, weights, features(r)) for r in residuals]
             self.sow("intermediates", "logit_lens", jnp.stack(lens))

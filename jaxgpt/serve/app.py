@@ -89,32 +89,37 @@ def create_app(served: Served) -> FastAPI:
     @app.post("/v1/chat/completions")
     async def chat_completions(body: ChatRequest):
         _check_model(served, body.model)
-        if not served.chat:
-            raise RequestError(
-                f"{served.name} was not trained on conversations, so it has no chat template to read messages "
-                "with; use /v1/completions with a prompt, or serve a run fine-tuned on a chat source",
-                "messages", code="chat_not_supported",
-            )  # fmt: skip
-        from jaxgpt.data.conversations import check_content, prompt_ids
-
-        messages = [{"role": m.role, "content": m.text()} for m in body.messages]
-        try:
-            for m in messages:
-                check_content(m["content"], f"a {m['role']} message")
-            ids = prompt_ids(served.tokenizer, messages)
-        except UserError as error:  # a template's marker in a message, a character the vocabulary lacks
-            raise RequestError(f"messages: {error}", "messages") from None
-        room = served.engine.context - len(ids)
-        most = body.most_tokens or room
-        _check_fits(served, len(ids), most, "max_tokens")
-        top = (body.top_logprobs or 0) if body.logprobs else None
-        # An answer ends at its end-of-turn token, or at any marker of the template: a model that
-        # writes a role's marker has begun another turn, which an answer sent back could not hold.
-        markers = frozenset(served.tokenizer.special_ids.values())
-        generations = _choices(body, ids, most, markers, False, top)
-        return await _respond(served, body, generations, _chat_chunk, _chat_completion)
+        return await _respond(served, body, _chat_generations(served, body), _chat_chunk, _chat_completion)
 
     return app
+
+
+def _chat_generations(served: Served, body: ChatRequest) -> list:
+    """The answers a chat request asks for, each read through the run's chat template; one
+    RequestError line for a model without one, or messages it cannot read."""
+    if not served.chat:
+        raise RequestError(
+            f"{served.name} was not trained on conversations, so it has no chat template to read messages "
+            "with; use /v1/completions with a prompt, or serve a run fine-tuned on a chat source",
+            "messages", code="chat_not_supported",
+        )  # fmt: skip
+    from jaxgpt.data.conversations import check_content, prompt_ids
+
+    messages = [{"role": m.role, "content": m.text()} for m in body.messages]
+    try:
+        for m in messages:
+            check_content(m["content"], f"a {m['role']} message")
+        ids = prompt_ids(served.tokenizer, messages)
+    except UserError as error:  # a template's marker in a message, a character the vocabulary lacks
+        raise RequestError(f"messages: {error}", "messages") from None
+    room = served.engine.context - len(ids)
+    most = body.most_tokens or room
+    _check_fits(served, len(ids), most, "max_tokens")
+    top = (body.top_logprobs or 0) if body.logprobs else None
+    # An answer ends at its end-of-turn token, or at any marker of the template: a model that
+    # writes a role's marker has begun another turn, which an answer sent back could not hold.
+    markers = frozenset(served.tokenizer.special_ids.values())
+    return _choices(body, ids, most, markers, False, top)
 
 
 class _Guard:

@@ -3,6 +3,9 @@ and weight decay on matrices only."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
 import jax
 import optax
 import optax.contrib
@@ -115,3 +118,22 @@ def _optimizer(train: TrainConfig, schedule: optax.Schedule) -> optax.GradientTr
     if train.grad_clip > 0:
         return optax.chain(optax.clip_by_global_norm(train.grad_clip), update)
     return update
+
+
+def schedule_change_note(saved_train: dict, train: TrainConfig, step: int) -> str | None:
+    """Raising train.steps moves the end of the decay (the cosine's, or the cooldown's): a run
+    past its decay's start would continue at a higher learning rate than it had. Say so, and
+    how to avoid it. `saved_train`: the train fields a checkpoint's record holds."""
+    saved_values = {
+        k: saved_train.get(k, 0) for k in ("steps", "decay_steps", "cooldown_steps", "warmup_steps", "lr", "min_lr")
+    }
+    saved = dataclasses.replace(train, **saved_values)
+    before = float(learning_rate_schedule(saved)(step))
+    now = float(learning_rate_schedule(train)(step))
+    if math.isclose(before, now, rel_tol=1e-3):
+        return None
+    return (
+        f"note: the learning rate at step {step} is now {now:.3g} (the run was at {before:.3g}): the new "
+        f"train settings move the schedule. To continue a finished decay at min_lr instead, add "
+        f"--config.train.decay_steps={saved.decay_steps or saved.steps}"
+    )

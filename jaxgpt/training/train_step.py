@@ -47,12 +47,6 @@ def run_keys(seed: int | jax.Array) -> tuple[jax.Array, jax.Array]:
     return init_key, dropout_key
 
 
-def seed_key_data(seed: int) -> np.ndarray:
-    """jax.random.key(seed)'s bits, as the argument a compiled initialisation takes: with the
-    seed outside the program, runs that differ only in seed share one (`compare --seeds`)."""
-    return np.asarray(jax.random.key_data(jax.random.key(seed)))
-
-
 def create_train_state(
     config: ModelConfig, optimizer: optax.GradientTransformation, seed: int | jax.Array
 ) -> TrainState:
@@ -203,13 +197,6 @@ def chunked_losses(
     return unchunked(losses), unchunked(predictions)
 
 
-def trained_and_fixed(config: ModelConfig, params) -> tuple:
-    """(what the step differentiates, what it keeps fixed, or None): the gradient's tree is the
-    first's. An adapted model's gradient is its adapters' alone (lora.split: None at each frozen
-    weight; `apply_gradients`); any other model's is every parameter's. `params` may be shapes."""
-    return lora.split(config, params) if config.lora_rank else (params, None)
-
-
 def gradients(
     params,
     batch,
@@ -241,7 +228,7 @@ def gradients(
     dropout_rng = rng if dropout_rng is None else dropout_rng
     weight = batch_weight(model.config, rng, batch, batch_rows) if weight is None else weight
 
-    trained, fixed = trained_and_fixed(model.config, params)
+    trained, fixed = lora.split(model.config, params)
 
     def measured_and_grads(piece, ids, piece_dropout):
         def objective(t):
