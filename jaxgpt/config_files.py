@@ -20,6 +20,7 @@ from jaxgpt.config import (
     MeshConfig,
     MixtureOfExperts,
     ModelConfig,
+    Reinforcement,
     RopeScaling,
     RunConfig,
     TrainConfig,
@@ -75,7 +76,11 @@ def base_config() -> ml_collections.ConfigDict:
         | {"experts": 0}
     )
     config.data = section(DataConfig)
-    config.train = section(TrainConfig)
+    config.train = section(TrainConfig, ("rl",))
+    # Likewise `--config.train.rl.samples=8` switches learning from rewards on; samples 0 means off.
+    config.train.rl = ml_collections.ConfigDict(
+        {f.name: f.default for f in dataclasses.fields(Reinforcement) if f.name != "samples"} | {"samples": 0}
+    )
     config.mesh = section(MeshConfig)
     return config
 
@@ -88,6 +93,21 @@ def _checked_section(values: dict, cls, section: str, skip=()) -> dict:
             hint = f"did you mean {section}.{guess[0]}?" if guess else f"known keys: {', '.join(allowed)}"
             raise ConfigError(f"unknown config key {section}.{key}; {hint}")
     return values
+
+
+def _with_rollouts(train: dict, notes: list[str]) -> dict:
+    """train.rl as a Reinforcement (None where the config file's section leaves samples 0), and
+    train.batch_size its prompts x samples: a step's batch is its answers."""
+    rl = train.get("rl")
+    if not isinstance(rl, dict):
+        return train
+    if not rl.get("samples"):
+        return train | {"rl": None}
+    rl = Reinforcement(**_checked_section(dict(rl), Reinforcement, "train.rl"))
+    rows = rl.prompts * rl.samples
+    if train.get("batch_size", rows) != rows:
+        notes.append(f"train.batch_size={rows}: train.rl's {rl.prompts} prompts x {rl.samples} answers a step")
+    return train | {"rl": rl, "batch_size": rows}
 
 
 def resolve(config, vocab_size: int | None = None, notes: list[str] | None = None) -> RunConfig:
@@ -110,6 +130,7 @@ def resolve(config, vocab_size: int | None = None, notes: list[str] | None = Non
         model["moe"] = None  # likewise: dense MLPs
     data = DataConfig(**_checked_section(dict(raw.get("data", {})), DataConfig, "data"))
     train_values = _checked_section(dict(raw.get("train", {})), TrainConfig, "train")
+    train_values = _with_rollouts(train_values, notes if notes is not None else [])
     train_values = _fit_schedule_to_the_run(train_values, notes if notes is not None else [])
     train = TrainConfig(**train_values)
     if model.get("vocab_size") == VOCAB_FROM_TOKENIZER:

@@ -148,6 +148,64 @@ def is_chat_source(source: str) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Reinforcement:
+    """Learning from rewards (train.rl; jaxgpt/training/rollouts.py): each step samples
+    `samples` answers to each of `prompts` training prompts with the KV cache, scores each with
+    `reward` on the host, and takes one policy-gradient step on the answers' tokens (GRPO, Shao
+    et al. 2024: each answer's advantage is its reward minus its group's mean).
+
+    samples: answers drawn for each prompt, the group its advantage is measured within (0 in
+        a config file: no reinforcement learning).
+    prompts: prompts a step; the step's batch is prompts x samples rows (train.batch_size is
+        set to that).
+    temperature, top_p: how the answers are drawn (jaxgpt/model/sampling.py).
+    max_tokens: the longest answer, in tokens; one not finished by then scores as written.
+    reward: "exact" (the answer is the reference, whitespace aside), "number" (the last number
+        in the answer is the reference's within `tolerance`), "format" (the answer ends its
+        turn and holds a number), or "module:function", your own reward(prompt, completion) ->
+        float, called on the host with the prompt's and the answer's text, a batch at a time.
+    tolerance: "number"'s, relative to the reference's size (0: equal).
+    baseline: "group" (the group's mean reward subtracted: GRPO's, nanochat's), or "none"
+        (the reward itself: REINFORCE with no baseline, the ablation).
+    scale: divide each advantage by its group's standard deviation (GRPO's; Dr. GRPO leaves
+        it out, Liu et al. 2025); with the group baseline only.
+    kl: coefficient of the KL divergence to the run's starting model (train.init_from's
+        weights, frozen), the k3 estimate per token (Schulman 2020); 0 for none.
+    every_token: the loss on the prompt's tokens too (the ablation: the policy gradient on
+        tokens the model did not choose).
+    """
+
+    samples: int = 8
+    prompts: int = 4
+    temperature: float = 1.0
+    top_p: float = 1.0
+    max_tokens: int = 16
+    reward: str = "exact"
+    tolerance: float = 0.0
+    baseline: str = "group"
+    scale: bool = True
+    kl: float = 0.0
+    every_token: bool = False
+
+    def __post_init__(self):
+        problems = Problems("train.rl", self)
+        problems.positive("samples", "prompts", "max_tokens")
+        problems.not_negative("temperature", "tolerance", "kl")
+        if not 0 < self.top_p <= 1:
+            problems.add("top_p", "must be in (0, 1]")
+        problems.one_of("baseline", BASELINES)
+        if self.reward not in REWARDS and ":" not in self.reward:
+            problems.add("reward", f"is one of {', '.join(REWARDS)}, or your own as module:function")
+        if self.baseline == "group" and self.samples < 2:
+            problems.add("samples", "must be at least 2: a group of one answer has its own reward as the baseline")
+        problems.raise_if_any()
+
+
+BASELINES = ("group", "none")
+REWARDS = ("exact", "number", "format")
+
+
+@dataclasses.dataclass(frozen=True)
 class TrainConfig:
     """The optimisation and its cadence.
 
@@ -217,6 +275,7 @@ class TrainConfig:
         (`tensorboard --logdir runs`).
     wandb_project: also log to this Weights & Biases project ("" for none; needs
         `pip install wandb` and a login).
+    rl: learning from rewards instead of from the data's text (Reinforcement; None: off).
     """
 
     steps: int = 2000
@@ -254,8 +313,11 @@ class TrainConfig:
     lab: str = ""
     tensorboard: bool = True
     wandb_project: str = ""
+    rl: Reinforcement | None = None
 
     def __post_init__(self):
+        if isinstance(self.rl, dict):
+            object.__setattr__(self, "rl", Reinforcement(**self.rl))
         problems = Problems("train", self)
         problems.positive("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every")
         problems.positive("keep_checkpoints", "lr")
@@ -379,6 +441,12 @@ class RunConfig:
             raise ConfigError(
                 "train.multiple_choice scores endings as text continuing text, which an encoder–decoder's decoder "
                 "does not read; leave it empty for a run with model.encoder_layers"
+            )
+        if self.train.rl and not (self.data.chat and self.model.objective == "next_token"):
+            raise ConfigError(
+                f"train.rl samples answers to a chat source's prompts, and data.source={self.data.source!r} with "
+                f"model.objective={self.model.objective!r} is not a decoder trained on conversations; give it "
+                "builtin:arithmetic-chat, chat:PATH or prompts:PATH (configs/rl_arithmetic.py)"
             )
         heads_measured = [m for m in lab_measures(self.train.lab) if m in HEAD_MEASURES]
         if heads_measured and self.model.token_mixer != "attention":

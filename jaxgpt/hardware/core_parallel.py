@@ -58,7 +58,9 @@ from jaxgpt.training.program import TrainingProgram
 from jaxgpt.training.train_step import TrainState, apply_gradients, batch_weight, gradients
 
 
-def core_gradients(params, key, step, rows, core, weight=None, *, model, microbatches: int, batch_rows: int):
+def core_gradients(
+    params, key, step, rows, core, weight=None, *, model, microbatches: int, batch_rows: int, objective=None
+):
     """One core's share of the step's measurements and gradient (train_step.gradients): its
     `rows` (a batch, jaxgpt/training/batch.py) are the batch's core * n, core * n + 1, ... (the batch is
     split over the cores in order), `weight` the whole batch's (`whole_batch_weight`; None
@@ -68,7 +70,7 @@ def core_gradients(params, key, step, rows, core, weight=None, *, model, microba
     n = rows_of(rows)
     return gradients(
         params, rows, step_key, model=model, microbatches=microbatches, example_ids=core * n + jnp.arange(n),
-        batch_rows=batch_rows, weight=weight, dropout_rng=jax.random.fold_in(step_key, core),
+        batch_rows=batch_rows, weight=weight, dropout_rng=jax.random.fold_in(step_key, core), objective=objective,
     )  # fmt: skip
 
 
@@ -128,10 +130,10 @@ def packed_core_gradients(params_pack, key_data, step, rows, core, weight=None, 
     return measured, grads.pack(gradient)
 
 
-def whole_batch_weight(key, step, batch, *, model):
+def whole_batch_weight(key, step, batch, *, model, objective=None):
     """What the whole batch scores (train_step.batch_weight), for a batch with weights: no core
     can count it from its own rows."""
-    return batch_weight(model.config, jax.random.fold_in(key, step), batch)
+    return batch_weight(model.config, jax.random.fold_in(key, step), batch, objective=objective)
 
 
 def add_and_apply(
@@ -164,14 +166,19 @@ class CoreParallelStep:
         self.devices = list(devices)
         self.batch_mesh = data_mesh(self.devices)  # a batch's rows, split over the cores
         t = program.run.train
-        share = partial(core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size)
+        share = partial(
+            core_gradients, model=program.model, microbatches=t.microbatches, batch_rows=t.batch_size,
+            objective=program.objective,
+        )  # fmt: skip
         params, grads = Packing(layout.params), Packing(lora.split(program.run.model, layout.params)[0])
         packed_share = partial(packed_core_gradients, share=share, params=params, grads=grads)
         shares = OneProgramOverCores if t.one_program_for_cores else ProgramPerCore
         self.shares = shares(packed_share, program.eval_step, self.batch_mesh)
         self.what = f"{self.shares.what}, and the update"  # for the line that says it compiled
         self._shared_inputs = jax.jit(partial(shared_inputs, pack=params.pack))  # on the first core, where the state is
-        self._whole_batch_weight = jax.jit(partial(whole_batch_weight, model=program.model))
+        self._whole_batch_weight = jax.jit(
+            partial(whole_batch_weight, model=program.model, objective=program.objective)
+        )
         layer_norms = t.log_layer_grad_norms
         update = partial(add_and_apply, optimizer=program.optimizer, grads=grads, layer_grad_norms=layer_norms)
         self._apply = jax.jit(update, donate_argnums=0)

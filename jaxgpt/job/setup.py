@@ -58,6 +58,7 @@ from jaxgpt.model.transformer import describe_parameters, flops_per_token
 from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, save_tokenizer
 from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.program import TrainingProgram, training_program
+from jaxgpt.training.rollouts import Rollouts
 from jaxgpt.training.train_step import TrainState
 
 
@@ -236,7 +237,7 @@ class LoopInputs(NamedTuple):
     state: TrainState  # step 0's, born sharded (microbatches do not change its layout)
     checkpoints: Checkpoints
     validation: data.ValidationSet | data.PairValidation  # the fixed batches every evaluation scores
-    train: data.TrainWindows | data.TrainPairs  # what training batches are drawn from (`batch`)
+    train: data.TrainWindows | data.TrainPairs | Rollouts  # what training batches are drawn from (`batch`)
     questions: list  # train.multiple_choice's, read once
 
 
@@ -245,6 +246,8 @@ def loop_inputs(resolved: ResolvedRun, placed: PlacedRun, workdir: Path) -> Loop
     run, dataset = placed.run, resolved.dataset
     t = run.train
     train, validation = data.batch_sources(dataset, run)
+    if t.rl:  # the model's own answers to the training conversations' questions
+        train = Rollouts(train, run, dataset.tokenizer)
     limit = t.multiple_choice_limit or None
     questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
     checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints, scheduled=scheduled_steps(t))

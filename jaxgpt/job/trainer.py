@@ -46,6 +46,7 @@ from jaxgpt.job.metrics import (
     router_record,
     training_record,
 )
+from jaxgpt.job.pretrained import starting_params
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import RunawayWatch, StopRequests, check_finite
 from jaxgpt.lab import multiple_choice
@@ -110,6 +111,10 @@ def train_and_evaluate(
         with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
+            if trainer.config.train.rl and trainer.config.train.rl.kl:  # step 0's state, before any restore
+                trainer.train_batches.reference = starting_params(
+                    trainer.state, trainer.config, resolved.dataset.tokenizer
+                )
             start = restore_or_start(  # refuses an incompatible run before anything is written
                 trainer.checkpoints, trainer.state, trainer.config, resolved.dataset.tokenizer, workdir,
                 main=main, say=say, warn=warn,
@@ -223,7 +228,9 @@ class Trainer:
             return {"step": start.step}
         first_batch = self.batch(start.step)
         step_fn = self._compile(first_batch)
-        batches = data.prefetch(self.batch, range(start.step + 1, t.steps))
+        later = range(start.step + 1, t.steps)
+        # a rollout reads the parameters of the step before it: drawn as the loop reaches it
+        batches = map(self.batch, later) if t.rl else data.prefetch(self.batch, later)
         interval = Interval(start)
         # disable=None: no bar where stderr is not a terminal (a log file would get one endless
         # line of redrawn bars); each logged step is then a line of its own instead
@@ -309,7 +316,9 @@ class Trainer:
 
     def batch(self, step: int) -> dict:
         """Training batch `step` (jaxgpt/training/batch.py) sharded over the devices the train step splits
-        it over (the mesh's, or the CPU cores')."""
+        it over (the mesh's, or the CPU cores'): with train.rl, answers the current parameters sample."""
+        if self.config.train.rl:
+            return self.train_batches.rollout(self.state.params, step, self.step.batch_mesh)
         return self.train_batches.batch(self.config, self.step.batch_mesh, step, data.TRAIN_STREAM)
 
     def evaluate(self) -> dict:
@@ -372,6 +381,11 @@ class Trainer:
             record |= {f"grad_norm/{name}": v for name, v in per_layer(fetched[-1]["layer_grad_norms"]).items()}
         if "ahead_loss" in fetched[-1]:  # multi-token prediction: the interval's mean
             record["train_ahead_loss"] = float(np.mean([float(step["ahead_loss"]) for step in fetched]))
+        if "kl" in fetched[-1]:  # train.rl.kl: the policy's divergence from the starting model
+            record["train_kl"] = float(np.mean([float(step["kl"]) for step in fetched]))
+        if self.config.train.rl:  # the interval's rollouts, measured on the host
+            said, self.train_batches.said = self.train_batches.said, []
+            record |= {f"rl_{name}": float(np.mean([s[name] for s in said])) for name in said[0]} if said else {}
         if "router" in fetched[-1]:  # a mixture of experts
             record |= router_record([step["router"] for step in fetched], self.config.model.moe_layers)
         return record

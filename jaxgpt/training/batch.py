@@ -19,6 +19,11 @@ and for an encoder–decoder (model.encoder_layers), what its encoder reads, (ro
                         the source tokens, their segments (a target token attends to the
                         source tokens of its own segment) and positions
 
+and for learning from rewards (train.rl; jaxgpt/training/rollouts.py), beside the sampled answers:
+
+    advantages        float32  each scored position's advantage, its answer's
+    reference_losses  float32  the starting model's cross-entropy there (train.rl.kl)
+
 and for a Vision Transformer (model.patch_size; jaxgpt/data/images.py), beside its inputs:
 
     pixels     uint8    (rows, seq, patch_size x patch_size x channels): each position's
@@ -42,7 +47,7 @@ import numpy as np
 from jaxgpt.sharding import batch_sharding
 
 FIELDS = ("inputs", "targets", "weights", "segments", "positions", "sources", "source_segments", "source_positions",
-          "pixels")  # fmt: skip
+          "pixels", "advantages", "reference_losses")  # fmt: skip
 MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions", "pixels")  # beside inputs
 REQUIRED = ("inputs", "targets")
 
@@ -67,6 +72,9 @@ def windows_batch(windows: np.ndarray) -> dict[str, np.ndarray]:
 def batch_fields(run) -> dict[str, type]:
     """The fields of `run`'s batches (a RunConfig's) and their dtypes: what its step is compiled for."""
     fields = {"inputs": jnp.int32, "targets": jnp.int32}
+    if run.train.rl:  # sampled answers, one a row (jaxgpt/training/rollouts.py)
+        fields |= {"weights": jnp.float32, "advantages": jnp.float32}
+        return fields | ({"reference_losses": jnp.float32} if run.train.rl.kl else {})
     if run.data.examples:  # packed examples, the loss on their answers (jaxgpt/data/pairs.py)
         fields["weights"] = jnp.float32
     if run.data.examples or run.data.attend_within_documents:

@@ -75,6 +75,11 @@ class Objective:
             return scored_weight(batch)
         return float((batch_rows or rows_of(batch)) * length_of(batch))
 
+    def position_losses(self, losses: jax.Array, scores: jax.Array | None, batch: dict) -> tuple[jax.Array, dict]:
+        """(each position's share of the loss before the division by the batch's weight, what
+        is measured of it): its cross-entropy times its weight here."""
+        return (losses if scores is None else losses * scores), {}
+
     def predicts(self, batch: dict, evaluating: bool) -> bool:
         """Whether the model's most likely tokens are measured: in an evaluation of examples."""
         return evaluating and "weights" in batch and "segments" in batch
@@ -198,6 +203,36 @@ class Classified(Objective):
         }
 
 
+@dataclasses.dataclass(frozen=True)
+class PolicyGradient(Objective):
+    """Learning from rewards (train.rl; jaxgpt/training/rollouts.py). A training batch is the
+    model's own answers, each token it chose weighted 1 (batch "weights") and its answer's
+    advantage (batch "advantages"): the loss at a position is advantage x cross-entropy, i.e.
+    -A log pi(token), whose gradient is the policy gradient (REINFORCE; with group-relative
+    advantages, GRPO's at one update per batch of answers, where its clipped ratio is 1).
+    Divided by the batch's answer tokens, as every objective's loss by its weight. With `kl`
+    and the batch's "reference_losses" (the starting model's cross-entropy of the same
+    tokens), each position adds kl x the k3 estimate of KL(pi || reference), r - log r - 1 for
+    r = pi_ref / pi (Schulman 2020), measured as "kl". A batch without advantages (the
+    held-out conversations' reference answers) is scored as the next-token objective scores
+    it: an evaluation of the policy is the decoder's."""
+
+    name: str = "policy_gradient"
+    kl: float = 0.0
+
+    def position_losses(self, losses, scores, batch):
+        if "advantages" not in batch:
+            return super().position_losses(losses, scores, batch)
+        scores = jnp.ones_like(losses) if scores is None else scores
+        per_position = losses * batch["advantages"]
+        if "reference_losses" not in batch:
+            return per_position * scores, {}
+        log_ratio = losses - batch["reference_losses"]  # log pi_ref - log pi
+        kl = jnp.exp(log_ratio) - log_ratio - 1
+        mean_kl = (kl * scores).sum() / jnp.maximum(scores.sum(), 1)
+        return (per_position + self.kl * kl) * scores, {"kl": mean_kl}
+
+
 NEXT_TOKEN, MASKED, CLASSIFIED = Objective(), Masked(), Classified()
 OBJECTIVES = {objective.name: objective for objective in (NEXT_TOKEN, MASKED, CLASSIFIED)}
 
@@ -205,6 +240,14 @@ OBJECTIVES = {objective.name: objective for objective in (NEXT_TOKEN, MASKED, CL
 def objective_of(config: ModelConfig) -> Objective:
     """The objective a model is trained with (model.objective)."""
     return OBJECTIVES[config.objective]
+
+
+def training_objective(run) -> Objective:
+    """What a run (a RunConfig) trains its model to do: learn from rewards where train.rl says
+    so, else its model's objective."""
+    if run.train.rl:
+        return PolicyGradient(kl=run.train.rl.kl)
+    return objective_of(run.model)
 
 
 class Scored(NamedTuple):

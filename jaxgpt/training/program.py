@@ -23,7 +23,7 @@ import optax
 
 from jaxgpt.config import RunConfig, with_train
 from jaxgpt.model.transformer import GPT
-from jaxgpt.training.objectives import Objective, objective_of
+from jaxgpt.training.objectives import Objective, training_objective
 from jaxgpt.training.optimizer import learning_rate_schedule, make_optimizer
 from jaxgpt.training.train_step import TrainState, create_train_state, eval_step, train_step
 
@@ -56,6 +56,7 @@ class TrainingProgram:
             optimizer=self.optimizer,
             microbatches=self.run.train.microbatches,
             layer_grad_norms=self.run.train.log_layer_grad_norms,
+            objective=self.objective,
         )
 
     @property
@@ -68,4 +69,4 @@ def training_program(run: RunConfig) -> TrainingProgram:
     """The program `run` (every field resolved) trains with."""
     schedule = learning_rate_schedule(run.train)
     optimizer = make_optimizer(run.train, schedule, adapters=run.model if run.model.lora_rank else None)
-    return TrainingProgram(run, GPT(run.model), optimizer, schedule, objective_of(run.model))
+    return TrainingProgram(run, GPT(run.model), optimizer, schedule, training_objective(run))

@@ -89,10 +89,12 @@ def token_losses(
     return softmax_cross_entropy(outputs, targets)
 
 
-def batch_weight(config: ModelConfig, rng: jax.Array, batch, batch_rows: int | None = None) -> jax.Array | float:
-    """What the whole batch scores under the model's objective (`Objective.weight`), what every
-    piece's share of its loss is divided by."""
-    return objective_of(config).weight(config, rng, as_batch(batch), batch_rows)
+def batch_weight(
+    config: ModelConfig, rng: jax.Array, batch, batch_rows: int | None = None, objective: Objective | None = None
+) -> jax.Array | float:
+    """What the whole batch scores under `objective` (default: the model's; `Objective.weight`),
+    what every piece's share of its loss is divided by."""
+    return (objective or objective_of(config)).weight(config, rng, as_batch(batch), batch_rows)
 
 
 def scored(
@@ -127,8 +129,9 @@ def scored(
     predict = objective.predicts(batch, evaluating)
     outputs, sown = forward(model, params, inputs, batch, dropout_rng, sown_collections(config, evaluating))
     losses, predictions = per_position(config, params, outputs, targets, predict)
-    loss = (losses if scores is None else losses * scores).sum() / weight
-    measured = {"loss": loss} | objective.measured(config, predictions, targets, scores, batch, weight)
+    weighted, said = objective.position_losses(losses, scores, batch)
+    loss = weighted.sum() / weight
+    measured = {"loss": loss} | said | objective.measured(config, predictions, targets, scores, batch, weight)
     losses_of = partial(head_losses, config, params)
     beside = Scored(targets, scores, batch.get("segments"), weight, rows / batch_rows, losses_of)
     added, statistics = auxiliary_terms(config, sown, beside)
@@ -208,8 +211,9 @@ def gradients(
     batch_rows: int | None = None,
     weight: jax.Array | float | None = None,
     dropout_rng: jax.Array | None = None,
+    objective: Objective | None = None,
 ):
-    """(what was measured, gradient) of the objective (`scored`) over a batch: the whole batch,
+    """(what was measured, gradient) of `objective` (default: the model's; `scored`) over a batch: the whole batch,
     or with `example_ids`, `batch_rows` and the whole batch's `weight` (batch_weight) one core's
     share of it, whose measurements and gradient then add to the other cores' to give the
     batch's. rng is the step's key; dropout draws from dropout_rng (default rng).
@@ -224,20 +228,22 @@ def gradients(
     batch = as_batch(batch)
     rows = rows_of(batch)
     batch_rows = rows if batch_rows is None else batch_rows
-    example_ids = objective_of(model.config).example_ids(rows, example_ids)
+    objective = objective or objective_of(model.config)
+    example_ids = objective.example_ids(rows, example_ids)
     dropout_rng = rng if dropout_rng is None else dropout_rng
-    weight = batch_weight(model.config, rng, batch, batch_rows) if weight is None else weight
+    weight = batch_weight(model.config, rng, batch, batch_rows, objective) if weight is None else weight
 
     trained, fixed = lora.split(model.config, params)
 
     def measured_and_grads(piece, ids, piece_dropout):
-        def objective(t):
+        def loss(t):
             p = t if fixed is None else lora.joined(t, fixed)
             return scored(
-                model, p, piece, rng, example_ids=ids, batch_rows=batch_rows, weight=weight, dropout_rng=piece_dropout
-            )
+                model, p, piece, rng, objective=objective, example_ids=ids, batch_rows=batch_rows, weight=weight,
+                dropout_rng=piece_dropout,
+            )  # fmt: skip
 
-        (_, measured), grads = jax.value_and_grad(objective, has_aux=True)(trained)
+        (_, measured), grads = jax.value_and_grad(loss, has_aux=True)(trained)
         return measured, grads
 
     if microbatches == 1:
@@ -318,11 +324,13 @@ def train_step(
     optimizer: optax.GradientTransformation,
     microbatches: int = 1,
     layer_grad_norms: bool = False,
+    objective: Objective | None = None,
 ) -> tuple[TrainState, dict]:
-    """One optimizer step on a batch (jaxgpt/training/batch.py); dropout draws from fold_in(state.rng,
-    step), so a step's randomness does not depend on the steps before it."""
+    """One optimizer step on a batch (jaxgpt/training/batch.py) under `objective` (default: the
+    model's); dropout draws from fold_in(state.rng, step), so a step's randomness does not
+    depend on the steps before it."""
     rng = jax.random.fold_in(state.rng, state.step)
-    measured, grads = gradients(state.params, batch, rng, model=model, microbatches=microbatches)
+    measured, grads = gradients(state.params, batch, rng, model=model, microbatches=microbatches, objective=objective)
     return apply_gradients(state, measured, grads, optimizer=optimizer, layer_grad_norms=layer_grad_norms)
 
 

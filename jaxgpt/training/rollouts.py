@@ -1,0 +1,179 @@
+"""Learning from rewards: a training batch made of the model's own answers (train.rl;
+the objective is jaxgpt/training/objectives.py's PolicyGradient).
+
+A step is two compiled programs with the host between them, as TRL and nanochat run it:
+
+  1. sample   train.rl.prompts prompts drawn from the training conversations by (seed, step),
+              each answered train.rl.samples times with the KV cache (jaxgpt/model/sampling.py
+              `generate`, one compiled loop a prompt length) by the current parameters
+  2. score    on the host: each answer's reward (jaxgpt/training/rewards.py) and its
+              advantage, the reward minus its group's mean (train.rl.baseline="group"),
+              divided by the group's standard deviation (train.rl.scale)
+  3. update   the engine's compiled step on the batch the answers make: row i is prompt +
+              answer i, its answer's positions weighted 1 and given the answer's advantage
+              (with train.rl.every_token, the prompt's too), padding after it weighted 0
+
+The batch of step s is a pure function of the parameters at step s and (seed, s), so a resumed
+run samples what the uninterrupted one sampled: resuming is exact as for any run. A prompt is a
+conversation's first question and its reference answer the first answer (what "exact" and
+"number" compare with); prompts whose answer cannot fit the context are left out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from functools import partial
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgpt.data.conversations import ASSISTANT, END, USER
+from jaxgpt.errors import UserError
+from jaxgpt.model.sampling import SamplingConfig, decoding_model, generate
+from jaxgpt.sharding import batch_sharding
+from jaxgpt.training.rewards import Answer, exact, reward_function
+
+ROLLOUT_STREAM = 3  # the stream the prompts and the answers' keys are drawn from (data's use 0-2)
+
+
+@dataclasses.dataclass(frozen=True)
+class Prompt:
+    ids: np.ndarray  # what the model reads before answering: separator, user turn, assistant marker
+    text: str  # the user's question, as a reward of your own is given it
+    reference: str  # the first answer's text
+
+
+class Rollouts:
+    """Training batches of sampled answers (the module's docstring), and, for the evaluation's
+    training loss, the teacher-forced batches of the conversations they come from (`batch`)."""
+
+    def __init__(self, teacher_forced, run, tokenizer):
+        rl, model = run.train.rl, run.model
+        self.teacher_forced, self.run, self.rl, self.tokenizer = teacher_forced, run, rl, tokenizer
+        self.end = tokenizer.special_ids[END]
+        self.separator = teacher_forced.examples.separator
+        self.length = model.block_size
+        self.prompts = questions(teacher_forced.examples, tokenizer, self.length + 1 - rl.max_tokens)
+        if not self.prompts:
+            raise UserError(
+                f"no training prompt leaves room for train.rl.max_tokens={rl.max_tokens} answer tokens in "
+                f"model.block_size={model.block_size}; lower max_tokens"
+            )
+        self.reward = reward_function(rl.reward, rl.tolerance)
+        self.sampling = SamplingConfig(temperature=rl.temperature, top_p=rl.top_p)
+        self.decoder = decoding_model(model)
+        self.reference = None  # the starting model's parameters, for train.rl.kl (the trainer sets them)
+        self._reference_losses = jax.jit(partial(answer_losses, model=model)) if rl.kl else None
+        self.said: list[dict] = []  # each rollout's measurements, taken by the trainer's record
+
+    def batch(self, run, mesh, index: int, stream: int) -> dict:
+        return self.teacher_forced.batch(run, mesh, index, stream)
+
+    def rollout(self, params, step: int, mesh) -> dict:
+        """Step `step`'s batch (the batch contract's dict, sharded over `mesh`) of answers
+        sampled by `params`, its measurements appended to `said`."""
+        rl, started = self.rl, time.perf_counter()
+        chosen = np.random.default_rng((self.run.train.seed, ROLLOUT_STREAM, step)).choice(
+            len(self.prompts), rl.prompts, replace=len(self.prompts) < rl.prompts
+        )
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.run.train.seed), ROLLOUT_STREAM), step)
+        groups = []
+        for g, i in enumerate(chosen.tolist()):
+            prompt = self.prompts[i]
+            ids = jnp.asarray(np.repeat(prompt.ids[None], rl.samples, axis=0), jnp.int32)
+            new = generate(
+                self.decoder, params, ids, jax.random.fold_in(key, g), max_new_tokens=rl.max_tokens,
+                sampling=self.sampling, eot_id=self.end,
+            )  # fmt: skip
+            groups.append((prompt, np.asarray(new)))
+        sampled = sum(len(g[1].ravel()) for g in groups)
+        seconds = time.perf_counter() - started
+        answers = [self.answer(prompt, tokens) for prompt, new in groups for tokens in new]
+        rewards = np.asarray(self.reward([a for a, _ in answers]), np.float64).reshape(rl.prompts, rl.samples)
+        advantages = group_advantages(rewards, rl.baseline, rl.scale)
+        batch = self.rows(groups, answers, advantages)
+        if self._reference_losses is not None:
+            batch["reference_losses"] = np.asarray(self._reference_losses(self.reference, batch))
+        self.said.append(
+            {
+                "reward": float(rewards.mean()),
+                "reward_spread": float(rewards.std(axis=1).mean()),  # within a group: the signal's size
+                "exact_match": float(np.mean([exact(a, 0.0) for a, _ in answers])),
+                "answer_tokens": float(np.mean([len(tokens) for _, tokens in answers])),
+                "tied_groups": float(np.mean(rewards.std(axis=1) == 0)),  # no signal in them
+                "sampled_tokens_per_sec": sampled / seconds,
+                "sampling_sec": seconds,
+            }
+        )
+        return jax.device_put(batch, batch_sharding(mesh))
+
+    def answer(self, prompt: Prompt, new: np.ndarray) -> tuple[Answer, np.ndarray]:
+        """(the answer as the reward reads it, its tokens: up to and with its end-of-turn token)."""
+        ends = np.flatnonzero(new == self.end)
+        finished = bool(len(ends))
+        tokens = new[: ends[0] + 1] if finished else new
+        text = self.tokenizer.decode(tokens[:-1].tolist() if finished else tokens.tolist())
+        return Answer(prompt.text, text, prompt.reference, finished), tokens
+
+    def rows(self, groups, answers, advantages: np.ndarray) -> dict:
+        """The batch: each answer after its prompt, padded with the separator, scored on its
+        own tokens (train.rl.every_token: on the prompt's too) with its advantage."""
+        rows = len(answers)
+        inputs = np.full((rows, self.length), self.separator, np.int32)
+        targets = np.full((rows, self.length), self.separator, np.int32)
+        weights = np.zeros((rows, self.length), np.float32)
+        prompts = [prompt for prompt, new in groups for _ in new]
+        for r, ((_, tokens), prompt) in enumerate(zip(answers, prompts, strict=True)):
+            row = np.concatenate([prompt.ids, tokens])
+            n = len(row) - 1
+            inputs[r, :n], targets[r, :n] = row[:-1], row[1:]
+            first = 0 if self.rl.every_token else len(prompt.ids) - 1  # position predicting the answer's first token
+            weights[r, first:n] = 1.0
+        return {
+            "inputs": inputs,
+            "targets": targets,
+            "weights": weights,
+            "advantages": (weights * advantages.reshape(rows, 1)).astype(np.float32),
+        }
+
+
+def questions(conversations, tokenizer, room_before: int) -> list[Prompt]:
+    """first_questions of prompts at most `room_before` tokens long."""
+    markers, prompts = conversations.markers, []
+    for i in range(len(conversations)):
+        unit = conversations.unit(i)
+        assistant = np.flatnonzero(unit == markers[ASSISTANT])
+        if not len(assistant) or assistant[0] + 1 > room_before:
+            continue
+        start = assistant[0] + 1
+        ends = np.flatnonzero(unit[start:] == markers[END])
+        answer = unit[start : start + (ends[0] if len(ends) else len(unit) - start)]
+        turn = unit[: assistant[0]]
+        users = np.flatnonzero(turn == markers[USER])
+        question = turn[users[0] + 1 :] if len(users) else turn[1:]
+        question = question[question != markers[END]]
+        prompts.append(
+            Prompt(unit[:start].copy(), tokenizer.decode(question.tolist()), tokenizer.decode(answer.tolist()))
+        )
+    return prompts
+
+
+def group_advantages(rewards: np.ndarray, baseline: str, scale: bool) -> np.ndarray:
+    """(prompts, samples) rewards -> advantages: minus the group's mean (baseline "group"),
+    then over its standard deviation (`scale`; a group whose rewards all tie gets 0, not 0/0);
+    with baseline "none" the rewards themselves."""
+    advantages = rewards - rewards.mean(axis=1, keepdims=True) if baseline == "group" else rewards.copy()
+    if scale and baseline == "group":
+        spread = rewards.std(axis=1, keepdims=True)
+        advantages = np.where(spread > 0, advantages / np.where(spread > 0, spread, 1), 0.0)
+    return advantages
+
+
+def answer_losses(params, batch, *, model):
+    """Each position's cross-entropy under `params` (the reference model's, for train.rl.kl)."""
+    from jaxgpt.model.transformer import GPT
+    from jaxgpt.training.train_step import token_losses
+
+    return token_losses(GPT(model), params, {"inputs": batch["inputs"], "targets": batch["targets"]})

@@ -1,0 +1,222 @@
+"""Learning from rewards (train.rl): the rewards, the group-relative advantages, the policy
+gradient against its definition, the batch of sampled answers, and runs through the engine
+that learn from a reward, checkpoint and resume bit for bit."""
+
+import json
+import sys
+import textwrap
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from conftest import small_run_config
+
+from jaxgpt.config import ConfigError, ModelConfig
+from jaxgpt.config_files import resolve
+from jaxgpt.errors import UserError
+from jaxgpt.job.trainer import train_and_evaluate
+from jaxgpt.model.transformer import GPT, init_params
+from jaxgpt.training.objectives import NEXT_TOKEN, PolicyGradient
+from jaxgpt.training.rewards import Answer, reward_function
+from jaxgpt.training.rollouts import group_advantages
+from jaxgpt.training.train_step import scored, token_losses
+
+
+def answer(completion, reference="37 + 45 = 82", finished=True):
+    return Answer("What is 37 + 45?", completion, reference, finished)
+
+
+def test_the_builtin_rewards_score_what_they_say():
+    exact, number, form = (reward_function(name) for name in ("exact", "number", "format"))
+    answers = [
+        answer(" 37 + 45 = 82 "),
+        answer("82"),
+        answer("37 + 45 = 83"),
+        answer("eighty-two"),
+        answer("82", finished=False),
+    ]
+    assert exact(answers) == [1.0, 0.0, 0.0, 0.0, 0.0]
+    assert number(answers) == [1.0, 1.0, 0.0, 0.0, 1.0]  # the last number: 82, 82, 83, none, 82
+    assert form(answers) == [1.0, 1.0, 1.0, 0.0, 0.0]  # a number, and the turn ended
+    near = reward_function("number", tolerance=0.05)  # within 5% of 82: 77.9 to 86.1
+    assert near([answer("85"), answer("87")]) == [1.0, 0.0]
+
+
+def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, monkeypatch):
+    (tmp_path / "my_rewards.py").write_text(
+        textwrap.dedent(
+            """
+            def length(prompt, completion):
+                return len(completion) / 10
+            def raises(prompt, completion):
+                raise KeyError("oops")
+            def nan(prompt, completion):
+                return float("nan")
+            def text(prompt, completion):
+                return "1"
+            def right(prompt, completion):
+                return completion == "4"
+            """
+        )
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    assert reward_function("my_rewards:length")([answer("12345")]) == [0.5]
+    assert reward_function("my_rewards:right")([answer("4"), answer("5")]) == [1.0, 0.0]  # a bool is 1 or 0
+    for name, said in [("raises", "raised KeyError"), ("nan", "returned nan"), ("text", "returned '1'")]:
+        with pytest.raises(UserError, match=f"my_rewards:{name} {said}.*What is 37 \\+ 45") as error:
+            reward_function(f"my_rewards:{name}")([answer("82")])
+        assert "\n" not in str(error.value)
+    with pytest.raises(UserError, match="cannot be imported"):
+        reward_function("no_such_module:reward")
+    sys.modules.pop("my_rewards")
+
+
+def test_advantages_are_each_reward_against_its_group():
+    rewards = np.array([[1.0, 0.0, 0.0, 1.0], [1.0, 1.0, 1.0, 1.0], [0.0, 0.0, 0.0, 3.0]])
+    centred = group_advantages(rewards, "group", scale=False)
+    np.testing.assert_array_equal(centred, [[0.5, -0.5, -0.5, 0.5], [0, 0, 0, 0], [-0.75, -0.75, -0.75, 2.25]])
+    scaled = group_advantages(rewards, "group", scale=True)  # std 0.5, 0 (tied: 0, not 0/0), 1.299
+    np.testing.assert_allclose(scaled, [[1, -1, -1, 1], [0, 0, 0, 0], [-1 / np.sqrt(3)] * 3 + [np.sqrt(3)]])
+    np.testing.assert_array_equal(group_advantages(rewards, "none", scale=True), rewards)
+
+
+def tiny_model():
+    config = ModelConfig(vocab_size=11, n_layer=1, n_head=2, d_model=16, block_size=8)
+    return GPT(config), init_params(config, jax.random.key(0))
+
+
+def test_the_policy_gradient_is_minus_advantage_times_the_gradient_of_log_probability():
+    """The objective's gradient against REINFORCE's by the short road: -sum_t A_t grad log pi(x_t)
+    over the scored positions, over their count, the log-probabilities from the model's logits."""
+    model, params = tiny_model()
+    rng = np.random.default_rng(0)
+    tokens = jnp.asarray(rng.integers(0, 11, (3, 9)), jnp.int32)
+    weights = jnp.asarray((np.arange(8) >= 3) & (np.arange(8) < np.array([[8], [6], [5]])), jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=(3, 1)), jnp.float32) * weights
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights, "advantages": advantages}
+
+    def reinforce(p):
+        logits = model.apply({"params": p}, batch["inputs"])
+        log_pi = jnp.take_along_axis(jax.nn.log_softmax(logits), batch["targets"][..., None], -1)[..., 0]
+        return -(advantages * log_pi).sum() / weights.sum()
+
+    def ours(p):
+        return scored(model, p, batch, jax.random.key(1), objective=PolicyGradient())[0]
+
+    expected, got = jax.jit(jax.grad(reinforce))(params), jax.jit(jax.grad(ours))(params)
+    for e, g in zip(jax.tree.leaves(expected), jax.tree.leaves(got), strict=True):
+        np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)  # float32 sums over <= 24 positions
+    # without advantages (the held-out reference answers) it is the next-token objective's loss
+    plain = {k: batch[k] for k in ("inputs", "targets", "weights")}
+    rl_loss = scored(model, params, plain, jax.random.key(1), objective=PolicyGradient())[0]
+    assert rl_loss == scored(model, params, plain, jax.random.key(1), objective=NEXT_TOKEN)[0]
+
+
+def test_the_kl_term_is_k3_against_the_reference_and_zero_at_it():
+    model, params = tiny_model()
+    tokens = jnp.asarray(np.random.default_rng(1).integers(0, 11, (2, 9)), jnp.int32)
+    weights = jnp.ones((2, 8), jnp.float32)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights, "advantages": 0 * weights}
+    own = token_losses(model, params, batch)
+    at_itself = scored(
+        model, params, batch | {"reference_losses": own}, jax.random.key(0), objective=PolicyGradient(kl=1.0)
+    )
+    assert float(at_itself[1]["kl"]) == pytest.approx(0.0, abs=1e-6) and float(at_itself[0]) == pytest.approx(
+        0.0, abs=1e-6
+    )
+    reference = own + 0.3  # the reference gives each token e^-0.3 of the policy's probability
+    loss, measured = scored(
+        model, params, batch | {"reference_losses": reference}, jax.random.key(0), objective=PolicyGradient(kl=2.0)
+    )
+    k3 = np.exp(-0.3) + 0.3 - 1  # r - log r - 1 at r = e^-0.3
+    assert float(measured["kl"]) == pytest.approx(k3, rel=1e-4) and float(loss) == pytest.approx(2 * k3, rel=1e-4)
+
+
+def rl_config(steps=6, **rl):
+    config = small_run_config(
+        steps=steps, log_every=1, eval_every=3, eval_batches=1, checkpoint_every=3, warmup_steps=1
+    )
+    config.data.source = "builtin:arithmetic-chat"
+    config.data.tokenizer = "byte"
+    config.model.update(block_size=48, position="rope")
+    config.train.rl.update(dict(samples=4, prompts=2, max_tokens=8) | rl)
+    return config
+
+
+def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
+    config = rl_config()
+    config.data.source = "builtin:shakespeare_char"
+    with pytest.raises(ConfigError, match="train.rl samples answers to a chat source's prompts"):
+        resolve(config)
+    with pytest.raises(ConfigError, match="train.rl.samples=1 must be at least 2"):
+        resolve(rl_config(samples=1))
+    with pytest.raises(ConfigError, match="train.rl.reward=.nearly. is one of exact, number, format"):
+        resolve(rl_config(reward="nearly"))
+    assert resolve(rl_config()).train.batch_size == 8  # 2 prompts x 4 answers
+
+
+@pytest.fixture
+def digits_reward(tmp_path, monkeypatch):
+    """A reward a model from scratch finds signal in: the share of the answer that is digits."""
+    (tmp_path / "digit_rewards.py").write_text(
+        "def digits(prompt, completion):\n    return sum(c.isdigit() for c in completion) / max(len(completion), 1)\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield "digit_rewards:digits"
+    sys.modules.pop("digit_rewards", None)
+
+
+def test_the_batch_is_each_answer_after_its_prompt_scored_on_the_answer(tmp_path, digits_reward):
+    from jaxgpt import data, sharding
+    from jaxgpt.job.setup import with_vocabulary
+    from jaxgpt.training.rollouts import Rollouts
+
+    run = resolve(rl_config(reward=digits_reward))
+    dataset = data.prepare(run.data, progress=False)
+    run = with_vocabulary(run, dataset.tokenizer)
+    teacher_forced, _ = data.batch_sources(dataset, run)
+    rollouts = Rollouts(teacher_forced, run, dataset.tokenizer)
+    params = init_params(run.model, jax.random.key(3))
+    mesh = sharding.make_mesh(run.mesh, jax.devices()[:1])
+    batch = jax.device_get(rollouts.rollout(params, 5, mesh))
+    again = jax.device_get(rollouts.rollout(params, 5, mesh))  # a pure function of (params, seed, step)
+    for name in batch:
+        np.testing.assert_array_equal(batch[name], again[name])
+    inputs, weights, advantages = batch["inputs"], batch["weights"], batch["advantages"]
+    assert inputs.shape == (8, 48) and set(batch) == {"inputs", "targets", "weights", "advantages"}
+    within = np.arange(47) < (weights * np.arange(48)).max(axis=1, keepdims=True)  # before the answer's last
+    np.testing.assert_array_equal(batch["targets"][:, :-1][within], inputs[:, 1:][within])  # the next tokens
+    assistant = dataset.tokenizer.special_ids["<|assistant|>"]
+    for row in range(8):
+        marker = int(np.flatnonzero(inputs[row] == assistant)[0])
+        scored_positions = np.flatnonzero(weights[row])
+        assert scored_positions[0] == marker  # the position reading the marker predicts the answer's first token
+        assert 1 <= len(scored_positions) <= 8 and np.all(np.diff(scored_positions) == 1)
+        assert len(set(advantages[row][scored_positions].tolist())) == 1  # one advantage an answer
+        assert not advantages[row][weights[row] == 0].any()
+    for group in advantages.max(axis=1).reshape(2, 4) + advantages.min(axis=1).reshape(2, 4):
+        assert abs(group.sum()) < 1e-5  # each group's advantages sum to 0 (baseline: its mean)
+    said = rollouts.said[-1]
+    assert set(said) >= {"reward", "reward_spread", "exact_match", "answer_tokens", "tied_groups"}
+
+
+def metrics(workdir):
+    return [json.loads(line) for line in (workdir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.slow
+def test_learning_from_a_reward_raises_it_and_resumes_bit_for_bit(tmp_path, digits_reward):
+    """A model from scratch rewarded for digits writes more of them (the policy gradient does
+    what it is for), and a run stopped and resumed logs what the uninterrupted one logs."""
+    config = rl_config(steps=40, reward=digits_reward, temperature=1.0)
+    config.train.update(lr=1e-2, eval_every=20, checkpoint_every=20)
+    whole = metrics(tmp_path / "whole") if train_and_evaluate(config, tmp_path / "whole", progress=False) else None
+    rewards = [m["rl_reward"] for m in whole]
+    assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.2, rewards
+    train_and_evaluate(config, tmp_path / "resumed", progress=False, stop_at=20)
+    train_and_evaluate(config, tmp_path / "resumed", progress=False)
+    resumed = metrics(tmp_path / "resumed")
+    for key in ("train_loss", "grad_norm", "rl_reward", "rl_answer_tokens"):
+        assert [m[key] for m in resumed] == [m[key] for m in whole], key
+    assert [m["val_loss"] for m in resumed if "val_loss" in m] == [m["val_loss"] for m in whole if "val_loss" in m]
