@@ -220,3 +220,22 @@ def test_learning_from_a_reward_raises_it_and_resumes_bit_for_bit(tmp_path, digi
     for key in ("train_loss", "grad_norm", "rl_reward", "rl_answer_tokens"):
         assert [m[key] for m in resumed] == [m[key] for m in whole], key
     assert [m["val_loss"] for m in resumed if "val_loss" in m] == [m["val_loss"] for m in whole if "val_loss" in m]
+
+
+def test_a_chat_run_fine_tunes_from_a_chat_run_whose_rows_hold_the_template_already():
+    """train.init_from a base (256 byte rows: the template's 4 tokens grown after them) or a chat
+    run (260 rows: grown before); any other count reads other tokens' rows and is refused."""
+    import dataclasses
+
+    from jaxgpt.data.conversations import chat_tokenizer
+    from jaxgpt.job.setup import with_source_vocabulary
+    from jaxgpt.tokenizers import ByteTokenizer
+
+    tokenizer = chat_tokenizer(ByteTokenizer())
+    run = resolve(rl_config())
+    run = dataclasses.replace(run, train=dataclasses.replace(run.train, init_from="/nonexistent/hub-name"))
+    for rows in (256, 260):
+        sized = dataclasses.replace(run, model=run.model.replace(vocab_size=rows))
+        assert with_source_vocabulary(sized, tokenizer).model.vocab_size == 260
+    with pytest.raises(UserError, match="weights have 300 token rows"):
+        with_source_vocabulary(dataclasses.replace(run, model=run.model.replace(vocab_size=300)), tokenizer)

@@ -134,13 +134,13 @@ def with_source_vocabulary(run: RunConfig, tokenizer) -> RunConfig:
     if is_run(source) and (Path(source) / "tokenizer.json").is_file():  # the tokenizers compared themselves
         refuse_another_tokenizer(source, load_tokenizer(Path(source) / "tokenizer.json"), tokenizer)
     needed = tokens_needed(run.model, base_tokenizer(tokenizer).vocab_size)
-    if needed != rows:
+    grown = tokens_needed(run.model, tokenizer.vocab_size)  # the chat template's tokens after the weights' rows
+    if rows not in (needed, grown):  # a base's rows, or a chat run's, which has the template's tokens already
         raise UserError(
             f"train.init_from={source}'s weights have {rows:,} token rows, and data.tokenizer={run.data.tokenizer} "
             f"gives {needed:,} tokens, whose ids would read other tokens' rows; fine-tune with the tokenizer the "
             "weights were trained with (the run's workdir, the folder's own, or gpt2 for GPT-2)"
         )
-    grown = tokens_needed(run.model, tokenizer.vocab_size)  # the chat template's tokens after the weights' rows
     return dataclasses.replace(run, model=run.model.replace(vocab_size=grown))
 
 
