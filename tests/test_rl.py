@@ -14,12 +14,12 @@ from conftest import small_run_config
 
 from jaxgpt.config import ConfigError, ModelConfig
 from jaxgpt.config_files import resolve
+from jaxgpt.data.rollouts import group_advantages
 from jaxgpt.errors import UserError
 from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.training.objectives import NEXT_TOKEN, PolicyGradient
 from jaxgpt.training.rewards import Answer, reward_function
-from jaxgpt.training.rollouts import group_advantages
 from jaxgpt.training.train_step import scored, token_losses
 
 
@@ -169,14 +169,14 @@ def digits_reward(tmp_path, monkeypatch):
 
 def test_the_batch_is_each_answer_after_its_prompt_scored_on_the_answer(tmp_path, digits_reward):
     from jaxgpt import data, sharding
+    from jaxgpt.data.rollouts import Rollouts
     from jaxgpt.job.setup import with_vocabulary
-    from jaxgpt.training.rollouts import Rollouts
 
     run = resolve(rl_config(reward=digits_reward))
     dataset = data.prepare(run.data, progress=False)
     run = with_vocabulary(run, dataset.tokenizer)
-    teacher_forced, _ = data.batch_sources(dataset, run)
-    rollouts = Rollouts(teacher_forced, run, dataset.tokenizer)
+    rollouts, _ = data.batch_sources(dataset, run)  # a run with train.rl draws its batches from rollouts
+    assert isinstance(rollouts, Rollouts)
     params = init_params(run.model, jax.random.key(3))
     mesh = sharding.make_mesh(run.mesh, jax.devices()[:1])
     batch = jax.device_get(rollouts.rollout(params, 5, mesh))

@@ -149,7 +149,7 @@ def is_chat_source(source: str) -> bool:
 
 @dataclasses.dataclass(frozen=True)
 class Reinforcement:
-    """Learning from rewards (train.rl; jaxgpt/training/rollouts.py): each step samples
+    """Learning from rewards (train.rl; jaxgpt/data/rollouts.py): each step samples
     `samples` answers to each of `prompts` training prompts with the KV cache, scores each with
     `reward` on the host, and takes one policy-gradient step on the answers' tokens (GRPO, Shao
     et al. 2024: each answer's advantage is its reward minus its group's mean).

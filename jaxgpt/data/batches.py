@@ -215,7 +215,12 @@ def batch_sources(dataset: Dataset, run):
         token_bytes, encoder = dataset.tokenizer.token_bytes(), bool(run.model.encoder_layers)
         validation = pairs.pair_validation(held_out, token_bytes, seq_len, t.batch_size, t.eval_batches, encoder)
         left_out = train.left_out + held_out.left_out
-        return pairs.TrainPairs(train, encoder), dataclasses.replace(validation, left_out=left_out)
+        teacher_forced = pairs.TrainPairs(train, encoder)
+        if run.train.rl:  # the model's own answers to the training conversations' questions
+            from jaxgpt.data.rollouts import Rollouts
+
+            teacher_forced = Rollouts(teacher_forced, run, dataset.tokenizer)
+        return teacher_forced, dataclasses.replace(validation, left_out=left_out)
     validation = validation_set(
         dataset.val,
         dataset.tokenizer.token_bytes(),

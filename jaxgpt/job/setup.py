@@ -35,6 +35,7 @@ from jax.experimental import multihost_utils
 from jaxgpt import data, sharding
 from jaxgpt.config import RunConfig
 from jaxgpt.config_files import resolve, tokens_needed, with_tokenizer_vocab
+from jaxgpt.data.rollouts import Rollouts
 from jaxgpt.errors import UserError
 from jaxgpt.hardware import memory, runtime
 from jaxgpt.hardware.mesh_step import in_background, state_layout
@@ -58,7 +59,6 @@ from jaxgpt.model.transformer import describe_parameters, flops_per_token
 from jaxgpt.tokenizers import base_tokenizer, load_tokenizer, save_tokenizer
 from jaxgpt.training.batch import batch_layout
 from jaxgpt.training.program import TrainingProgram, training_program
-from jaxgpt.training.rollouts import Rollouts
 from jaxgpt.training.train_step import TrainState
 
 
@@ -246,8 +246,6 @@ def loop_inputs(resolved: ResolvedRun, placed: PlacedRun, workdir: Path) -> Loop
     run, dataset = placed.run, resolved.dataset
     t = run.train
     train, validation = data.batch_sources(dataset, run)
-    if t.rl:  # the model's own answers to the training conversations' questions
-        train = Rollouts(train, run, dataset.tokenizer)
     limit = t.multiple_choice_limit or None
     questions = multiple_choice.read_questions(t.multiple_choice, limit) if t.multiple_choice else []
     checkpoints = Checkpoints(workdir / "checkpoints", t.keep_checkpoints, scheduled=scheduled_steps(t))

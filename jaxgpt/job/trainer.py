@@ -111,14 +111,13 @@ def train_and_evaluate(
         with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
-            if trainer.config.train.rl and trainer.config.train.rl.kl:  # step 0's state, before any restore
-                trainer.train_batches.reference = starting_params(
-                    trainer.state, trainer.config, resolved.dataset.tokenizer
-                )
             start = restore_or_start(  # refuses an incompatible run before anything is written
                 trainer.checkpoints, trainer.state, trainer.config, resolved.dataset.tokenizer, workdir,
                 main=main, say=say, warn=warn,
             )  # fmt: skip
+            if trainer.config.train.rl and trainer.config.train.rl.kl:  # trainer.state is still step 0's
+                tokenizer = resolved.dataset.tokenizer
+                trainer.train_batches.reference = starting_params(trainer.state, trainer.config, tokenizer)
             setup.check_stops(stop_at, from_step, resumed_at=start.step)
             if main:
                 setup.write_run(workdir, trainer.config, resolved.dataset.tokenizer)

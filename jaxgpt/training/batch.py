@@ -19,7 +19,7 @@ and for an encoder–decoder (model.encoder_layers), what its encoder reads, (ro
                         the source tokens, their segments (a target token attends to the
                         source tokens of its own segment) and positions
 
-and for learning from rewards (train.rl; jaxgpt/training/rollouts.py), beside the sampled answers:
+and for learning from rewards (train.rl; jaxgpt/data/rollouts.py), beside the sampled answers:
 
     advantages        float32  each scored position's advantage, its answer's
     reference_losses  float32  the starting model's cross-entropy there (train.rl.kl)
@@ -72,7 +72,7 @@ def windows_batch(windows: np.ndarray) -> dict[str, np.ndarray]:
 def batch_fields(run) -> dict[str, type]:
     """The fields of `run`'s batches (a RunConfig's) and their dtypes: what its step is compiled for."""
     fields = {"inputs": jnp.int32, "targets": jnp.int32}
-    if run.train.rl:  # sampled answers, one a row (jaxgpt/training/rollouts.py)
+    if run.train.rl:  # sampled answers, one a row (jaxgpt/data/rollouts.py)
         fields |= {"weights": jnp.float32, "advantages": jnp.float32}
         return fields | ({"reference_losses": jnp.float32} if run.train.rl.kl else {})
     if run.data.examples:  # packed examples, the loss on their answers (jaxgpt/data/pairs.py)

@@ -205,7 +205,7 @@ class Classified(Objective):
 
 @dataclasses.dataclass(frozen=True)
 class PolicyGradient(Objective):
-    """Learning from rewards (train.rl; jaxgpt/training/rollouts.py). A training batch is the
+    """Learning from rewards (train.rl; jaxgpt/data/rollouts.py). A training batch is the
     model's own answers, each token it chose weighted 1 (batch "weights") and its answer's
     advantage (batch "advantages"): the loss at a position is advantage x cross-entropy, i.e.
     -A log pi(token), whose gradient is the policy gradient (REINFORCE; with group-relative
