@@ -49,6 +49,7 @@ GENERATIONS = {
     "nanogpt_speedrun": (V5E,),  # Muon over stacked layers: one batched Newton-Schulz per kind of matrix
     "seq2seq_reverse": (V6E,),  # an encoder–decoder: cross-attention over packed pairs
     "seq2seq_sort": (V5E,),
+    "rl_arithmetic": (),  # not yet: the RL step and its sampling compiled for a TPU (issue 101)
     "sft_arithmetic": (V5E,),  # conversations: the assistant's turns weighted, packed in segments
     "shakespeare_char": (V5E,),
     "tiny": (V6E,),
