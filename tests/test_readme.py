@@ -80,6 +80,11 @@ def shell_commands(markdown: str) -> list[str]:
     return commands
 
 
+# The Python files the guide asks a user to write, each a ```python block whose first line names
+# it ("# my_rewards.py, in the folder you run train.py in"): the commands that name them run on them.
+YOUR_FILES = re.findall(r"```python\n# (\w+\.py), in the folder you run .*?\n(.*?)```", GUIDE, flags=re.S)
+
+
 def excuse(command: str) -> str | None:
     return next((why for pattern, why in EXCUSED.items() if re.search(pattern, command)), None)
 
@@ -110,6 +115,8 @@ def test_the_readme_commands_are_found_and_each_is_run_or_excused():
     assert "python train.py --config configs/tiny.py" in SHORTENED  # the first run is run, not excused
     assert len(SHORTENED) == len(RUNNABLE) - len(RUN_IN_FULL)  # each name picks out exactly one
     assert all(readme_command(name) for name in RUN_IN_FULL)
+    named = {m.split(":")[0] + ".py" for m in re.findall(r"reward=(\w+:\w+)", GUIDE)}
+    assert named and named <= {name for name, _ in YOUR_FILES}  # each module a command imports is shown
 
 
 def smaller_model(args: list[str]) -> list[str]:
@@ -199,6 +206,8 @@ def sandbox(tmp_path_factory):
     (home / "docs" / "images").mkdir(parents=True)
     (home / "tests" / "data").mkdir(parents=True)
     shutil.copy(ROOT / "tests" / "data" / "hellaswag_sample.jsonl", home / "tests" / "data")
+    for name, code in YOUR_FILES:  # as the guide shows them, for the commands that name them
+        (home / name).write_text(code)
     return home
 
 

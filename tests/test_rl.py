@@ -60,7 +60,8 @@ def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, mo
             """
         )
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the folder the user runs train.py in, wherever train.py is
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder put on it goes with the test
     assert reward_function("my_rewards:length")([answer("12345")]) == [0.5]
     assert reward_function("my_rewards:right")([answer("4"), answer("5")]) == [1.0, 0.0]  # a bool is 1 or 0
     for name, said in [("raises", "raised KeyError"), ("nan", "returned nan"), ("text", "returned '1'")]:
@@ -162,7 +163,8 @@ def digits_reward(tmp_path, monkeypatch):
     (tmp_path / "digit_rewards.py").write_text(
         "def digits(prompt, completion):\n    return sum(c.isdigit() for c in completion) / max(len(completion), 1)\n"
     )
-    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.chdir(tmp_path)  # the folder the user runs train.py in, wherever train.py is
+    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder put on it goes with the test
     yield "digit_rewards:digits"
     sys.modules.pop("digit_rewards", None)
 

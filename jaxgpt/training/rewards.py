@@ -7,8 +7,9 @@ called on the host, a batch of answers at a time, returning one float each.
   format   1 where the answer holds a number and ended its turn (was not cut off at
            train.rl.max_tokens), else 0: a rule about the answer's form, not its truth
   module:function
-           your own, `def reward(prompt: str, completion: str) -> float`, imported once; the
-           reference answer is not passed: a reward of your own checks what it knows itself
+           your own, `def reward(prompt: str, completion: str) -> float`, imported once from
+           the folder the command runs in or the Python path; the reference answer is not
+           passed: a reward of your own checks what it knows itself
 
 A reward that raises, or returns NaN or what is not a number, stops the run with one line
 naming the function and the prompt (jaxgpt/errors.py's UserError): nothing is trained on it.
@@ -18,7 +19,9 @@ from __future__ import annotations
 
 import importlib
 import math
+import os
 import re
+import sys
 from collections.abc import Callable
 from numbers import Real
 from typing import NamedTuple
@@ -72,12 +75,17 @@ def reward_function(name: str, tolerance: float = 0.0) -> Callable[[list[Answer]
 def imported(name: str) -> Callable:
     """`module:function`, imported; one line where it cannot be."""
     module_name, _, function_name = name.partition(":")
+    # `python train.py` puts train.py's folder on the path, not the one the user is in (where
+    # their my_rewards.py is): look there first, as uvicorn and gunicorn do for module:app.
+    here = os.getcwd()
+    if here not in sys.path:
+        sys.path.insert(0, here)
     try:
         function = getattr(importlib.import_module(module_name), function_name)
     except (ImportError, AttributeError) as error:
         raise UserError(
-            f"train.rl.reward={name!r} cannot be imported ({error}); give module:function of a module on the "
-            "Python path (the folder train.py runs from is on it), or exact, number or format"
+            f"train.rl.reward={name!r} cannot be imported ({error}); give module:function of a module in the "
+            f"folder the command runs in ({here}) or on the Python path, or exact, number or format"
         ) from None
     if not callable(function):
         raise UserError(f"train.rl.reward={name!r} is not a function; give one of (prompt, completion) -> float")
