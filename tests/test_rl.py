@@ -210,16 +210,19 @@ def metrics(workdir):
 @pytest.mark.slow
 def test_learning_from_a_reward_raises_it_and_resumes_bit_for_bit(tmp_path, digits_reward):
     """A model from scratch rewarded for digits writes more of them (the policy gradient does
-    what it is for), and a run stopped and resumed logs what the uninterrupted one logs."""
+    what it is for), and a run stopped and resumed logs what the uninterrupted one logs: its
+    KL measured against step 0's model, not the one it resumed from."""
     config = rl_config(steps=40, reward=digits_reward, temperature=1.0)
     config.train.update(lr=1e-2, eval_every=20, checkpoint_every=20)
+    config.train.rl.kl = 0.01
     whole = metrics(tmp_path / "whole") if train_and_evaluate(config, tmp_path / "whole", progress=False) else None
     rewards = [m["rl_reward"] for m in whole]
     assert np.mean(rewards[-5:]) > np.mean(rewards[:5]) + 0.2, rewards
     train_and_evaluate(config, tmp_path / "resumed", progress=False, stop_at=20)
     train_and_evaluate(config, tmp_path / "resumed", progress=False)
     resumed = metrics(tmp_path / "resumed")
-    for key in ("train_loss", "grad_norm", "rl_reward", "rl_answer_tokens"):
+    assert whole[0]["train_kl"] == 0 < whole[-1]["train_kl"]  # at step 1 the policy is the reference
+    for key in ("train_loss", "grad_norm", "rl_reward", "rl_answer_tokens", "train_kl"):
         assert [m[key] for m in resumed] == [m[key] for m in whole], key
     assert [m["val_loss"] for m in resumed if "val_loss" in m] == [m["val_loss"] for m in whole if "val_loss" in m]
 

@@ -230,7 +230,7 @@ def test_evaluating_one_checkpoint_twice_gives_the_same_numbers_as_the_run_logge
 
     try:
         start = restore_or_start(
-            trainer.checkpoints, trainer.state, run, tokenizer, workdir, main=False, say=print, warn=print
+            trainer.checkpoints, trainer.state, run, tokenizer, workdir, False, main=False, say=print, warn=print
         )
         trainer.state = start.state
         trainer._compile(trainer.batch(start.step))

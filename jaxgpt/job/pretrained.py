@@ -325,12 +325,3 @@ def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None)
         origin += f", low-rank adapters of rank {ours.lora_rank} beside {', '.join(ours.adapted)}"
     shardings = jax.tree.map(lambda a: a.sharding, state.params)
     return state.replace(params=jax.device_put(params, shardings)), origin
-
-
-def starting_params(state, config: RunConfig, tokenizer):
-    """The parameters a run starts from at step 0 (train.init_from's weights in `state`, step
-    0's state, or its initialisation as it is), a copy of their own: the frozen reference of
-    train.rl.kl, the same whether the run starts now or resumes."""
-    if config.train.init_from:
-        return start_from_pretrained(state, config, config.train.init_from, tokenizer)[0].params
-    return jax.tree.map(lambda x: x.copy(), state.params)

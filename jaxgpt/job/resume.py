@@ -11,6 +11,8 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import jax
+
 from jaxgpt.config import RunConfig, run_config_from_dict
 from jaxgpt.errors import UserError
 from jaxgpt.job.checkpoint import Checkpoints, unused_sibling
@@ -106,14 +108,26 @@ class StartingPoint:
     step: int = 0
     elapsed_before: float = 0.0
     carried_losses: tuple[float, ...] = ()
+    params_at_start: object = None  # step 0's parameters, a copy of their own, where asked (keep_start)
 
 
 def restore_or_start(
-    checkpoints: Checkpoints, fresh_state, config: RunConfig, tokenizer, workdir: Path, *, main: bool, say, warn
+    checkpoints: Checkpoints,
+    fresh_state,
+    config: RunConfig,
+    tokenizer,
+    workdir: Path,
+    keep_start: bool,
+    *,
+    main: bool,
+    say,
+    warn,
 ) -> StartingPoint:
     """Continue from the newest readable checkpoint, or start at step 0 if there is none
     (from `train.init_from`'s weights when set). Refuses a checkpoint of another run before
-    anything is written."""
+    anything is written. keep_start: return beside it step 0's parameters (train.init_from's
+    weights or the initialisation), the same whether the run starts now or resumes: the frozen
+    reference train.rl.kl measures the policy against."""
     metrics_path = workdir / "metrics.jsonl"
 
     def check_same_run(record: dict) -> None:
@@ -143,15 +157,18 @@ def restore_or_start(
 
     checkpoints.check_room_for(fresh_state)  # before any work, not at the first save
     found = checkpoints.restore_latest_readable(fresh_state, check_record=check_same_run, warn=warn)
+    start = fresh_state
+    if config.train.init_from and (found is None or keep_start):  # a resumed run reads them only as its reference
+        start, origin = start_from_pretrained(fresh_state, config, config.train.init_from, tokenizer)
+    # a copy: the step donates the state it is given, and the reference outlives it
+    params_at_start = jax.tree.map(lambda x: x.copy(), start.params) if keep_start else None
     if found is None:
-        state = fresh_state
         if config.train.init_from:
-            state, origin = start_from_pretrained(state, config, config.train.init_from, tokenizer)
             say(f"initialised from {origin}")
         if main:
             keep_history_aside(workdir, metrics_path, warn)
             metrics_path.write_text("")
-        return StartingPoint(state)
+        return StartingPoint(start, params_at_start=params_at_start)
     step, state, record = found
     note = schedule_change_note(record["config"]["train"], config.train, step)
     if note:
@@ -159,7 +176,9 @@ def restore_or_start(
     if main:
         truncate_metrics(metrics_path, step)
     say(f"resuming from step {step} of {config.train.steps}")
-    return StartingPoint(state, step, record.get("elapsed_sec", 0.0), tuple(record.get("pending_losses", [])))
+    return StartingPoint(
+        state, step, record.get("elapsed_sec", 0.0), tuple(record.get("pending_losses", [])), params_at_start
+    )
 
 
 def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:

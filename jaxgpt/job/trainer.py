@@ -46,7 +46,6 @@ from jaxgpt.job.metrics import (
     router_record,
     training_record,
 )
-from jaxgpt.job.pretrained import starting_params
 from jaxgpt.job.resume import checkpoint_record, restore_or_start
 from jaxgpt.job.stopping import RunawayWatch, StopRequests, check_finite
 from jaxgpt.lab import multiple_choice
@@ -111,13 +110,13 @@ def train_and_evaluate(
         with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
+            keep_start = bool(trainer.config.train.rl and trainer.config.train.rl.kl)  # its reference: step 0's model
             start = restore_or_start(  # refuses an incompatible run before anything is written
-                trainer.checkpoints, trainer.state, trainer.config, resolved.dataset.tokenizer, workdir,
+                trainer.checkpoints, trainer.state, trainer.config, resolved.dataset.tokenizer, workdir, keep_start,
                 main=main, say=say, warn=warn,
             )  # fmt: skip
-            if trainer.config.train.rl and trainer.config.train.rl.kl:  # trainer.state is still step 0's
-                tokenizer = resolved.dataset.tokenizer
-                trainer.train_batches.reference = starting_params(trainer.state, trainer.config, tokenizer)
+            if keep_start:
+                trainer.train_batches.reference = start.params_at_start
             setup.check_stops(stop_at, from_step, resumed_at=start.step)
             if main:
                 setup.write_run(workdir, trainer.config, resolved.dataset.tokenizer)
