@@ -184,3 +184,19 @@ def test_every_model_field_has_a_kind_and_every_resumable_field_exists():
     for key in RESUMABLE_FIELDS:
         section, name = key.split(".")
         assert name in {f.name for f in dataclasses.fields(sections[section])}, key
+
+
+def test_a_source_is_of_the_kind_its_prefix_or_builtin_name_says():
+    from jaxgpt.config import DataConfig, source_kind
+
+    kinds = {
+        "pairs:my.tsv": "pairs", "builtin:dates": "pairs", "builtin:reverse": "pairs", "builtin:sort": "pairs",
+        "labels:reviews.tsv": "labels", "builtin:brackets": "labels",
+        "images:digits/": "images", "builtin:digits": "images",
+        "chat:talks.jsonl": "chat", "builtin:arithmetic-chat": "chat",
+        "builtin:arithmetic": "stream", "builtin:shakespeare_char": "stream", "text:book.txt": "stream",
+        "hf:roneneldan/TinyStories": "stream",
+    }  # fmt: skip
+    assert {source: source_kind(source) for source in kinds} == kinds
+    data = DataConfig(source="builtin:arithmetic-chat")
+    assert (data.chat, data.pairs, data.labelled, data.images, data.examples) == (True, False, False, False, True)

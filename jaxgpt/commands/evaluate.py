@@ -519,11 +519,11 @@ def trained_on_examples(workdir: Path) -> bool:
     own record is read later, and the run is evaluated as a stream)."""
     import json
 
-    from jaxgpt.config import is_chat_source, is_pairs_source
+    from jaxgpt.config import source_kind
 
     try:
         source = json.loads((workdir / "config.json").read_text())["data"]["source"]
-        return is_pairs_source(source) or is_chat_source(source)
+        return source_kind(source) in ("pairs", "chat")
     except (OSError, ValueError, KeyError, TypeError):
         return False
 

@@ -25,30 +25,21 @@ from jaxgpt.config.model import (
 )
 from jaxgpt.config.problems import ConfigError
 from jaxgpt.config.run import (
-    BUILTIN_CHATS,
-    BUILTIN_IMAGES,
-    BUILTIN_LABELLED,
-    BUILTIN_PAIRS,
+    BUILTIN_SOURCES,
     DataConfig,
     MeshConfig,
     Reinforcement,
     RunConfig,
     TrainConfig,
-    is_chat_source,
-    is_image_source,
-    is_labelled_source,
-    is_pairs_source,
     run_config_from_dict,
+    source_kind,
     with_train,
 )
 
 __all__ = [
     "ACTIVATIONS",
     "ATTENTION_KERNELS",
-    "BUILTIN_CHATS",
-    "BUILTIN_IMAGES",
-    "BUILTIN_LABELLED",
-    "BUILTIN_PAIRS",
+    "BUILTIN_SOURCES",
     "DTYPES",
     "NORMS",
     "NORM_POSITIONS",
@@ -67,10 +58,7 @@ __all__ = [
     "RunConfig",
     "TrainConfig",
     "default_mlp_hidden",
-    "is_chat_source",
-    "is_image_source",
-    "is_labelled_source",
-    "is_pairs_source",
     "run_config_from_dict",
+    "source_kind",
     "with_train",
 ]

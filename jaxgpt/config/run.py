@@ -89,24 +89,14 @@ class DataConfig:
         problems.raise_if_any()
 
     @property
-    def pairs(self) -> bool:
-        """Whether the source is a set of (source, target) examples rather than a token stream."""
-        return is_pairs_source(self.source)
+    def kind(self) -> str:
+        """What the source gives (source_kind): "pairs", "labels", "images", "chat" or "stream"."""
+        return source_kind(self.source)
 
-    @property
-    def chat(self) -> bool:
-        """Whether the source is conversations (jaxgpt/data/conversations.py)."""
-        return is_chat_source(self.source)
-
-    @property
-    def labelled(self) -> bool:
-        """Whether the source is labelled texts, to classify (jaxgpt/data/labels.py)."""
-        return is_labelled_source(self.source)
-
-    @property
-    def images(self) -> bool:
-        """Whether the source is labelled images, for a Vision Transformer (jaxgpt/data/images.py)."""
-        return is_image_source(self.source)
+    pairs = property(lambda self: self.kind == "pairs", doc="(source, target) examples (jaxgpt/data/pairs.py)")
+    labelled = property(lambda self: self.kind == "labels", doc="labelled texts, to classify (data/labels.py)")
+    images = property(lambda self: self.kind == "images", doc="labelled images, for a ViT (jaxgpt/data/images.py)")
+    chat = property(lambda self: self.kind == "chat", doc="conversations (jaxgpt/data/conversations.py)")
 
     @property
     def examples(self) -> bool:
@@ -115,36 +105,26 @@ class DataConfig:
         return self.pairs or self.chat or self.labelled
 
 
-BUILTIN_PAIRS = ("dates", "reverse", "sort")  # builtin:NAME sources of text pairs (jaxgpt/data/pairs.py)
-BUILTIN_LABELLED = ("brackets",)  # builtin:NAME sources of labelled texts (jaxgpt/data/labels.py)
-BUILTIN_IMAGES = ("digits",)  # builtin:NAME sources of labelled images (jaxgpt/data/images.py)
-BUILTIN_CHATS = ("arithmetic-chat",)  # builtin:NAME sources of conversations (jaxgpt/data/conversations.py)
+# The sources that give examples rather than a token stream, by kind: each kind's prefix
+# (pairs:PATH, labels:PATH, images:PATH, chat:PATH.jsonl) and its builtin:NAME sources.
+BUILTIN_SOURCES = {
+    "pairs": ("dates", "reverse", "sort"),  # text pairs (jaxgpt/data/pairs.py)
+    "labels": ("brackets",),  # labelled texts (jaxgpt/data/labels.py)
+    "images": ("digits",),  # labelled images (jaxgpt/data/images.py)
+    "chat": ("arithmetic-chat",),  # conversations (jaxgpt/data/conversations.py)
+}
 LOSS_ON = ("assistant", "all")
 
 
-def is_pairs_source(source: str) -> bool:
-    """pairs:PATH and builtin:dates, reverse and sort (jaxgpt/data/pairs.py) give examples, the
-    others a token stream."""
-    kind, _, rest = source.partition(":")
-    return kind == "pairs" or (kind == "builtin" and rest in BUILTIN_PAIRS)
-
-
-def is_labelled_source(source: str) -> bool:
-    """labels:PATH and builtin:brackets give labelled texts."""
-    kind, _, rest = source.partition(":")
-    return kind == "labels" or (kind == "builtin" and rest in BUILTIN_LABELLED)
-
-
-def is_image_source(source: str) -> bool:
-    """images:PATH and builtin:digits give labelled images."""
-    kind, _, rest = source.partition(":")
-    return kind == "images" or (kind == "builtin" and rest in BUILTIN_IMAGES)
-
-
-def is_chat_source(source: str) -> bool:
-    """chat:PATH.jsonl and builtin:arithmetic-chat give conversations."""
-    kind, _, rest = source.partition(":")
-    return kind == "chat" or (kind == "builtin" and rest in BUILTIN_CHATS)
+def source_kind(source: str) -> str:
+    """A source's kind: "pairs", "labels", "images" or "chat" where it gives examples (by its
+    prefix, or one of BUILTIN_SOURCES' builtin:NAME), "stream" for any other (text, a dataset,
+    a token file, builtin:arithmetic's lines)."""
+    prefix, _, rest = source.partition(":")
+    if prefix in BUILTIN_SOURCES:
+        return prefix
+    named = [kind for kind, names in BUILTIN_SOURCES.items() if prefix == "builtin" and rest in names]
+    return named[0] if named else "stream"
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,7 +23,7 @@ from functools import partial
 
 import numpy as np
 
-from jaxgpt.config import is_image_source
+from jaxgpt.config import source_kind
 from jaxgpt.data.images import read_images
 from jaxgpt.data.pairs import (
     TAB,
@@ -89,7 +89,7 @@ def labelled_examples(source: str) -> tuple[list[str], list[str]]:
 def class_names(source: str) -> list[str]:
     """The classes of a labelled source, texts or images: its labels' names (class i is the
     i-th): a text source's sorted, an image source's as it names them (jaxgpt/data/images.py)."""
-    if is_image_source(source):
+    if source_kind(source) == "images":
         return read_images(source).names
     return sorted(set(labelled_examples(source)[0]))
 

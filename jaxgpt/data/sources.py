@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from jaxgpt.config import BUILTIN_CHATS, BUILTIN_LABELLED, BUILTIN_PAIRS, DataConfig
+from jaxgpt.config import BUILTIN_SOURCES, DataConfig
 from jaxgpt.data.conversations import builtin_documents, read_conversations
 from jaxgpt.data.labels import bracket_examples, read_labelled
 from jaxgpt.data.pairs import builtin_pairs, read_pairs
@@ -54,19 +54,19 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "builtin" and rest == "repeated-random":
         docs = repeated_random_documents()
         return docs, len(docs)
-    if kind == "builtin" and rest in BUILTIN_PAIRS:
+    if kind == "builtin" and rest in BUILTIN_SOURCES["pairs"]:
         docs = builtin_pairs(rest)
         return docs, len(docs)
     if kind == "pairs" and rest:
         docs = read_pairs(rest)
         return docs, len(docs)
-    if kind == "builtin" and rest in BUILTIN_LABELLED:  # the texts; their labels stay beside them
+    if kind == "builtin" and rest in BUILTIN_SOURCES["labels"]:  # the texts; their labels stay beside them
         docs = bracket_examples()[1]
         return docs, len(docs)
     if kind == "labels" and rest:
         docs = read_labelled(rest)[1]
         return docs, len(docs)
-    if kind == "builtin" and rest in (*BUILTIN_CHATS, "arithmetic"):
+    if kind == "builtin" and rest in (*BUILTIN_SOURCES["chat"], "arithmetic"):
         docs = builtin_documents(rest)
         return docs, len(docs)
     if kind == "chat" and rest:
