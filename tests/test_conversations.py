@@ -13,6 +13,7 @@ import pytest
 from conftest import ROOT, small_run_config
 
 from jaxgpt import data
+from jaxgpt.config import source_kind
 from jaxgpt.config_files import resolve
 from jaxgpt.data.conversations import (
     END,
@@ -23,6 +24,7 @@ from jaxgpt.data.conversations import (
     chat_tokenizer,
     prompt_ids,
     read_conversations,
+    read_prompts,
     render,
 )
 from jaxgpt.data.pairs import packed_row
@@ -297,14 +299,85 @@ def test_chat_refuses_a_run_that_knows_no_template(chat_run):
     assert chat.returncode == 2 and "not on conversations" in chat.stderr and chat.stderr.count("\n") == 1, chat
 
 
-def test_the_builtin_conversations_answer_their_sums():
-    """Every answer of builtin:arithmetic-chat's 20,000 conversations is its question's sum,
-    read back by Python (an independent reading of the rendered text)."""
+@pytest.mark.parametrize("name, addends, most_turns", [("arithmetic-chat", 2, 3), ("arithmetic-chat-3", 3, 2)])
+def test_the_builtin_conversations_answer_their_sums(name, addends, most_turns):
+    """Every answer of a builtin conversation set's 20,000 conversations is its question's sum,
+    read back by Python (an independent reading of the rendered text); the question forms of
+    two numbers are the five written out at the start ("Add 37 and 45." and so on)."""
     import re
 
-    for text in data.conversations.arithmetic_conversations():
-        questions = re.findall(r"<\|user\|>\D*(\d+)\D+(\d+)\D*<\|end\|>", text)
-        answers = re.findall(r"<\|assistant\|>(\d+) \+ (\d+) = (\d+)<\|end\|>", text)
-        assert 1 <= len(questions) == len(answers) <= 3
-        for (a, b), (x, y, total) in zip(questions, answers, strict=True):
-            assert (a, b) == (x, y) and int(total) == int(a) + int(b)
+    asked_forms = set()
+    for text in data.conversations.builtin_documents(name):
+        questions = re.findall(r"<\|user\|>(.*?)<\|end\|>", text)
+        answers = re.findall(r"<\|assistant\|>(.*?) = (\d+)<\|end\|>", text)
+        assert 1 <= len(questions) == len(answers) <= most_turns
+        for question, (terms, total) in zip(questions, answers, strict=True):
+            numbers = [int(n) for n in terms.split(" + ")]
+            assert len(numbers) == addends and [int(n) for n in re.findall(r"\d+", question)] == numbers
+            assert int(total) == sum(numbers)
+            asked_forms.add(re.sub(r"\d+", "N", question))
+    two, three = ("N + N", "N plus N", "N and N", "N+N"), ("N + N + N", "N plus N plus N", "N, N and N", "N+N+N")
+    forms = two if addends == 2 else three
+    plus, words, listed, tight = forms
+    assert asked_forms == {f"What is {plus}?", f"{words}?", f"Add {listed}.", f"Compute {tight}", f"what's {plus}"}
+
+
+def test_a_prompts_file_is_a_conversation_of_one_turn_a_line(tmp_path):
+    path = tmp_path / "prompts.tsv"
+    path.write_text("\ufeffWhat is 2 + 2?\t4\n\n  Name\ta colour:\t red \n")  # a BOM, a blank line, a tab in the prompt
+    assert read_prompts(str(path)) == [
+        render([{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]),
+        render([{"role": "user", "content": "Name\ta colour:"}, {"role": "assistant", "content": "red"}]),
+    ]
+    assert source_kind(f"prompts:{path}") == "chat"  # trained, fine-tuned and sampled as conversations are
+    for line, problem in [("no tab here", "is not a prompt and its answer"), ("\t4", "is not a prompt"),
+                          ("a <|end|>\t4", "contains <\\|end\\|>")]:  # fmt: skip
+        path.write_text(f"What is 2 + 2?\t4\n{line}\n")
+        with pytest.raises(UserError, match=rf"line 2 of .*{problem}"):
+            read_prompts(str(path))
+    path.write_text("\n")
+    with pytest.raises(UserError, match="holds no prompts"):
+        read_prompts(str(path))
+
+
+def test_pass_at_k_is_the_chance_that_k_of_n_answers_hold_a_right_one():
+    """The estimator against counting: of all k-subsets of n answers, c of them right, the share
+    holding at least one right answer."""
+    import itertools
+
+    from jaxgpt.lab.pass_at_k import pass_at
+
+    for n, c, k in [(8, 0, 1), (8, 3, 1), (8, 3, 2), (8, 3, 4), (8, 3, 8), (5, 5, 2), (6, 1, 3)]:
+        subsets = list(itertools.combinations([True] * c + [False] * (n - c), k))
+        assert pass_at(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
+
+
+def test_pass_at_k_answers_each_prompt_as_decoding_it_alone_would(chat_run):
+    """Greedy answers batched by prompt length, several prompts and samples a call and padded,
+    are each prompt's greedy answer decoded alone (the sampler's own loop, one prompt a call):
+    each reward lands on its own prompt and sample, and the padding rows on none."""
+    from jaxgpt.data.batches import example_splits
+    from jaxgpt.data.rollouts import questions
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab.pass_at_k import answer_rewards
+    from jaxgpt.model.sampling import SamplingConfig, decoding_model, generate
+
+    run, params, tokenizer, _ = load_latest(chat_run / "sft")
+    _, held_out = example_splits(data.prepare(run.data, progress=False), run)
+    prompts = questions(held_out, tokenizer, run.model.block_size - 7)[:24]
+    assert len({len(p.ids) for p in prompts}) > 1  # several lengths, so several groups
+    decoder, greedy, end = decoding_model(run.model), SamplingConfig(temperature=0.0), tokenizer.special_ids[END]
+
+    def length(answers):  # a reward that tells every answer apart by its text
+        return [len(a.completion) + 100 * a.finished for a in answers]
+
+    key = jax.random.key(0)
+    rewards, lengths = answer_rewards(decoder, params, tokenizer, prompts, length, greedy, 3, 8, key)
+    alone = []
+    for prompt in prompts:
+        new = np.asarray(generate(decoder, params, jnp.asarray(prompt.ids[None]), key, max_new_tokens=8,
+                                  sampling=greedy, eot_id=end))[0]  # fmt: skip
+        ends = np.flatnonzero(new == end)
+        alone.append(len(tokenizer.decode(new[: ends[0] if len(ends) else 8].tolist())) + 100 * bool(len(ends)))
+    np.testing.assert_array_equal(rewards, np.repeat(np.asarray(alone, float)[:, None], 3, axis=1))
+    assert (lengths >= 1).all() and (lengths <= 8).all()

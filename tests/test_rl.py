@@ -57,6 +57,10 @@ def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, mo
                 return "1"
             def right(prompt, completion):
                 return completion == "4"
+            def matches(prompt, completion, reference):
+                return completion.endswith(reference)
+            def keywords(prompt, completion, **columns):
+                return len(columns["reference"])
             """
         )
     )
@@ -64,6 +68,10 @@ def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, mo
     monkeypatch.setattr(sys, "path", list(sys.path))  # the folder put on it goes with the test
     assert reward_function("my_rewards:length")([answer("12345")]) == [0.5]
     assert reward_function("my_rewards:right")([answer("4"), answer("5")]) == [1.0, 0.0]  # a bool is 1 or 0
+    # A reward that names `reference` (or takes **kwargs, as TRL's do) is given the reference answer.
+    matches = reward_function("my_rewards:matches")
+    assert matches([answer("= 82", reference="82"), answer("82", reference="81")]) == [1.0, 0.0]
+    assert reward_function("my_rewards:keywords")([answer("", reference="12345")]) == [5.0]
     for name, said in [("raises", "raised KeyError"), ("nan", "returned nan"), ("text", "returned '1'")]:
         with pytest.raises(UserError, match=f"my_rewards:{name} {said}.*What is 37 \\+ 45") as error:
             reward_function(f"my_rewards:{name}")([answer("82")])

@@ -50,7 +50,9 @@ GENERATIONS = {
     "seq2seq_reverse": (V6E,),  # an encoder–decoder: cross-attention over packed pairs
     "seq2seq_sort": (V5E,),
     "rl_arithmetic": (),  # not yet: the RL step and its sampling compiled for a TPU (issue 101)
+    "rl_arithmetic_3": (),  # the same
     "sft_arithmetic": (V5E,),  # conversations: the assistant's turns weighted, packed in segments
+    "sft_arithmetic_3": (),  # sft_arithmetic's program on another builtin source: nothing new to compile
     "shakespeare_char": (V5E,),
     "tiny": (V6E,),
     "tiny_speedrun": (V6E,),

@@ -71,6 +71,24 @@ def test_rerun_resumes_from_the_checkpoint_and_extends(trained, tmp_path):
     assert [m["step"] for m in read_metrics(tmp_path)] == [5, 10, 15, 20]
 
 
+def test_a_run_that_ends_before_its_first_step_leaves_nothing_running(trained, tmp_path, monkeypatch):
+    """Already trained: the command returns with no thread of its own still running evaluation's
+    programs (started beside the step's compile) into what the process does next, however long
+    they take (here half a second more)."""
+    import shutil
+    import threading
+    import time
+
+    from jaxgpt.job.trainer import Trainer
+
+    score = Trainer._score_a_batch_a_device
+    monkeypatch.setattr(Trainer, "_score_a_batch_a_device", lambda self, p: (time.sleep(0.5), score(self, p)))
+    workdir, last = trained
+    shutil.copytree(workdir, tmp_path / "run")
+    assert train_and_evaluate(small_config(), tmp_path / "run", progress=False) == {"step": last["step"]}
+    assert not [t.name for t in threading.enumerate() if t.name == "jaxgpt-compile"]
+
+
 @pytest.mark.slow
 def test_bfloat16_training_runs_and_learns(tmp_path):
     last = train_and_evaluate(small_config(dtype="bfloat16", steps=15), tmp_path, progress=False)

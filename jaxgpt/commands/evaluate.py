@@ -10,6 +10,7 @@ Examples:
   python -m jaxgpt evaluate --workdir runs/tiny --prune 0.25 --out runs/tiny_pruned
   python -m jaxgpt evaluate --workdir runs/tiny --induction
   python -m jaxgpt evaluate --workdir runs/tiny --over_checkpoints --lab induction,entropy
+  python -m jaxgpt evaluate --workdir runs/sft_arithmetic --workdir runs/rl_arithmetic --pass_at 8
 
 The same stretch of each run's validation text (its first --tokens tokens) is cut into
 back-to-back windows of each length, and each window is scored in one forward pass: the loss
@@ -21,7 +22,9 @@ ALiBi and no positions at all are evaluated at any length.
 
 A run trained on text pairs (data.source pairs:PATH or builtin:dates) is scored on every
 held-out pair instead: the loss on the answers, the share of their tokens right, and the share
-of answers greedy decoding writes exactly.
+of answers greedy decoding writes exactly. With --pass_at K a run trained on conversations (or
+from rewards) also answers its held-out first questions K times at --temperature and once
+greedily, scored by its train.rl.reward: pass@1 ... pass@K (jaxgpt/lab/pass_at_k.py).
 
 Prints a row per run and length (the loss within the trained length and beyond it) and draws
 loss against position at each run's longest length beside mean loss against length, one
@@ -401,6 +404,34 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
     return line + f"\n{name}: exactly right by source length (tokens before its end): {cells}"
 
 
+def pass_at_line(name: str, workdir: Path, f) -> str:
+    """pass@1 ... pass@k of a chat run's model on its held-out first questions, scored by its
+    train.rl.reward (exact, for a run trained without one): jaxgpt/lab/pass_at_k.py."""
+    from jaxgpt import data
+    from jaxgpt.data.batches import example_splits
+    from jaxgpt.job.checkpoint import load_latest
+    from jaxgpt.lab import pass_at_k
+    from jaxgpt.model.sampling import decoding_model
+
+    run, params, tokenizer, step = load_latest(workdir, step=f.step)
+    if not run.data.chat:
+        raise UserError(f"--pass_at samples answers to conversations' questions, and {workdir} was not trained on any")
+    if f.pass_at < 1 or f.prompts < 1:
+        raise UserError(f"--pass_at {f.pass_at} and --prompts {f.prompts} must be at least 1")
+    _, held_out = example_splits(data.prepare(run.data, progress=False), run)
+    got = pass_at_k.measure(
+        run, decoding_model(run.model), params, tokenizer, held_out, samples=f.pass_at, temperature=f.temperature,
+        most=f.prompts, passing=f.passing, seed=run.train.seed,
+    )  # fmt: skip
+    passes = ", ".join(f"pass@{k} {v:.1%}" for k, v in got.pass_at.items())
+    return (
+        f"{name}: step {step}, {got.prompts:,} held-out first questions, {got.samples} answers each at temperature "
+        f"{f.temperature:g} ({run.train.rl.reward if run.train.rl else 'exact'} reward, passing at {f.passing:g}): "
+        f"{passes}; greedy {got.greedy:.1%}; mean reward {got.mean_reward:.3f}, "
+        f"{got.answer_tokens:.1f} tokens an answer"
+    )
+
+
 def exact_by_source_length(model, params, rows: dict, batch: int) -> dict[int, tuple[int, int]]:
     """{source length: (answers exactly right, answers)} over an encoder–decoder's packed
     validation rows: an answer is right where every scored token of its segment is the most
@@ -556,6 +587,10 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_bool("induction", False, "Instead: each head's induction score on repeated tokens.", flag_values=f)
     flags.DEFINE_bool("over_checkpoints", False, "Instead: --lab's measures at every kept checkpoint.", flag_values=f)
     flags.DEFINE_string("lab", "all", "The measures --over_checkpoints takes (train.lab's names).", flag_values=f)
+    flags.DEFINE_integer("pass_at", 0, "A chat run: also pass@k with this many answers a prompt.", flag_values=f)
+    flags.DEFINE_float("temperature", 1.0, "The temperature --pass_at samples at.", flag_values=f)
+    flags.DEFINE_integer("prompts", 500, "The held-out prompts --pass_at answers (the first ones).", flag_values=f)
+    flags.DEFINE_float("passing", 1.0, "The reward at which --pass_at counts an answer right.", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
     workdirs, lengths = [Path(w) for w in f.workdir], _lengths(f.lengths)
@@ -568,6 +603,8 @@ def main(argv: list[str] | None = None) -> None:
             )
         for name, workdir in zip(names, workdirs, strict=True):
             print(answers_line(name, workdir, f.step))
+            if f.pass_at:
+                print(pass_at_line(name, workdir, f))
         return
     if f.over_checkpoints:
         for workdir in workdirs:

@@ -47,27 +47,33 @@ def ends_at_once(seen: int, taken: int, handler) -> bool:
     return handler is _leave_it_to_the_watcher and seen > taken
 
 
+_watcher: dict = {}  # the one watcher a process runs: its pipe's write end, and the line it prints
+
+
 def end_at_once_on_interrupt(line: str) -> None:
     """From now on, Ctrl-C prints `line` to stderr and exits INTERRUPTED, unless a handler of
     the command's own holds SIGINT (a training loop's clean stop). Only the main thread may
-    install signal handlers: elsewhere (a notebook's worker thread) this does nothing."""
+    install signal handlers: elsewhere (a notebook's worker thread) this does nothing. A second
+    command in the same process (a notebook, the tests) keeps the watcher and changes its line."""
     if threading.current_thread() is not threading.main_thread():
         return
-    read_end, write_end = os.pipe()
-    os.set_blocking(write_end, False)  # the C handler must never block on a full pipe
-
-    def watch() -> None:
-        seen = 0  # SIGINTs read from the pipe
-        while True:
-            for signum in os.read(read_end, 64):
-                seen += signum == signal.SIGINT
-                if signum == signal.SIGINT and ends_at_once(seen, interrupts.taken(), signal.getsignal(signal.SIGINT)):
-                    flushing = threading.Thread(target=_flush_output, daemon=True)
-                    flushing.start()
-                    flushing.join(timeout=1.0)  # what was printed before, unless a stream is stuck
-                    os.write(2, f"\n{line}\n".encode())
-                    os._exit(INTERRUPTED)
-
-    threading.Thread(target=watch, name="jaxgpt-interrupt", daemon=True).start()
+    _watcher["line"] = line
+    if "write_end" not in _watcher:
+        read_end, _watcher["write_end"] = os.pipe()
+        os.set_blocking(_watcher["write_end"], False)  # the C handler must never block on a full pipe
+        threading.Thread(target=_watch, args=(read_end,), name="jaxgpt-interrupt", daemon=True).start()
     signal.signal(signal.SIGINT, _leave_it_to_the_watcher)
-    signal.set_wakeup_fd(write_end, warn_on_full_buffer=False)
+    signal.set_wakeup_fd(_watcher["write_end"], warn_on_full_buffer=False)
+
+
+def _watch(read_end: int) -> None:
+    seen = 0  # SIGINTs read from the pipe
+    while True:
+        for signum in os.read(read_end, 64):
+            seen += signum == signal.SIGINT
+            if signum == signal.SIGINT and ends_at_once(seen, interrupts.taken(), signal.getsignal(signal.SIGINT)):
+                flushing = threading.Thread(target=_flush_output, daemon=True)
+                flushing.start()
+                flushing.join(timeout=1.0)  # what was printed before, unless a stream is stuck
+                os.write(2, f"\n{_watcher['line']}\n".encode())
+                os._exit(INTERRUPTED)

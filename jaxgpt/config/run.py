@@ -106,12 +106,12 @@ class DataConfig:
 
 
 # The sources that give examples rather than a token stream, by kind: each kind's prefix
-# (pairs:PATH, labels:PATH, images:PATH, chat:PATH.jsonl) and its builtin:NAME sources.
+# (pairs:PATH, labels:PATH, images:PATH, chat:PATH.jsonl; prompts:PATH is chat) and its builtin:NAME sources.
 BUILTIN_SOURCES = {
     "pairs": ("dates", "reverse", "sort"),  # text pairs (jaxgpt/data/pairs.py)
     "labels": ("brackets",),  # labelled texts (jaxgpt/data/labels.py)
     "images": ("digits",),  # labelled images (jaxgpt/data/images.py)
-    "chat": ("arithmetic-chat",),  # conversations (jaxgpt/data/conversations.py)
+    "chat": ("arithmetic-chat", "arithmetic-chat-3"),  # conversations (jaxgpt/data/conversations.py)
 }
 LOSS_ON = ("assistant", "all")
 
@@ -123,6 +123,8 @@ def source_kind(source: str) -> str:
     prefix, _, rest = source.partition(":")
     if prefix in BUILTIN_SOURCES:
         return prefix
+    if prefix == "prompts":  # prompts:PATH: a prompt and its answer a line, each a conversation of one turn
+        return "chat"
     named = [kind for kind, names in BUILTIN_SOURCES.items() if prefix == "builtin" and rest in names]
     return named[0] if named else "stream"
 

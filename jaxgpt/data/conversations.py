@@ -4,8 +4,12 @@
                              {"messages": [{"role": "user", "content": "..."},
                                            {"role": "assistant", "content": "..."}, ...]}
                              (roles: system, user, assistant; at least one assistant turn)
+    prompts:PATH             one prompt and its answer a line, "prompt<TAB>answer": a conversation
+                             of one turn each (what learning from rewards asks and checks)
     builtin:arithmetic-chat  20,000 conversations of one to three sums asked and answered
                              ("What is 37 + 45?" -> "37 + 45 = 82"), made offline from a seed
+    builtin:arithmetic-chat-3  the same of three numbers a sum, one or two turns
+                             ("What is 37 + 45 + 12?" -> "37 + 45 + 12 = 94")
     builtin:arithmetic       sums written out, "37 + 45 = 82" a line: a text stream, what a
                              base model learns arithmetic from before it learns to chat
 
@@ -33,6 +37,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from functools import partial
 
 import numpy as np
 
@@ -109,11 +114,43 @@ def read_conversations(path: str) -> list[str]:
     return documents
 
 
-QUESTIONS = ("What is {a} + {b}?", "{a} plus {b}?", "Add {a} and {b}.", "Compute {a}+{b}", "what's {a} + {b}")
+def read_prompts(path: str) -> list[str]:
+    """The file's lines "prompt<TAB>answer" (split at the last tab), rendered each as a
+    conversation of one turn: the user asks the prompt, the assistant answers the answer. What
+    learning from rewards reads (train.rl: the answer is the reference a reward compares with),
+    and what supervised fine-tuning can learn from as it is."""
+    documents = []
+    for number, line in numbered_lines(path, f"prompts:{path}"):
+        prompt, tab, answer = line.rpartition("\t")
+        if not tab or not prompt.strip() or not answer.strip():
+            raise UserError(
+                f"line {number} of {path} is not a prompt and its answer; write them on one line with a tab "
+                "between (prompt<TAB>answer)"
+            )
+        messages = [{"role": "user", "content": prompt.strip()}, {"role": "assistant", "content": answer.strip()}]
+        documents.append(render(check_messages({"messages": messages}, f"line {number} of {path}")))
+    if not documents:
+        raise UserError(f"{path} holds no prompts; write one a line, prompt<TAB>answer")
+    return documents
 
 
-def sum_line(a: int, b: int) -> str:
-    return f"{a} + {b} = {a + b}"
+QUESTIONS = (
+    "What is {plus}?",
+    "{words}?",
+    "Add {listed}.",
+    "Compute {tight}",
+    "what's {plus}",
+)  # with two numbers: "What is 37 + 45?", "37 plus 45?", "Add 37 and 45.", "Compute 37+45", "what's 37 + 45"
+
+
+def sum_line(*numbers: int) -> str:
+    return f"{' + '.join(map(str, numbers))} = {sum(numbers)}"
+
+
+def sum_question(template: str, numbers: list[int]) -> str:
+    text = [str(n) for n in numbers]
+    listed = f"{', '.join(text[:-1])} and {text[-1]}"
+    return template.format(plus=" + ".join(text), words=" plus ".join(text), listed=listed, tight="+".join(text))
 
 
 def arithmetic_sums(count: int = 20_000, seed: int = 0, largest: int = 99) -> list[str]:
@@ -122,23 +159,34 @@ def arithmetic_sums(count: int = 20_000, seed: int = 0, largest: int = 99) -> li
     return [sum_line(a, b) for a, b in rng.integers(0, largest + 1, (count, 2)).tolist()]
 
 
-def arithmetic_conversations(count: int = 20_000, seed: int = 1, largest: int = 99) -> list[str]:
-    """`count` conversations, rendered: one to three turns, each a sum asked one of QUESTIONS'
-    ways and answered written out ("37 + 45 = 82"); the same list every time."""
+def arithmetic_conversations(
+    count: int = 20_000, seed: int = 1, largest: int = 99, addends: int = 2, most_turns: int = 3
+) -> list[str]:
+    """`count` conversations, rendered: one to `most_turns` turns, each a sum of `addends`
+    numbers asked one of QUESTIONS' ways and answered written out ("37 + 45 = 82"); the same
+    list every time."""
     rng = np.random.default_rng(seed)
     documents = []
-    for turns in rng.integers(1, 4, count).tolist():
+    for turns in rng.integers(1, most_turns + 1, count).tolist():
         messages = []
-        for a, b in rng.integers(0, largest + 1, (turns, 2)).tolist():
-            question = QUESTIONS[int(rng.integers(len(QUESTIONS)))].format(a=a, b=b)
-            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": sum_line(a, b)}]
+        for numbers in rng.integers(0, largest + 1, (turns, addends)).tolist():
+            question = sum_question(QUESTIONS[int(rng.integers(len(QUESTIONS)))], numbers)
+            messages += [{"role": "user", "content": question}, {"role": "assistant", "content": sum_line(*numbers)}]
         documents.append(render(messages))
     return documents
 
 
+BUILTIN_CONVERSATIONS = {
+    "arithmetic-chat": arithmetic_conversations,
+    # Three numbers a sum, the harder task of docs/lab.md section 21: the base model read sums of
+    # two. One or two turns, so the longest conversation (87 tokens) fits a 128-token context.
+    "arithmetic-chat-3": partial(arithmetic_conversations, seed=3, addends=3, most_turns=2),
+}
+
+
 def builtin_documents(name: str) -> list[str]:
-    """builtin:arithmetic's lines or builtin:arithmetic-chat's conversations."""
-    return arithmetic_conversations() if name == "arithmetic-chat" else arithmetic_sums()
+    """builtin:arithmetic's lines or a builtin conversation set's conversations."""
+    return BUILTIN_CONVERSATIONS[name]() if name in BUILTIN_CONVERSATIONS else arithmetic_sums()
 
 
 @dataclasses.dataclass(frozen=True)

@@ -211,7 +211,7 @@ def _fingerprint(config: DataConfig, tokenizer=None) -> str:
     kind, _, rest = config.source.partition(":")
     if kind == "text":  # local files can change under the same name
         key["files"] = [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in local_files(rest)]
-    if kind in ("pairs", "chat") and Path(rest).is_file():
+    if kind in ("pairs", "chat", "prompts", "labels") and Path(rest).is_file():
         key["files"] = [(rest, Path(rest).stat().st_size, Path(rest).stat().st_mtime_ns)]
     if kind == "builtin":  # pydoc_data differs between Python versions
         key["python"] = sys.version.split()[0]

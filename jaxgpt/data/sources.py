@@ -14,7 +14,7 @@ pairs:PATH, builtin:dates, builtin:reverse, builtin:sort
 labels:PATH, builtin:brackets
                      labelled texts, a document each text, its label beside it
                      (jaxgpt/data/labels.py).
-chat:PATH.jsonl, builtin:arithmetic-chat
+chat:PATH.jsonl, prompts:PATH, builtin:arithmetic-chat, builtin:arithmetic-chat-3
                      conversations, a document each as the chat template renders it;
 builtin:arithmetic   and sums written out to pretrain on (jaxgpt/data/conversations.py).
 """
@@ -33,7 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.config import BUILTIN_SOURCES, DataConfig
-from jaxgpt.data.conversations import builtin_documents, read_conversations
+from jaxgpt.data.conversations import builtin_documents, read_conversations, read_prompts
 from jaxgpt.data.labels import bracket_examples, read_labelled
 from jaxgpt.data.pairs import builtin_pairs, read_pairs
 from jaxgpt.errors import UserError
@@ -72,6 +72,9 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "chat" and rest:
         docs = read_conversations(rest)
         return docs, len(docs)
+    if kind == "prompts" and rest:
+        docs = read_prompts(rest)
+        return docs, len(docs)
     if kind == "text" and rest:
         return _read_local(rest, config.text_column, progress)
     if kind == "hf" and rest:
@@ -80,7 +83,7 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
         f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, "
         "builtin:arithmetic, text:PATH (file, directory or glob), hf:NAME[:CONFIG], for text pairs pairs:PATH or "
         "builtin:dates, reverse or sort, for labelled texts labels:PATH or builtin:brackets, or for conversations "
-        "chat:PATH.jsonl or builtin:arithmetic-chat"
+        "chat:PATH.jsonl, prompts:PATH, builtin:arithmetic-chat or builtin:arithmetic-chat-3"
     )
 
 

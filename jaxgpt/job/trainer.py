@@ -107,7 +107,8 @@ def train_and_evaluate(
         say(f"note: {note}")
     with setup.opened(workdir, fresh=fresh, main=main, say=say):
         trainer = Trainer.on_this_machine(resolved, workdir, say)
-        with contextlib.closing(trainer.checkpoints):  # waits for the last asynchronous save, on every path
+        # on every path: the last asynchronous save, and evaluation's programs running beside
+        with contextlib.closing(trainer), contextlib.closing(trainer.checkpoints):
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
             keep_start = bool(trainer.config.train.rl and trainer.config.train.rl.kl)  # its reference: step 0's model
@@ -199,11 +200,22 @@ class Trainer:
         self.lab = Watch(run.model, run.train.lab, run.train.seed, self.validation.tokens) if run.train.lab else None
         # evaluation's programs compile beside the step's (one process only: a multi-host
         # evaluation's collectives must run in the same order in every process)
-        self._evaluation_compiled = None
+        self._evaluation_compiled = self._lab_compiled = None
         if jax.process_count() == 1:
             self._evaluation_compiled = in_background(partial(self._score_a_batch_a_device, self.state.params))
             if self.lab is not None:  # the measures' program too, as evaluation's
                 self._lab_compiled = in_background(partial(self.lab.measure, self.state.params))
+
+    def close(self) -> None:
+        """Wait for the work __init__ set running beside the loop. A run that ends before its
+        first step (already trained, refused, a reward that raised) would otherwise leave a
+        thread running evaluation's programs, collectives over every device of the mesh, into
+        whatever the process does next (such a thread was on the stack of XLA:CPU aborts in the
+        test suite, 2026-12-05). What the work raised was raised where its result was asked for,
+        or matters no more."""
+        for work in (self._evaluation_compiled, self._lab_compiled):
+            if work is not None:
+                work.exception()
 
     @classmethod
     def on_this_machine(cls, resolved: setup.ResolvedRun, workdir: Path, say) -> Trainer:
@@ -354,10 +366,9 @@ class Trainer:
         """The train step, compiled (setup.place_run set it compiling from the state's and batch's
         shapes; autotuning may have compiled it before), and evaluation's programs (__init__ set
         them compiling); before the first step, which donates step 0's parameters."""
-        if self._evaluation_compiled is not None:
-            self._evaluation_compiled.result()
-            if self.lab is not None:
-                self._lab_compiled.result()
+        for work in (self._evaluation_compiled, self._lab_compiled):
+            if work is not None:
+                work.result()
         seconds = self.placed.compiling.result()  # raises what compiling raised
         self.say(f"compiled {self.step.what} in {seconds:.1f} s")
         return self.step.compile(self.state, batch)  # compiled: the step itself

@@ -8,8 +8,9 @@ called on the host, a batch of answers at a time, returning one float each.
            train.rl.max_tokens), else 0: a rule about the answer's form, not its truth
   module:function
            your own, `def reward(prompt: str, completion: str) -> float`, imported once from
-           the folder the command runs in or the Python path; the reference answer is not
-           passed: a reward of your own checks what it knows itself
+           the folder the command runs in or the Python path; one that names a third
+           parameter `reference` (or takes **kwargs, as TRL's do) is given the reference
+           answer too: the answer of a prompts:PATH line, or the conversation's first answer
 
 A reward that raises, or returns NaN or what is not a number, stops the run with one line
 naming the function and the prompt (jaxgpt/errors.py's UserError): nothing is trained on it.
@@ -18,6 +19,7 @@ naming the function and the prompt (jaxgpt/errors.py's UserError): nothing is tr
 from __future__ import annotations
 
 import importlib
+import inspect
 import math
 import os
 import re
@@ -69,7 +71,18 @@ def reward_function(name: str, tolerance: float = 0.0) -> Callable[[list[Answer]
         builtin = BUILTIN[name]
         return lambda answers: [builtin(a, tolerance) for a in answers]
     yours = imported(name)
-    return lambda answers: [checked(name, a.prompt, _called(yours, name, a)) for a in answers]
+    wants_reference = takes_reference(yours)
+    return lambda answers: [checked(name, a.prompt, _called(yours, name, a, wants_reference)) for a in answers]
+
+
+def takes_reference(function: Callable) -> bool:
+    """Whether a reward of your own asks for the reference answer: a parameter named
+    `reference`, or **kwargs."""
+    try:
+        parameters = inspect.signature(function).parameters.values()
+    except (TypeError, ValueError):  # a builtin or extension callable without a signature
+        return False
+    return any(p.name == "reference" or p.kind is p.VAR_KEYWORD for p in parameters)
 
 
 def imported(name: str) -> Callable:
@@ -92,13 +105,15 @@ def imported(name: str) -> Callable:
     return function
 
 
-def _called(function: Callable, name: str, answer: Answer):
+def _called(function: Callable, name: str, answer: Answer, wants_reference: bool):
     try:
+        if wants_reference:
+            return function(answer.prompt, answer.completion, reference=answer.reference)
         return function(answer.prompt, answer.completion)
     except Exception as error:  # the user's code: whatever it raises stops the run in one line
         raise UserError(
             f"train.rl.reward {name} raised {type(error).__name__}: {error} on the prompt {answer.prompt!r}; "
-            "fix the function (it is called as reward(prompt, completion) -> float)"
+            f"fix the function (it is called as reward(prompt, completion{', reference' * wants_reference}) -> float)"
         ) from None
 
 

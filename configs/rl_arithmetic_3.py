@@ -1,0 +1,18 @@
+"""Learning from rewards on the harder task (docs/lab.md section 21): the chat model
+configs/sft_arithmetic_3.py fine-tuned on sums of three numbers answers their first questions
+itself, eight answers a question, and learns from which were exactly right, as
+configs/rl_arithmetic.py does on sums of two.
+
+    python train.py --config configs/arithmetic.py --workdir runs/arithmetic
+    python train.py --config configs/sft_arithmetic_3.py --workdir runs/sft_arithmetic_3
+    python train.py --config configs/rl_arithmetic_3.py --workdir runs/rl_arithmetic_3"""
+
+from configs import rl_arithmetic
+
+
+def get_config():
+    config = rl_arithmetic.get_config()
+    config.data.source = "builtin:arithmetic-chat-3"
+    config.train.init_from = "runs/sft_arithmetic_3"
+    config.train.rl.max_tokens = 24  # "98 + 21 + 94 = 213" and the end of the turn are 19
+    return config

@@ -1,0 +1,101 @@
+"""pass@k: does learning from rewards find answers the model could not, or sharpen the ones it could?
+
+Each held-out conversation's first question (the prompts a train.rl run draws from its training
+conversations, jaxgpt/data/rollouts.py) is answered `samples` times at a temperature and once
+greedily, and every answer scored by a reward (train.rl.reward's functions,
+jaxgpt/training/rewards.py). An answer passes where its reward reaches `passing` (1 for the
+builtin rewards' right answers). With c of n answers to a prompt passing, the chance that k
+answers drawn from those n hold at least one that passes is
+
+    pass@k = 1 - C(n - c, k) / C(n, k)
+
+(the unbiased estimator of Chen et al. 2021, "Evaluating Large Language Models Trained on
+Code"), averaged over the prompts: pass@1 is the mean share of passing answers, pass@n the
+share of prompts answered right at least once. A model that RL only sharpens gains pass@1 and
+keeps pass@n; one that learns answers it could not find raises pass@n too.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from math import comb
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from jaxgpt.data.conversations import END
+from jaxgpt.data.rollouts import questions
+from jaxgpt.model.sampling import SamplingConfig, generate
+from jaxgpt.training.rewards import Answer, reward_function
+
+ROWS = 64  # rows a decoding call: prompts of one length, `samples` rows each, padded to this
+
+
+@dataclasses.dataclass(frozen=True)
+class PassAtK:
+    prompts: int
+    samples: int
+    pass_at: dict[int, float]  # k -> pass@k, for k = 1, 2, 4, ... up to samples
+    greedy: float  # the share of prompts whose greedy answer passes
+    mean_reward: float  # over the sampled answers
+    answer_tokens: float  # the sampled answers' mean length, their end-of-turn token counted
+
+
+def pass_at(n: int, c: int, k: int) -> float:
+    """The chance that k of n answers, c of which pass, drawn without replacement hold one that passes."""
+    return 1.0 - comb(n - c, k) / comb(n, k)
+
+
+def answer_rewards(decoder, params, tokenizer, prompts, reward, sampling, samples, max_tokens, key):
+    """(prompts, samples) rewards and answer lengths: the prompts answered in batches of ROWS
+    rows, those of one token length together (one compiled loop a length)."""
+    end = tokenizer.special_ids[END]
+    rewards, lengths = np.zeros((len(prompts), samples)), np.zeros((len(prompts), samples))
+    by_length: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt.ids), []).append(i)
+    per_call = max(1, ROWS // samples)
+    for length, indices in sorted(by_length.items()):
+        for first in range(0, len(indices), per_call):
+            chosen = indices[first : first + per_call]
+            ids = np.repeat(np.stack([prompts[i].ids for i in chosen]), samples, axis=0)
+            padded = np.concatenate([ids, np.repeat(ids[:1], per_call * samples - len(ids), axis=0)])
+            call_key = jax.random.fold_in(jax.random.fold_in(key, length), first)
+            new = np.asarray(
+                generate(decoder, params, jnp.asarray(padded, jnp.int32), call_key, max_new_tokens=max_tokens,
+                         sampling=sampling, eot_id=end)
+            )[: len(ids)]  # fmt: skip
+            answers = []
+            for row, tokens in enumerate(new):
+                prompt = prompts[chosen[row // samples]]
+                ends = np.flatnonzero(tokens == end)
+                kept = tokens[: ends[0]] if len(ends) else tokens
+                answers.append(Answer(prompt.text, tokenizer.decode(kept.tolist()), prompt.reference, bool(len(ends))))
+                lengths[chosen[row // samples], row % samples] = len(kept) + bool(len(ends))
+            rewards[chosen] = np.asarray(reward(answers)).reshape(len(chosen), samples)
+    return rewards, lengths
+
+
+def measure(run, decoder, params, tokenizer, held_out, *, samples, temperature, most, passing, seed) -> PassAtK:
+    """pass@k of the run's model on at most `most` held-out conversations' first questions."""
+    rl = run.train.rl
+    max_tokens = rl.max_tokens if rl else 32
+    prompts = questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens)[:most]
+    reward = reward_function(rl.reward if rl else "exact", rl.tolerance if rl else 0.0)
+    key = jax.random.key(seed)
+    sampled, lengths = answer_rewards(
+        decoder, params, tokenizer, prompts, reward, SamplingConfig(temperature=temperature), samples, max_tokens, key
+    )
+    greedy, _ = answer_rewards(decoder, params, tokenizer, prompts, reward, SamplingConfig(temperature=0.0), 1,
+                               max_tokens, key)  # fmt: skip
+    passed = (sampled >= passing).sum(axis=1)
+    ks = [k for k in (2**i for i in range(samples.bit_length())) if k <= samples]
+    return PassAtK(
+        prompts=len(prompts),
+        samples=samples,
+        pass_at={k: float(np.mean([pass_at(samples, int(c), k) for c in passed])) for k in ks},
+        greedy=float(np.mean(greedy[:, 0] >= passing)),
+        mean_reward=float(sampled.mean()),
+        answer_tokens=float(lengths.mean()),
+    )
