@@ -192,8 +192,12 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--compile", action="store_true", help="torch.compile the step")
-    parser.add_argument("--dtype", choices=("float32", "bfloat16"), default="float32",
-                        help="bfloat16: the forward pass under torch.autocast('cpu', torch.bfloat16)")
+    parser.add_argument(
+        "--dtype",
+        choices=("float32", "bfloat16"),
+        default="float32",
+        help="bfloat16: the forward pass under torch.autocast('cpu', torch.bfloat16)",
+    )
     parser.add_argument("--loop", metavar="DATA", help="time nanoGPT's whole loop over this uint16 token file")
     parser.add_argument("--eval_every", type=int, default=250)
     parser.add_argument("--eval_batches", type=int, default=20)
@@ -205,7 +209,15 @@ def main() -> None:
         print(json.dumps(measure_loop(*shape, args.loop, args.steps, *cadence)))
         return
     result = measure(
-        args.layers, args.heads, args.width, args.seq, args.batch, args.vocab, args.steps, args.repeats, args.compile,
+        args.layers,
+        args.heads,
+        args.width,
+        args.seq,
+        args.batch,
+        args.vocab,
+        args.steps,
+        args.repeats,
+        args.compile,
         args.dtype,
     )
     print(json.dumps(result))

@@ -372,7 +372,7 @@ def test_pass_at_k_answers_each_prompt_as_decoding_it_alone_would(chat_run):
         return [len(a.completion) + 100 * a.finished for a in answers]
 
     key = jax.random.key(0)
-    rewards, lengths = answer_rewards(decoder, params, tokenizer, prompts, length, greedy, 3, 8, key)
+    rewards, lengths = answer_rewards(decoder, params, tokenizer, prompts, length, greedy, 3, 8, key, end)
     alone = []
     for prompt in prompts:
         new = np.asarray(generate(decoder, params, jnp.asarray(prompt.ids[None]), key, max_new_tokens=8,

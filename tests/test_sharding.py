@@ -55,7 +55,9 @@ def trainer_for(mesh: dict) -> Trainer:
 
     workdir, say = Path(tempfile.mkdtemp()), lambda message: None
     resolved = setup.resolve_run(layout_run_config(mesh), workdir, progress=False, verify_data=False)
-    return Trainer.on_this_machine(resolved, workdir, say)
+    trainer = Trainer.on_this_machine(resolved, workdir, say)
+    trainer.close()  # its evaluation's warm-up done: no program of the mesh left running beside the test's
+    return trainer
 
 
 def test_parameters_are_placed_by_the_rules():

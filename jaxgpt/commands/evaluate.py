@@ -409,9 +409,12 @@ def pass_at_line(name: str, workdir: Path, f) -> str:
     train.rl.reward (exact, for a run trained without one): jaxgpt/lab/pass_at_k.py."""
     from jaxgpt import data
     from jaxgpt.data.batches import example_splits
+    from jaxgpt.data.conversations import END
+    from jaxgpt.data.rollouts import questions
     from jaxgpt.job.checkpoint import load_latest
     from jaxgpt.lab import pass_at_k
     from jaxgpt.model.sampling import decoding_model
+    from jaxgpt.training.rewards import reward_function
 
     run, params, tokenizer, step = load_latest(workdir, step=f.step)
     if not run.data.chat:
@@ -419,17 +422,18 @@ def pass_at_line(name: str, workdir: Path, f) -> str:
     if f.pass_at < 1 or f.prompts < 1:
         raise UserError(f"--pass_at {f.pass_at} and --prompts {f.prompts} must be at least 1")
     _, held_out = example_splits(data.prepare(run.data, progress=False), run)
+    rl = run.train.rl
+    reward, max_tokens = (rl.reward, rl.max_tokens) if rl else ("exact", 32)
     got = pass_at_k.measure(
-        run, decoding_model(run.model), params, tokenizer, held_out, samples=f.pass_at, temperature=f.temperature,
-        most=f.prompts, passing=f.passing, seed=run.train.seed,
+        decoding_model(run.model), params, tokenizer,
+        questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens)[: f.prompts],
+        reward_function(reward, rl.tolerance if rl else 0.0), samples=f.pass_at, temperature=f.temperature,
+        passing=f.passing, max_tokens=max_tokens, end=tokenizer.special_ids[END], seed=run.train.seed,
     )  # fmt: skip
+    asked = f"{got.prompts:,} held-out first questions, {got.samples} answers each at temperature {f.temperature:g}"
     passes = ", ".join(f"pass@{k} {v:.1%}" for k, v in got.pass_at.items())
-    return (
-        f"{name}: step {step}, {got.prompts:,} held-out first questions, {got.samples} answers each at temperature "
-        f"{f.temperature:g} ({run.train.rl.reward if run.train.rl else 'exact'} reward, passing at {f.passing:g}): "
-        f"{passes}; greedy {got.greedy:.1%}; mean reward {got.mean_reward:.3f}, "
-        f"{got.answer_tokens:.1f} tokens an answer"
-    )
+    said = [passes, f"greedy {got.greedy:.1%}", f"mean reward {got.mean_reward:.3f}", f"{got.answer_tokens:.1f} tokens"]
+    return f"{name}: step {step}, {asked} ({reward} reward, passing at {f.passing:g}): " + "; ".join(said)
 
 
 def exact_by_source_length(model, params, rows: dict, batch: int) -> dict[int, tuple[int, int]]:

@@ -200,22 +200,32 @@ class Trainer:
         self.lab = Watch(run.model, run.train.lab, run.train.seed, self.validation.tokens) if run.train.lab else None
         # evaluation's programs compile beside the step's (one process only: a multi-host
         # evaluation's collectives must run in the same order in every process)
-        self._evaluation_compiled = self._lab_compiled = None
-        if jax.process_count() == 1:
-            self._evaluation_compiled = in_background(partial(self._score_a_batch_a_device, self.state.params))
-            if self.lab is not None:  # the measures' program too, as evaluation's
-                self._lab_compiled = in_background(partial(self.lab.measure, self.state.params))
+        self._warming_up = in_background(self._warm_up) if jax.process_count() == 1 else None
+
+    def _warm_up(self) -> None:
+        """Compile evaluation's programs (and train.lab's measures') by running them once on step
+        0's parameters, one after the other on one thread. Programs whose collectives span the
+        mesh must never run from two threads at once on XLA:CPU: each device's part holds a
+        thread of one pool while it waits for the others, and enough of them at once starve the
+        pool, every rendezvous waits, and XLA aborts the process after 40 s (seen in the test
+        suite, 2026-12-05; five threads launching such programs abort a 2-vCPU machine within
+        seconds). So the loop runs nothing of its own until this is done (`_programs_ready`)."""
+        self._score_a_batch_a_device(self.state.params)
+        if self.lab is not None:
+            self.lab.measure(self.state.params)
+
+    def _programs_ready(self) -> None:
+        """Wait for `_warm_up`; raises what it raised."""
+        if self._warming_up is not None:
+            self._warming_up.result()
 
     def close(self) -> None:
-        """Wait for the work __init__ set running beside the loop. A run that ends before its
-        first step (already trained, refused, a reward that raised) would otherwise leave a
-        thread running evaluation's programs, collectives over every device of the mesh, into
-        whatever the process does next (such a thread was on the stack of XLA:CPU aborts in the
-        test suite, 2026-12-05). What the work raised was raised where its result was asked for,
-        or matters no more."""
-        for work in (self._evaluation_compiled, self._lab_compiled):
-            if work is not None:
-                work.exception()
+        """Wait for `_warm_up`, on every path: a run that ends before its first step (already
+        trained, refused, a reward that raised) would otherwise leave it running evaluation's
+        programs into whatever the process does next. What it raised was raised where its result
+        was asked for, or matters no more."""
+        if self._warming_up is not None:
+            self._warming_up.exception()
 
     @classmethod
     def on_this_machine(cls, resolved: setup.ResolvedRun, workdir: Path, say) -> Trainer:
@@ -236,6 +246,7 @@ class Trainer:
         if start.step >= t.steps:
             self.say(f"already trained to step {start.step}; raise train.steps to continue")
             return {"step": start.step}
+        self._programs_ready()  # before a rollout's sampling runs programs on the mesh
         first_batch = self.batch(start.step)
         step_fn = self._compile(first_batch)
         later = range(start.step + 1, t.steps)
@@ -364,11 +375,9 @@ class Trainer:
 
     def _compile(self, batch):
         """The train step, compiled (setup.place_run set it compiling from the state's and batch's
-        shapes; autotuning may have compiled it before), and evaluation's programs (__init__ set
-        them compiling); before the first step, which donates step 0's parameters."""
-        for work in (self._evaluation_compiled, self._lab_compiled):
-            if work is not None:
-                work.result()
+        shapes; autotuning may have compiled it before), and evaluation's programs (`_warm_up`);
+        before the first step, which donates step 0's parameters."""
+        self._programs_ready()
         seconds = self.placed.compiling.result()  # raises what compiling raised
         self.say(f"compiled {self.step.what} in {seconds:.1f} s")
         return self.step.compile(self.state, batch)  # compiled: the step itself

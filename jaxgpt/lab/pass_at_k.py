@@ -1,11 +1,11 @@
 """pass@k: does learning from rewards find answers the model could not, or sharpen the ones it could?
 
 Each held-out conversation's first question (the prompts a train.rl run draws from its training
-conversations, jaxgpt/data/rollouts.py) is answered `samples` times at a temperature and once
-greedily, and every answer scored by a reward (train.rl.reward's functions,
-jaxgpt/training/rewards.py). An answer passes where its reward reaches `passing` (1 for the
-builtin rewards' right answers). With c of n answers to a prompt passing, the chance that k
-answers drawn from those n hold at least one that passes is
+conversations: jaxgpt/data/rollouts.py `questions`, which the caller hands in) is answered
+`samples` times at a temperature and once greedily, and every answer scored by a reward
+(train.rl.reward's functions, jaxgpt/training/rewards.py). An answer passes where its reward
+reaches `passing` (1 for the builtin rewards' right answers). With c of n answers to a prompt
+passing, the chance that k answers drawn from those n hold at least one that passes is
 
     pass@k = 1 - C(n - c, k) / C(n, k)
 
@@ -24,10 +24,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from jaxgpt.data.conversations import END
-from jaxgpt.data.rollouts import questions
 from jaxgpt.model.sampling import SamplingConfig, generate
-from jaxgpt.training.rewards import Answer, reward_function
+from jaxgpt.training.rewards import Answer
 
 ROWS = 64  # rows a decoding call: prompts of one length, `samples` rows each, padded to this
 
@@ -47,10 +45,10 @@ def pass_at(n: int, c: int, k: int) -> float:
     return 1.0 - comb(n - c, k) / comb(n, k)
 
 
-def answer_rewards(decoder, params, tokenizer, prompts, reward, sampling, samples, max_tokens, key):
-    """(prompts, samples) rewards and answer lengths: the prompts answered in batches of ROWS
-    rows, those of one token length together (one compiled loop a length)."""
-    end = tokenizer.special_ids[END]
+def answer_rewards(decoder, params, tokenizer, prompts, reward, sampling, samples, max_tokens, key, end: int):
+    """(prompts, samples) rewards and answer lengths: the prompts (each with .ids, .text and
+    .reference) answered in batches of ROWS rows, those of one token length together (one
+    compiled loop a length), each answer ending at the token `end` (the end of a turn)."""
     rewards, lengths = np.zeros((len(prompts), samples)), np.zeros((len(prompts), samples))
     by_length: dict[int, list[int]] = {}
     for i, prompt in enumerate(prompts):
@@ -77,18 +75,16 @@ def answer_rewards(decoder, params, tokenizer, prompts, reward, sampling, sample
     return rewards, lengths
 
 
-def measure(run, decoder, params, tokenizer, held_out, *, samples, temperature, most, passing, seed) -> PassAtK:
-    """pass@k of the run's model on at most `most` held-out conversations' first questions."""
-    rl = run.train.rl
-    max_tokens = rl.max_tokens if rl else 32
-    prompts = questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens)[:most]
-    reward = reward_function(rl.reward if rl else "exact", rl.tolerance if rl else 0.0)
+def measure(decoder, params, tokenizer, prompts, reward, *, samples, temperature, passing, max_tokens, end, seed):
+    """pass@k of the model on `prompts` (rollouts.questions' held-out first questions), each
+    answer at most `max_tokens` long, ending at the token `end`, scored by `reward`
+    (rewards.reward_function's)."""
     key = jax.random.key(seed)
+    common = dict(max_tokens=max_tokens, key=key, end=end)
     sampled, lengths = answer_rewards(
-        decoder, params, tokenizer, prompts, reward, SamplingConfig(temperature=temperature), samples, max_tokens, key
+        decoder, params, tokenizer, prompts, reward, SamplingConfig(temperature=temperature), samples, **common
     )
-    greedy, _ = answer_rewards(decoder, params, tokenizer, prompts, reward, SamplingConfig(temperature=0.0), 1,
-                               max_tokens, key)  # fmt: skip
+    greedy, _ = answer_rewards(decoder, params, tokenizer, prompts, reward, SamplingConfig(temperature=0), 1, **common)
     passed = (sampled >= passing).sum(axis=1)
     ks = [k for k in (2**i for i in range(samples.bit_length())) if k <= samples]
     return PassAtK(
