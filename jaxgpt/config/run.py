@@ -155,6 +155,14 @@ class Reinforcement:
         weights, frozen), the k3 estimate per token (Schulman 2020); 0 for none.
     every_token: the loss on the prompt's tokens too (the ablation: the policy gradient on
         tokens the model did not choose).
+    updates: optimizer steps taken on each batch of answers (GRPO's and PPO's mu), so a batch
+        is sampled every `updates` steps. From the second on, the policy has moved from the one
+        that sampled, and each token's loss is PPO's clipped surrogate (Schulman et al. 2017),
+        -min(r A, clip(r, 1 - clip, 1 + clip) A) with r = pi / pi_sampling: an update cannot
+        gain by moving a token's probability further than `clip` from where it was sampled.
+        train.steps and train.checkpoint_every are whole batches: a run stops, and resumes, only
+        between them.
+    clip: PPO's epsilon (0.2 in PPO and GRPO), with updates > 1.
     """
 
     samples: int = 8
@@ -168,10 +176,12 @@ class Reinforcement:
     scale: bool = True
     kl: float = 0.0
     every_token: bool = False
+    updates: int = 1
+    clip: float = 0.2
 
     def __post_init__(self):
         problems = Problems("train.rl", self)
-        problems.positive("samples", "prompts", "max_tokens")
+        problems.positive("samples", "prompts", "max_tokens", "updates", "clip")
         problems.not_negative("temperature", "tolerance", "kl")
         if not 0 < self.top_p <= 1:
             problems.add("top_p", "must be in (0, 1]")
@@ -328,6 +338,13 @@ class TrainConfig:
                 f"warmup's end ({self.warmup_steps}) and the decay's ({decay_end})",
             )
         problems.below_one("beta1", "beta2", "muon_momentum", "muon_momentum_start")
+        if self.rl and self.rl.updates > 1:  # a run stops and resumes between batches of answers alone
+            for name in ("steps", "checkpoint_every"):
+                if getattr(self, name) % self.rl.updates:
+                    problems.add(name, f"must be a multiple of train.rl.updates={self.rl.updates}: a step's batch of "
+                                 "answers is sampled at the first of its updates, and a run resumes there")  # fmt: skip
+            if self.checkpoint_schedule:
+                problems.add("checkpoint_schedule", f"must be empty with train.rl.updates={self.rl.updates}")
         problems.not_negative("weight_decay", "grad_clip", "multiple_choice_every", "multiple_choice_limit")
         problems.not_negative("muon_momentum_warmup")
         if self.multiple_choice_every and not self.multiple_choice:

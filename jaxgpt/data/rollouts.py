@@ -4,8 +4,9 @@ the objective is jaxgpt/training/objectives.py's PolicyGradient).
 A step is two compiled programs with the host between them, as TRL and nanochat run it:
 
   1. sample   train.rl.prompts prompts drawn from the training conversations by (seed, step),
-              each answered train.rl.samples times with the KV cache (jaxgpt/model/sampling.py
-              `generate`, one compiled loop a prompt length) by the current parameters
+              each answered train.rl.samples times with the KV cache by the current parameters
+              (jaxgpt/model/sampling.py `answer_each`: the prompts of one length together, one
+              compiled loop a prompt length and row count)
   2. score    on the host: each answer's reward (jaxgpt/training/rewards.py) and its
               advantage, the reward minus its group's mean (train.rl.baseline="group"),
               divided by the group's standard deviation (train.rl.scale)
@@ -26,12 +27,11 @@ import time
 from functools import partial
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from jaxgpt.data.conversations import ASSISTANT, END, USER
 from jaxgpt.errors import UserError
-from jaxgpt.model.sampling import SamplingConfig, decoding_model, generate
+from jaxgpt.model.sampling import SamplingConfig, answer_each, decoding_model
 from jaxgpt.sharding import batch_sharding
 from jaxgpt.training.rewards import Answer, exact, reward_function
 
@@ -65,7 +65,8 @@ class Rollouts:
         self.sampling = SamplingConfig(temperature=rl.temperature, top_p=rl.top_p)
         self.decoder = decoding_model(model)
         self.reference = None  # the starting model's parameters, for train.rl.kl (the trainer sets them)
-        self._reference_losses = jax.jit(partial(answer_losses, model=model)) if rl.kl else None
+        self._losses = jax.jit(partial(answer_losses, model=model))
+        self._reference_losses = self._losses if rl.kl else None
         self.said: list[dict] = []  # each rollout's measurements, taken by the trainer's record
 
     def batch(self, run, mesh, index: int, stream: int) -> dict:
@@ -79,23 +80,22 @@ class Rollouts:
             len(self.prompts), rl.prompts, replace=len(self.prompts) < rl.prompts
         )
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.run.train.seed), ROLLOUT_STREAM), step)
-        groups = []
-        for g, i in enumerate(chosen.tolist()):
-            prompt = self.prompts[i]
-            ids = jnp.asarray(np.repeat(prompt.ids[None], rl.samples, axis=0), jnp.int32)
-            new = generate(
-                self.decoder, params, ids, jax.random.fold_in(key, g), max_new_tokens=rl.max_tokens,
-                sampling=self.sampling, eot_id=self.end,
-            )  # fmt: skip
-            groups.append((prompt, np.asarray(new)))
-        sampled = sum(len(g[1].ravel()) for g in groups)
+        prompts = [self.prompts[i] for i in chosen.tolist()]
+        answered = answer_each(
+            self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=rl.prompts * rl.samples,
+            max_new_tokens=rl.max_tokens, sampling=self.sampling, eot_id=self.end,
+        )  # fmt: skip
+        groups = list(zip(prompts, answered, strict=True))
         seconds = time.perf_counter() - started
         answers = [self.answer(prompt, tokens) for prompt, new in groups for tokens in new]
+        sampled = sum(len(tokens) for _, tokens in answers)  # each up to its end of turn: what was asked for
         rewards = np.asarray(self.reward([a for a, _ in answers]), np.float64).reshape(rl.prompts, rl.samples)
         advantages = group_advantages(rewards, rl.baseline, rl.scale)
         batch = self.rows(groups, answers, advantages)
         if self._reference_losses is not None:
             batch["reference_losses"] = np.asarray(self._reference_losses(self.reference, batch))
+        if rl.updates > 1:  # PPO's ratio's denominator: the policy that sampled them
+            batch["sampling_losses"] = np.asarray(self._losses(params, batch))
         self.said.append(
             {
                 "reward": float(rewards.mean()),

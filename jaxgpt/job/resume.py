@@ -9,6 +9,7 @@ to the restored step so the resumed run's lines are written once.
 from __future__ import annotations
 
 import dataclasses
+from functools import partial
 from pathlib import Path
 
 import jax
@@ -129,34 +130,12 @@ def restore_or_start(
     weights or the initialisation), the same whether the run starts now or resumes: the frozen
     reference train.rl.kl measures the policy against."""
     metrics_path = workdir / "metrics.jsonl"
-
-    def check_same_run(record: dict) -> None:
-        if record.get(WEIGHTS_ONLY):  # evaluate --prune --out's folders: nothing to continue an optimizer from
-            raise UserError(
-                f"cannot resume {workdir}: it holds weights alone, with no optimizer state (written by "
-                f"`jaxgpt evaluate --prune --out`); train from them in a new folder: "
-                f"--config.train.init_from={workdir} --workdir NEW_DIR"
-            )
-        conflicts = resume_conflicts(record["config"], config.to_dict())
-        if not same_tokenizer(record["tokenizer"], tokenizer.to_dict()):
-            conflicts.append("the tokenizer's vocabulary")
-        if conflicts:
-            extending = all(
-                c.split(":")[0] in ("model.block_size", *(f"model.{f}" for f in EXTENSIBLE_FIELDS)) for c in conflicts
-            )
-            raise UserError(
-                f"cannot resume {workdir}: its checkpoints come from another run ({'; '.join(conflicts)}). "
-                + (
-                    f"To extend its context, start a new run from its weights: --config.train.init_from={workdir} "
-                    "--workdir NEW_DIR"
-                    if extending
-                    else "Use the original config, or start afresh with --fresh (the old run is kept aside). "
-                    f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
-                )
-            )
-
     checkpoints.check_room_for(fresh_state)  # before any work, not at the first save
-    found = checkpoints.restore_latest_readable(fresh_state, check_record=check_same_run, warn=warn)
+    found = checkpoints.restore_latest_readable(
+        fresh_state,
+        check_record=partial(refuse_another_run, config=config, tokenizer=tokenizer, workdir=workdir),
+        warn=warn,
+    )
     start = fresh_state
     if config.train.init_from and (found is None or keep_start):  # a resumed run reads them only as its reference
         start, origin = start_from_pretrained(fresh_state, config, config.train.init_from, tokenizer)
@@ -179,6 +158,33 @@ def restore_or_start(
     return StartingPoint(
         state, step, record.get("elapsed_sec", 0.0), tuple(record.get("pending_losses", [])), params_at_start
     )
+
+
+def refuse_another_run(record: dict, *, config: RunConfig, tokenizer, workdir: Path) -> None:
+    """One line where a checkpoint's record (`record`) is not a run `config` may continue."""
+    if record.get(WEIGHTS_ONLY):  # evaluate --prune --out's folders: nothing to continue an optimizer from
+        raise UserError(
+            f"cannot resume {workdir}: it holds weights alone, with no optimizer state (written by "
+            f"`jaxgpt evaluate --prune --out`); train from them in a new folder: "
+            f"--config.train.init_from={workdir} --workdir NEW_DIR"
+        )
+    conflicts = resume_conflicts(record["config"], config.to_dict())
+    if not same_tokenizer(record["tokenizer"], tokenizer.to_dict()):
+        conflicts.append("the tokenizer's vocabulary")
+    if conflicts:
+        extending = all(
+            c.split(":")[0] in ("model.block_size", *(f"model.{f}" for f in EXTENSIBLE_FIELDS)) for c in conflicts
+        )
+        raise UserError(
+            f"cannot resume {workdir}: its checkpoints come from another run ({'; '.join(conflicts)}). "
+            + (
+                f"To extend its context, start a new run from its weights: --config.train.init_from={workdir} "
+                "--workdir NEW_DIR"
+                if extending
+                else "Use the original config, or start afresh with --fresh (the old run is kept aside). "
+                f"A resume may change only {', '.join(sorted(RESUMABLE_FIELDS))}"
+            )
+        )
 
 
 def keep_history_aside(workdir: Path, metrics_path: Path, warn) -> None:

@@ -62,9 +62,12 @@ from jaxgpt.training.program import TrainingProgram, training_program
 from jaxgpt.training.train_step import TrainState
 
 
-def check_stops(stop_at: int | None, from_step: int | None, resumed_at: int | None = None) -> None:
-    """One line for a --stop_at that could never be reached: not after --from_step, or (once
-    the run is restored) at or before the step it resumes from."""
+def check_stops(stop_at: int | None, from_step: int | None, resumed_at: int | None = None, every: int = 1) -> None:
+    """One line for a --stop_at that could never be reached: not after --from_step, not a
+    multiple of `every` (train.rl.updates: a run stops between batches of answers), or (once the
+    run is restored) at or before the step it resumes from."""
+    if stop_at is not None and stop_at % every:
+        raise UserError(f"--stop_at {stop_at} is within a batch of answers (train.rl.updates={every}); give a multiple")
     if stop_at is not None and from_step is not None and stop_at <= from_step:
         raise UserError(f"--stop_at {stop_at} is not after --from_step {from_step}; give a later step to stop at")
     if stop_at is not None and resumed_at is not None and stop_at <= resumed_at:

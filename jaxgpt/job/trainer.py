@@ -118,7 +118,8 @@ def train_and_evaluate(
             )  # fmt: skip
             if keep_start:
                 trainer.train_batches.reference = start.params_at_start
-            setup.check_stops(stop_at, from_step, resumed_at=start.step)
+            every = trainer.config.train.rl.updates if trainer.config.train.rl else 1
+            setup.check_stops(stop_at, from_step, resumed_at=start.step, every=every)
             if main:
                 setup.write_run(workdir, trainer.config, resolved.dataset.tokenizer)
             return trainer.train(start, progress=progress and main, stop_at=stop_at)
@@ -201,6 +202,7 @@ class Trainer:
         # evaluation's programs compile beside the step's (one process only: a multi-host
         # evaluation's collectives must run in the same order in every process)
         self._warming_up = in_background(self._warm_up) if jax.process_count() == 1 else None
+        self._answers = None  # train.rl's batch of answers, used for train.rl.updates steps
 
     def _warm_up(self) -> None:
         """Compile evaluation's programs (and train.lab's measures') by running them once on step
@@ -262,7 +264,7 @@ class Trainer:
                 interval.pending.append(metrics)
                 bar.update(1)
                 done = step + 1
-                stopping = stops.reason is not None or done == stop_at
+                stopping = (stops.reason is not None or done == stop_at) and self._between_batches(done)
                 if due := self._due(done, stopping):
                     interval.last = self._boundary(done, due, interval, log, bar, lines=progress and bar.disable)
                 if stopping and done < t.steps:
@@ -273,6 +275,13 @@ class Trainer:
         self.checkpoints.wait()
         self.say(self._summary(interval, t.steps - start.step))
         return interval.last
+
+    def _between_batches(self, done: int) -> bool:
+        """Whether a run may stop after step `done`: anywhere, but where train.rl.updates takes
+        several steps on a batch of answers, only after its last (a run resumes where a batch is
+        sampled; a stop asked for within one waits for its end)."""
+        rl = self.config.train.rl
+        return not rl or done % rl.updates == 0
 
     def _due(self, done: int, stopping: bool) -> Due | None:
         """What the host must do after step `done`, or None when nothing is due."""
@@ -338,8 +347,10 @@ class Trainer:
     def batch(self, step: int) -> dict:
         """Training batch `step` (jaxgpt/training/batch.py) sharded over the devices the train step splits
         it over (the mesh's, or the CPU cores'): with train.rl, answers the current parameters sample."""
-        if self.config.train.rl:
-            return self.train_batches.rollout(self.state.params, step, self.step.batch_mesh)
+        if rl := self.config.train.rl:  # sampled at the first of its train.rl.updates steps, then kept
+            if step % rl.updates == 0 or self._answers is None:
+                self._answers = self.train_batches.rollout(self.state.params, step, self.step.batch_mesh)
+            return self._answers
         return self.train_batches.batch(self.config, self.step.batch_mesh, step, data.TRAIN_STREAM)
 
     def evaluate(self) -> dict:
@@ -397,10 +408,11 @@ class Trainer:
         )
         if "layer_grad_norms" in fetched[-1]:  # train.log_layer_grad_norms
             record |= {f"grad_norm/{name}": v for name, v in per_layer(fetched[-1]["layer_grad_norms"]).items()}
-        if "ahead_loss" in fetched[-1]:  # multi-token prediction: the interval's mean
-            record["train_ahead_loss"] = float(np.mean([float(step["ahead_loss"]) for step in fetched]))
-        if "kl" in fetched[-1]:  # train.rl.kl: the policy's divergence from the starting model
-            record["train_kl"] = float(np.mean([float(step["kl"]) for step in fetched]))
+        # the interval's means of multi-token prediction's loss, train.rl.kl's divergence from the
+        # starting model, and the share of tokens train.rl.updates' clip held
+        for name in ("ahead_loss", "kl", "clipped"):
+            if name in fetched[-1]:
+                record[f"train_{name}"] = float(np.mean([float(step[name]) for step in fetched]))
         if self.config.train.rl:  # the interval's rollouts, measured on the host
             said, self.train_batches.said = self.train_batches.said, []
             record |= {f"rl_{name}": float(np.mean([s[name] for s in said])) for name in said[0]} if said else {}

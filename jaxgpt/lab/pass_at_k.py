@@ -21,13 +21,12 @@ import dataclasses
 from math import comb
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
-from jaxgpt.model.sampling import SamplingConfig, generate
+from jaxgpt.model.sampling import SamplingConfig, answer_each
 from jaxgpt.training.rewards import Answer
 
-ROWS = 64  # rows a decoding call: prompts of one length, `samples` rows each, padded to this
+ROWS = 64  # the most rows a decoding call answers (answer_each)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,32 +45,22 @@ def pass_at(n: int, c: int, k: int) -> float:
 
 
 def answer_rewards(decoder, params, tokenizer, prompts, reward, sampling, samples, max_tokens, key, end: int):
-    """(prompts, samples) rewards and answer lengths: the prompts (each with .ids, .text and
-    .reference) answered in batches of ROWS rows, those of one token length together (one
-    compiled loop a length), each answer ending at the token `end` (the end of a turn)."""
+    """(prompts, samples) rewards and answer lengths (the end-of-turn token counted): the
+    prompts (each with .ids, .text and .reference) answered `samples` times by `answer_each`,
+    each answer ending at the token `end` (the end of a turn)."""
     rewards, lengths = np.zeros((len(prompts), samples)), np.zeros((len(prompts), samples))
-    by_length: dict[int, list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt.ids), []).append(i)
-    per_call = max(1, ROWS // samples)
-    for length, indices in sorted(by_length.items()):
-        for first in range(0, len(indices), per_call):
-            chosen = indices[first : first + per_call]
-            ids = np.repeat(np.stack([prompts[i].ids for i in chosen]), samples, axis=0)
-            padded = np.concatenate([ids, np.repeat(ids[:1], per_call * samples - len(ids), axis=0)])
-            call_key = jax.random.fold_in(jax.random.fold_in(key, length), first)
-            new = np.asarray(
-                generate(decoder, params, jnp.asarray(padded, jnp.int32), call_key, max_new_tokens=max_tokens,
-                         sampling=sampling, eot_id=end)
-            )[: len(ids)]  # fmt: skip
-            answers = []
-            for row, tokens in enumerate(new):
-                prompt = prompts[chosen[row // samples]]
-                ends = np.flatnonzero(tokens == end)
-                kept = tokens[: ends[0]] if len(ends) else tokens
-                answers.append(Answer(prompt.text, tokenizer.decode(kept.tolist()), prompt.reference, bool(len(ends))))
-                lengths[chosen[row // samples], row % samples] = len(kept) + bool(len(ends))
-            rewards[chosen] = np.asarray(reward(answers)).reshape(len(chosen), samples)
+    answered = answer_each(
+        decoder, params, [p.ids for p in prompts], samples, key, most_rows=ROWS, max_new_tokens=max_tokens,
+        sampling=sampling, eot_id=end,
+    )  # fmt: skip
+    for i, (prompt, new) in enumerate(zip(prompts, answered, strict=True)):
+        answers = []
+        for s, tokens in enumerate(new):
+            ends = np.flatnonzero(tokens == end)
+            kept = tokens[: ends[0]] if len(ends) else tokens
+            answers.append(Answer(prompt.text, tokenizer.decode(kept.tolist()), prompt.reference, bool(len(ends))))
+            lengths[i, s] = len(kept) + bool(len(ends))
+        rewards[i] = reward(answers)
     return rewards, lengths
 
 

@@ -17,6 +17,7 @@ from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.errors import UserError
@@ -248,3 +249,32 @@ def generate_stream(config: ModelConfig, params, prompt: jax.Array, rng: jax.Arr
         yield token
         if eot_id is not None and bool(finished.all()):
             return
+
+
+def answer_each(config: ModelConfig, params, prompts, samples: int, rng: jax.Array, *, most_rows: int, **options):
+    """Each prompt (a 1-d array of ids; their lengths may differ) answered `samples` times by
+    `generate` (`options`: its max_new_tokens, sampling and eot_id): a list of (samples,
+    max_new_tokens) arrays, one a prompt, in the prompts' order.
+
+    A compiled decoding loop serves one prompt length and one number of rows, so prompts of one
+    length are answered together, in calls of a power of two times `samples` rows (at most
+    `most_rows`, padded with copies of the first prompt): the compiles are bounded by the lengths
+    met times a few row counts, and a batch of many short prompts costs a few calls, not one a
+    prompt (the loop's steps cost about the same for 8 rows as for 64 on a small model). The
+    call that starts at the group's n-th prompt of length L draws from fold_in(fold_in(rng, L), n)."""
+    per_call = max(1, most_rows // samples)
+    by_length: dict[int, list[int]] = {}
+    for i, prompt in enumerate(prompts):
+        by_length.setdefault(len(prompt), []).append(i)
+    answers: list = [None] * len(prompts)
+    for length, indices in sorted(by_length.items()):
+        for first in range(0, len(indices), per_call):
+            chosen = indices[first : first + per_call]
+            fits = min(per_call, 1 << (len(chosen) - 1).bit_length())  # the least power of two that holds them
+            ids = np.stack([prompts[i] for i in chosen] + [prompts[chosen[0]]] * (fits - len(chosen)))
+            key = jax.random.fold_in(jax.random.fold_in(rng, length), first)
+            new = np.asarray(generate(config, params, jnp.asarray(np.repeat(ids, samples, axis=0), jnp.int32), key,
+                                      **options))  # fmt: skip
+            for n, i in enumerate(chosen):
+                answers[i] = new[n * samples : (n + 1) * samples]
+    return answers

@@ -23,6 +23,8 @@ and for learning from rewards (train.rl; jaxgpt/data/rollouts.py), beside the sa
 
     advantages        float32  each scored position's advantage, its answer's
     reference_losses  float32  the starting model's cross-entropy there (train.rl.kl)
+    sampling_losses   float32  the cross-entropy there of the parameters that sampled the
+                               answers (train.rl.updates > 1: PPO's ratio's denominator)
 
 and for a Vision Transformer (model.patch_size; jaxgpt/data/images.py), beside its inputs:
 
@@ -47,7 +49,7 @@ import numpy as np
 from jaxgpt.sharding import batch_sharding
 
 FIELDS = ("inputs", "targets", "weights", "segments", "positions", "sources", "source_segments", "source_positions",
-          "pixels", "advantages", "reference_losses")  # fmt: skip
+          "pixels", "advantages", "reference_losses", "sampling_losses")  # fmt: skip
 MODEL_INPUTS = ("segments", "positions", "sources", "source_segments", "source_positions", "pixels")  # beside inputs
 REQUIRED = ("inputs", "targets")
 
@@ -74,7 +76,8 @@ def batch_fields(run) -> dict[str, type]:
     fields = {"inputs": jnp.int32, "targets": jnp.int32}
     if run.train.rl:  # sampled answers, one a row (jaxgpt/data/rollouts.py)
         fields |= {"weights": jnp.float32, "advantages": jnp.float32}
-        return fields | ({"reference_losses": jnp.float32} if run.train.rl.kl else {})
+        fields |= {"reference_losses": jnp.float32} if run.train.rl.kl else {}
+        return fields | ({"sampling_losses": jnp.float32} if run.train.rl.updates > 1 else {})
     if run.data.examples:  # packed examples, the loss on their answers (jaxgpt/data/pairs.py)
         fields["weights"] = jnp.float32
     if run.data.examples or run.data.attend_within_documents:

@@ -77,7 +77,9 @@ class Objective:
 
     def position_losses(self, losses: jax.Array, scores: jax.Array | None, batch: dict) -> tuple[jax.Array, dict]:
         """(each position's share of the loss before the division by the batch's weight, what
-        is measured of it): its cross-entropy times its weight here."""
+        is measured of it, each a sum over the positions that the caller divides by the batch's
+        weight too, so that the shares of any split of the batch add up to the batch's): its
+        cross-entropy times its weight here, and nothing measured."""
         return (losses if scores is None else losses * scores), {}
 
     def predicts(self, batch: dict, evaluating: bool) -> bool:
@@ -207,30 +209,42 @@ class Classified(Objective):
 class PolicyGradient(Objective):
     """Learning from rewards (train.rl; jaxgpt/data/rollouts.py). A training batch is the
     model's own answers, each token it chose weighted 1 (batch "weights") and its answer's
-    advantage (batch "advantages"): the loss at a position is advantage x cross-entropy, i.e.
+    advantage A (batch "advantages"): the loss at a position is A x cross-entropy, i.e.
     -A log pi(token), whose gradient is the policy gradient (REINFORCE; with group-relative
-    advantages, GRPO's at one update per batch of answers, where its clipped ratio is 1).
-    Divided by the batch's answer tokens, as every objective's loss by its weight. With `kl`
-    and the batch's "reference_losses" (the starting model's cross-entropy of the same
-    tokens), each position adds kl x the k3 estimate of KL(pi || reference), r - log r - 1 for
-    r = pi_ref / pi (Schulman 2020), measured as "kl". A batch without advantages (the
-    held-out conversations' reference answers) is scored as the next-token objective scores
-    it: an evaluation of the policy is the decoder's."""
+    advantages, GRPO's at one update per batch of answers, where its ratio is 1). With several
+    updates per batch (train.rl.updates), the batch holds "sampling_losses", the cross-entropy
+    of the parameters that sampled it, and the loss is PPO's clipped surrogate
+    -min(r A, clip(r, 1 - clip, 1 + clip) A), r = pi / pi_sampling (Schulman et al. 2017),
+    the share of tokens whose ratio the clip held measured as "clipped". Divided by the batch's
+    answer tokens, as every objective's loss by its weight. With `kl` and the batch's
+    "reference_losses" (the starting model's cross-entropy of the same tokens), each position
+    adds kl x the k3 estimate of KL(pi || reference), r - log r - 1 for r = pi_ref / pi
+    (Schulman 2020), measured as "kl". A batch without advantages (the held-out conversations'
+    reference answers) is scored as the next-token objective scores it: an evaluation of the
+    policy is the decoder's."""
 
     name: str = "policy_gradient"
     kl: float = 0.0
+    clip: float = 0.2
 
     def position_losses(self, losses, scores, batch):
         if "advantages" not in batch:
             return super().position_losses(losses, scores, batch)
         scores = jnp.ones_like(losses) if scores is None else scores
-        per_position = losses * batch["advantages"]
-        if "reference_losses" not in batch:
-            return per_position * scores, {}
-        log_ratio = losses - batch["reference_losses"]  # log pi_ref - log pi
-        kl = jnp.exp(log_ratio) - log_ratio - 1
-        mean_kl = (kl * scores).sum() / jnp.maximum(scores.sum(), 1)
-        return (per_position + self.kl * kl) * scores, {"kl": mean_kl}
+        advantages, measured = batch["advantages"], {}
+        if "sampling_losses" in batch:
+            ratio = jnp.exp(batch["sampling_losses"] - losses)  # pi / pi_sampling
+            clipped = jnp.clip(ratio, 1 - self.clip, 1 + self.clip)
+            per_position = -jnp.minimum(ratio * advantages, clipped * advantages)
+            measured["clipped"] = ((ratio * advantages > clipped * advantages) * scores).sum()  # the clip's side taken
+        else:
+            per_position = losses * advantages
+        if "reference_losses" in batch:
+            log_ratio = losses - batch["reference_losses"]  # log pi_ref - log pi
+            kl = jnp.exp(log_ratio) - log_ratio - 1
+            measured["kl"] = (kl * scores).sum()
+            per_position = per_position + self.kl * kl
+        return per_position * scores, measured
 
 
 NEXT_TOKEN, MASKED, CLASSIFIED = Objective(), Masked(), Classified()
@@ -246,7 +260,7 @@ def training_objective(run) -> Objective:
     """What a run (a RunConfig) trains its model to do: learn from rewards where train.rl says
     so, else its model's objective."""
     if run.train.rl:
-        return PolicyGradient(kl=run.train.rl.kl)
+        return PolicyGradient(kl=run.train.rl.kl, clip=run.train.rl.clip)
     return objective_of(run.model)
 
 

@@ -129,8 +129,9 @@ def scored(
     predict = objective.predicts(batch, evaluating)
     outputs, sown = forward(model, params, inputs, batch, dropout_rng, sown_collections(config, evaluating))
     losses, predictions = per_position(config, params, outputs, targets, predict)
-    weighted, said = objective.position_losses(losses, scores, batch)
+    weighted, sums = objective.position_losses(losses, scores, batch)
     loss = weighted.sum() / weight
+    said = {name: total / weight for name, total in sums.items()}
     measured = {"loss": loss} | said | objective.measured(config, predictions, targets, scores, batch, weight)
     losses_of = partial(head_losses, config, params)
     beside = Scored(targets, scores, batch.get("segments"), weight, rows / batch_rows, losses_of)
@@ -248,6 +249,12 @@ def gradients(
 
     if microbatches == 1:
         return measured_and_grads(batch, example_ids, dropout_rng)
+    return summed_over_pieces(measured_and_grads, batch, example_ids, dropout_rng, microbatches)
+
+
+def summed_over_pieces(measured_and_grads, batch, example_ids, dropout_rng, microbatches: int):
+    """measured_and_grads(piece, its example ids, its dropout key) of each of `microbatches`
+    pieces of the batch, added in a scan (`gradients` says how the rows are split)."""
 
     def split(x):  # piece i: rows i, i + m, i + 2m, ...
         return None if x is None else x.reshape(-1, microbatches, *x.shape[1:]).swapaxes(0, 1)
