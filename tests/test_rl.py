@@ -142,6 +142,58 @@ def test_the_kl_term_is_k3_against_the_reference_and_zero_at_it():
     assert float(measured["kl"]) == pytest.approx(k3, rel=1e-4) and float(loss) == pytest.approx(2 * k3, rel=1e-4)
 
 
+def test_later_updates_take_ppos_clipped_surrogate_and_the_first_is_the_policy_gradient():
+    """With the sampling policy's cross-entropies in the batch (train.rl.updates > 1) each
+    position's loss is -min(r A, clip(r, 1 - e, 1 + e) A), r = pi / pi_sampling, against numpy
+    on the same log-probabilities; "clipped" is the share of scored tokens where the clipped side
+    was taken; and at the sampling policy itself (r = 1, the first update) the gradient is the
+    plain policy gradient's."""
+    model, params = tiny_model()
+    rng = np.random.default_rng(2)
+    tokens = jnp.asarray(rng.integers(0, 11, (3, 9)), jnp.int32)
+    weights = jnp.asarray(np.arange(8) >= np.array([[2], [3], [5]]), jnp.float32)
+    advantages = jnp.asarray(rng.normal(size=(3, 1)), jnp.float32) * weights
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights, "advantages": advantages}
+    own = token_losses(model, params, batch)
+    ppo = PolicyGradient(clip=0.2)
+    # the first update: the policy is the one that sampled, r = 1, and the gradient is REINFORCE's
+    grads = [
+        jax.jit(jax.grad(lambda p, b=b, o=o: scored(model, p, b, jax.random.key(1), objective=o)[0]))(params)
+        for b, o in ((batch | {"sampling_losses": own}, ppo), (batch, PolicyGradient()))
+    ]
+    for a, b in zip(*map(jax.tree.leaves, grads), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-7)  # r = exp(0) exactly; sums over <= 18 positions
+    # a later update: the sampling policy gave each token another probability, some beyond the clip
+    shift = jnp.asarray(rng.normal(scale=0.3, size=(3, 8)), jnp.float32)
+    loss, measured = scored(model, params, batch | {"sampling_losses": own + shift}, jax.random.key(1), objective=ppo)
+    r, a, w = np.exp(np.asarray(shift, np.float64)), np.asarray(advantages, np.float64), np.asarray(weights)
+    expected = -np.minimum(r * a, np.clip(r, 0.8, 1.2) * a)
+    assert float(loss) == pytest.approx((expected * w).sum() / w.sum(), rel=1e-5)
+    held = (r * a > np.clip(r, 0.8, 1.2) * a) & (w > 0)
+    assert 0 < held.sum() < w.sum()  # the case has both sides
+    assert float(measured["clipped"]) == pytest.approx(held.sum() / w.sum(), rel=1e-6)
+
+
+def test_a_measurement_of_the_objective_adds_up_over_microbatches():
+    """train_kl is a mean over the batch's scored tokens whether the batch is split or not: each
+    piece's share is divided by the whole batch's weight, as the loss is (it was each piece's
+    own mean, summed over the pieces)."""
+    from jaxgpt.training.train_step import gradients
+
+    model, params = tiny_model()
+    rng = np.random.default_rng(3)
+    tokens = jnp.asarray(rng.integers(0, 11, (4, 9)), jnp.int32)
+    weights = jnp.asarray(np.arange(8) >= np.array([[1], [2], [4], [6]]), jnp.float32)
+    batch = {"inputs": tokens[:, :-1], "targets": tokens[:, 1:], "weights": weights, "advantages": 0.5 * weights}
+    batch["reference_losses"] = token_losses(model, params, batch) + jnp.asarray(rng.normal(size=(4, 8)), jnp.float32)
+    whole, halves = (
+        gradients(params, batch, jax.random.key(0), model=model, microbatches=m, objective=PolicyGradient(kl=0.1))[0]
+        for m in (1, 2)
+    )
+    assert float(halves["kl"]) == pytest.approx(float(whole["kl"]), rel=1e-6)
+    assert float(halves["loss"]) == pytest.approx(float(whole["loss"]), rel=1e-6)
+
+
 def rl_config(steps=6, **rl):
     config = small_run_config(
         steps=steps, log_every=1, eval_every=3, eval_batches=1, checkpoint_every=3, warmup_steps=1
@@ -162,6 +214,15 @@ def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
         resolve(rl_config(samples=1))
     with pytest.raises(ConfigError, match="train.rl.reward=.nearly. is one of exact, number, format"):
         resolve(rl_config(reward="nearly"))
+    # several updates a batch of answers: a run stops and resumes between batches alone
+    with pytest.raises(ConfigError, match="train.steps=6 must be a multiple of train.rl.updates=4"):
+        resolve(rl_config(updates=4))
+    config = rl_config(steps=8, updates=4)
+    config.train.checkpoint_schedule = "log"
+    with pytest.raises(ConfigError, match="checkpoint_every=3 must be a multiple .*checkpoint_schedule='log' must be"):
+        resolve(config)
+    with pytest.raises(ConfigError, match="train.rl.clip=0.0 must be positive"):
+        resolve(rl_config(clip=0))
     assert resolve(rl_config()).train.batch_size == 8  # 2 prompts x 4 answers
 
 
@@ -233,6 +294,28 @@ def test_learning_from_a_reward_raises_it_and_resumes_bit_for_bit(tmp_path, digi
     for key in ("train_loss", "grad_norm", "rl_reward", "rl_answer_tokens", "train_kl"):
         assert [m[key] for m in resumed] == [m[key] for m in whole], key
     assert [m["val_loss"] for m in resumed if "val_loss" in m] == [m["val_loss"] for m in whole if "val_loss" in m]
+
+
+@pytest.mark.slow
+def test_several_updates_a_batch_with_adapters_and_microbatches_resume_bit_for_bit(tmp_path, digits_reward):
+    """train.rl.updates=2 with low-rank adapters and 2 microbatches: the answers are sampled at
+    steps 0, 2, 4, 6 alone (logged there), the clip is measured, a stop asked for within a batch
+    of answers is refused in one line, and a run stopped at step 4 and resumed logs what the
+    uninterrupted one logs, bit for bit."""
+    config = rl_config(steps=8, reward=digits_reward, updates=2, prompts=4)  # 16 rows: 8 a piece, one a device
+    config.train.update(lr=1e-2, eval_every=4, checkpoint_every=4, microbatches=2)
+    config.model.lora_rank = 2
+    train_and_evaluate(config, tmp_path / "whole", progress=False)
+    whole = metrics(tmp_path / "whole")
+    assert [m["step"] for m in whole if "rl_reward" in m] == [1, 3, 5, 7]  # a batch of answers every 2 steps
+    assert all(0 <= m["train_clipped"] <= 1 for m in whole)
+    with pytest.raises(UserError, match="--stop_at 3 is within a batch of answers"):
+        train_and_evaluate(config, tmp_path / "resumed", progress=False, stop_at=3)
+    train_and_evaluate(config, tmp_path / "resumed", progress=False, stop_at=4)
+    train_and_evaluate(config, tmp_path / "resumed", progress=False)
+    resumed = metrics(tmp_path / "resumed")
+    for key in ("train_loss", "grad_norm", "train_clipped", "val_loss"):
+        assert [m.get(key) for m in resumed] == [m.get(key) for m in whole], key
 
 
 def test_a_chat_run_fine_tunes_from_a_chat_run_whose_rows_hold_the_template_already():

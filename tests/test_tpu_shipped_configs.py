@@ -49,8 +49,8 @@ GENERATIONS = {
     "nanogpt_speedrun": (V5E,),  # Muon over stacked layers: one batched Newton-Schulz per kind of matrix
     "seq2seq_reverse": (V6E,),  # an encoder–decoder: cross-attention over packed pairs
     "seq2seq_sort": (V5E,),
-    "rl_arithmetic": (),  # not yet: the RL step and its sampling compiled for a TPU (issue 101)
-    "rl_arithmetic_3": (),  # the same
+    "rl_arithmetic": (V5E,),  # learning from rewards: the update and the sampling, two programs
+    "rl_arithmetic_3": (),  # rl_arithmetic's programs on another builtin source, answers 8 tokens longer
     "sft_arithmetic": (V5E,),  # conversations: the assistant's turns weighted, packed in segments
     "sft_arithmetic_3": (),  # sft_arithmetic's program on another builtin source: nothing new to compile
     "shakespeare_char": (V5E,),
@@ -94,6 +94,10 @@ def test_every_shipped_config_compiles_for_a_tpu_slice(config_name, name, gpt2_b
     run = resolve(config, vocab_size=data.vocab_size_for(config))
     step = tpu.compile_train_step(run, devices, target)
     assert step.fits(target), (config_name, step.total_bytes)
+    if run.train.rl:  # a step of learning from rewards is two programs: the sampling too
+        sampling = tpu.compile_rollout(run, devices)
+        assert sampling.memory_analysis().temp_size_in_bytes > 0
+        assert step.params_bytes + step.optimizer_bytes < tpu.rollout_bytes(step, sampling) <= target.hbm_bytes
     n = count_params(jax.eval_shape(partial(init_params, run.model), jax.random.key(0)))
     assert step.params_bytes >= 4 * n // 8
     assert tpu.report_lines(run, target, step, 0.4)[1].startswith("per device: parameters")

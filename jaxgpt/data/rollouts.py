@@ -64,6 +64,7 @@ class Rollouts:
         self.reward = reward_function(rl.reward, rl.tolerance)
         self.sampling = SamplingConfig(temperature=rl.temperature, top_p=rl.top_p)
         self.decoder = decoding_model(model)
+        self.rows_a_call = rl.prompts * rl.samples  # the most rows answer_each decodes at once: all of them
         self.reference = None  # the starting model's parameters, for train.rl.kl (the trainer sets them)
         self._losses = jax.jit(partial(answer_losses, model=model))
         self._reference_losses = self._losses if rl.kl else None
@@ -75,14 +76,16 @@ class Rollouts:
     def rollout(self, params, step: int, mesh) -> dict:
         """Step `step`'s batch (the batch contract's dict, sharded over `mesh`) of answers
         sampled by `params`, its measurements appended to `said`."""
-        rl, started = self.rl, time.perf_counter()
+        rl = self.rl
+        jax.block_until_ready(params)  # the update before it done: its time is not the sampling's
+        started = time.perf_counter()
         chosen = np.random.default_rng((self.run.train.seed, ROLLOUT_STREAM, step)).choice(
             len(self.prompts), rl.prompts, replace=len(self.prompts) < rl.prompts
         )
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.run.train.seed), ROLLOUT_STREAM), step)
         prompts = [self.prompts[i] for i in chosen.tolist()]
         answered = answer_each(
-            self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=rl.prompts * rl.samples,
+            self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=self.rows_a_call,
             max_new_tokens=rl.max_tokens, sampling=self.sampling, eot_id=self.end,
         )  # fmt: skip
         groups = list(zip(prompts, answered, strict=True))

@@ -152,14 +152,16 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     )
 
 
-def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: int, batch: int = 1):
+def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: int, batch: int = 1, mesh=None):
     """Compile generation (prefill + the decode loop) for `devices`, parameters split over the
-    heads as sample.py splits them; returns the compiled program."""
+    heads as sample.py splits them, or laid out over `mesh` (a MeshConfig) as its train step's
+    are (train.rl's rollouts sample with the parameters training holds); returns the compiled
+    program."""
     from jaxgpt.config import MeshConfig
     from jaxgpt.model.sampling import SamplingConfig, generate
     from jaxgpt.model.transformer import init_params
 
-    mesh = sharding.make_mesh(MeshConfig(data=1, fsdp=1, tensor=-1), devices)
+    mesh = sharding.make_mesh(mesh or MeshConfig(data=1, fsdp=1, tensor=-1), devices)
     model = run.model.replace(dtype="float32")
     shapes = jax.eval_shape(partial(init_params, model), jax.random.key(0))
     params = sharding.laid_out(shapes, mesh)
@@ -171,6 +173,42 @@ def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: i
     )
     with memory.refusals_as_out_of_memory():
         return lowered.compile()
+
+
+def compile_rollout(run: RunConfig, devices):
+    """Compile train.rl's sampling for `devices`: its prompts x samples rows answered at once, a
+    prompt as long as leaves room for train.rl.max_tokens (the longest a rollout decodes), with
+    the parameters laid out on the run's mesh as its train step holds them. The other half of a
+    step of learning from rewards (compile_train_step compiles the update); returns the compiled
+    program."""
+    rl = run.train.rl
+    prompt_len = run.model.block_size - rl.max_tokens
+    return compile_sampling(run, devices, prompt_len, rl.max_tokens, rl.prompts * rl.samples, mesh=run.mesh)
+
+
+def rollout_bytes(step: StepOnTpu, compiled) -> int:
+    """What train.rl's sampling (compile_rollout's program) needs of a device while the
+    training state stays in memory beside it: the state, the prompts, the temporaries (the KV
+    cache among them) and the answers."""
+    analysis = compiled.memory_analysis()
+    prompts = analysis.argument_size_in_bytes - step.params_bytes  # its other arguments: the parameters
+    return (
+        step.params_bytes
+        + step.optimizer_bytes
+        + max(prompts, 0)
+        + analysis.temp_size_in_bytes
+        + (analysis.output_size_in_bytes)
+    )
+
+
+def rollout_line(run: RunConfig, tpu: TpuTarget, compiled, needed: int) -> str:
+    rl, analysis = run.train.rl, compiled.memory_analysis()
+    return (
+        f"train.rl's sampling ({rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} tokens after "
+        f"{run.model.block_size - rl.max_tokens}-token prompts): temporaries {analysis.temp_size_in_bytes / 2**20:,.1f}"
+        f" MiB a device (the KV cache among them), with the training state beside them {needed / GiB:.2f} GiB of "
+        f"{tpu.hbm_bytes / GiB:.0f} GiB ({needed / tpu.hbm_bytes:.0%})"
+    )
 
 
 def alternatives(run: RunConfig, n_devices: int) -> list[tuple[str, RunConfig]]:
@@ -255,10 +293,16 @@ def check(config, target_name: str, mfu: float, vocab_size: int | None = None, s
     else:
         for line in report_lines(run, tpu, step, mfu):
             say(line)
-        if step.fits(tpu):
+        needed = step.total_bytes
+        if run.train.rl:  # a step of learning from rewards is two programs: the sampling too
+            say(f"compiling train.rl's sampling for {tpu.name}...")
+            sampling = compile_rollout(run, devices)
+            say(rollout_line(run, tpu, sampling, rollout_bytes(step, sampling)))
+            needed = max(needed, rollout_bytes(step, sampling))
+        if needed <= tpu.hbm_bytes:
             say(f"fits {tpu.name}")
             return None
-        verdict = f"does not fit {tpu.name}: {step.total_bytes / GiB:.2f} GiB per device"
+        verdict = f"does not fit {tpu.name}: {needed / GiB:.2f} GiB per device"
     say(f"{verdict}; compiling alternatives to find the smallest change that fits...")
     fix = smallest_change_that_fits(run, devices, tpu)
     advice = f"the smallest change that fits: {fix}" if fix else "nothing tried fits: use a larger slice"
