@@ -48,7 +48,8 @@ def sampling_rates(run, dataset, params, steps: int, say) -> list[dict]:
     mesh = sharding.make_mesh(run.mesh)
     rl, rows = run.train.rl, []
     say(f"{'decoding calls':>34} {'seconds a rollout':>17} {'sampled tokens/s':>16}")
-    for name, rows_a_call in (("one a prompt", rl.samples), ("prompts of one length together", rl.prompts * rl.samples)):
+    ways = (("one a prompt", rl.samples), ("prompts of one length together", rl.prompts * rl.samples))
+    for name, rows_a_call in ways:
         rollouts.rows_a_call = rows_a_call
         for step in range(steps):  # every prompt length this run meets, compiled
             rollouts.rollout(params, step, mesh)
