@@ -113,6 +113,10 @@ def test_runs_that_answer_show_their_exact_match_with_its_spread():
     assert "| exact match |" in table and "| 45.0% ± 5.0% |" in table and "greedy decoding" in table
     streams = [{k: v for k, v in r.items() if k != "val_exact_match"} for r in rows]
     assert "exact match" not in markdown(summarise(streams))
+    # a run that learns from rewards adds its sampled answers' mean reward (0.8 and 0.9: 0.850 ± 0.050)
+    rewarded = markdown(summarise([r | {"rl_reward": x} for r, x in zip(rows, (0.8, 0.9), strict=True)]))
+    assert "| exact match | sampled reward |" in rewarded and "| 45.0% ± 5.0% | 0.850 ± 0.050 |" in rewarded
+    assert "sampled reward" not in table
 
 
 def test_a_run_without_the_causal_mask_is_judged_by_its_past_only_score():

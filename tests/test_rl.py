@@ -223,6 +223,12 @@ def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
         resolve(config)
     with pytest.raises(ConfigError, match="train.rl.clip=0.0 must be positive"):
         resolve(rl_config(clip=0))
+    with pytest.raises(ConfigError, match="train.rl.draws=1 must be 0 or at least train.rl.prompts=2"):
+        resolve(rl_config(draws=1))
+    with pytest.raises(ConfigError, match="train.rl.length=8 must leave room for a prompt"):
+        resolve(rl_config(length=8))
+    with pytest.raises(ConfigError, match="train.rl.length=64 is longer than model.block_size=48"):
+        resolve(rl_config(length=64))
     assert resolve(rl_config()).train.batch_size == 8  # 2 prompts x 4 answers
 
 
@@ -270,6 +276,38 @@ def test_the_batch_is_each_answer_after_its_prompt_scored_on_the_answer(tmp_path
         assert abs(group.sum()) < 1e-5  # each group's advantages sum to 0 (baseline: its mean)
     said = rollouts.said[-1]
     assert set(said) >= {"reward", "reward_spread", "exact_match", "answer_tokens", "tied_groups"}
+
+
+def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(tmp_path, monkeypatch):
+    """train.rl.draws=8 of prompts=2: of the 8 groups answered, those whose rewards all tie are
+    dropped and the first 2 of the rest, in the order drawn, make the batch; the measurements
+    are of all 8 (a reward that ties for every question but those written with a "+")."""
+    from jaxgpt import data, sharding
+    from jaxgpt.job.setup import with_vocabulary
+
+    (tmp_path / "parity_rewards.py").write_text(
+        "def parity(prompt, completion):\n    return sum(map(ord, completion)) % 2 if '+' in prompt else 1.0\n"
+    )
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    run = resolve(rl_config(reward="parity_rewards:parity", draws=8, length=40))
+    dataset = data.prepare(run.data, progress=False)
+    run = with_vocabulary(run, dataset.tokenizer)
+    rollouts, _ = data.batch_sources(dataset, run)
+    params = init_params(run.model, jax.random.key(3))
+    mesh = sharding.make_mesh(run.mesh, jax.devices()[:1])
+    groups, _ = rollouts.sample(params, 1)
+    rewards = [rollouts.reward([rollouts.answer(prompt, t)[0] for t in new]) for prompt, new in groups]
+    signal = [g for g, r in enumerate(rewards) if len(set(r)) > 1]
+    assert 2 <= len(signal) < 8, rewards  # the case has both kinds
+    batch = jax.device_get(rollouts.rollout(params, 1, mesh))
+    assert batch["inputs"].shape == (8, 40)  # 2 groups of 4 answers, rows of train.rl.length
+    for row in range(8):
+        prompt = groups[signal[row // 4]][0].ids
+        np.testing.assert_array_equal(batch["inputs"][row, : len(prompt)], prompt)
+    said = rollouts.said[-1]
+    assert said["tied_groups"] == 1 - len(signal) / 8 and said["trained_tied_groups"] == 0
+    sys.modules.pop("parity_rewards", None)
 
 
 def metrics(workdir):

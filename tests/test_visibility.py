@@ -104,6 +104,17 @@ def test_a_run_evaluated_once_shows_its_validation_point(tmp_path):
     assert all(line.get_label().endswith("val") for line in single)
 
 
+def test_a_run_learning_from_rewards_is_drawn_against_the_tokens_its_rows_hold(tmp_path):
+    """rl_reward by its name on the axis; tokens seen are batch x train.rl.length where set."""
+    config = {"train": {"batch_size": 32, "rl": {"length": 40}}, "model": {"block_size": 128}}
+    (tmp_path / "config.json").write_text(json.dumps(config))
+    (tmp_path / "metrics.jsonl").write_text('{"step": 10, "rl_reward": 0.5}\n{"step": 20, "rl_reward": 0.75}\n')
+    figure = plot.draw_runs([tmp_path], "rl_reward")
+    by_step, by_tokens = figure.axes
+    assert list(by_tokens.get_lines()[0].get_xdata()) == [10 * 32 * 40, 20 * 32 * 40]
+    assert by_step.get_ylabel() == "mean reward of the sampled answers"
+
+
 def test_each_logged_training_loss_is_drawn_at_the_middle_of_the_steps_it_averages(tmp_path):
     """Logged every 10 steps with an evaluation at 25 (an interval cut short): the mean over
     steps 21-25 is drawn at 23 and the one over 26-30 at 28, not at 25 and 30, so the shorter

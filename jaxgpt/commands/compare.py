@@ -136,7 +136,7 @@ def summarise(rows: list[dict]) -> list[dict]:
     for name in dict.fromkeys(r["variant"] for r in rows):
         runs = [r for r in rows if r["variant"] == name]
         line = {"variant": name, "seeds": len(runs), "params": runs[0]["params"], "scored": runs[0]["scored"]}
-        for key in ("val_loss", "val_bpb", "val_exact_match", "tokens_per_sec", "elapsed_sec"):
+        for key in ("val_loss", "val_bpb", "val_exact_match", "rl_reward", "tokens_per_sec", "elapsed_sec"):
             values = [r.get(key, math.nan) for r in runs]
             line[key] = sum(values) / len(values)
             line[f"{key}_spread"] = max(values) - min(values)
@@ -156,9 +156,10 @@ def scored_as(final: dict, loss_key: str) -> str:
 def markdown(summary: list[dict]) -> str:
     answers = any(not math.isnan(s["val_exact_match"]) for s in summary)  # pairs, conversations, classifiers
     generated = any(not math.isnan(s["val_exact_match"]) and s["scored"] != "classified" for s in summary)
+    rewarded = any(not math.isnan(s["rl_reward"]) for s in summary)  # learning from rewards
     columns = "| variant | seeds | val loss | val bits/byte |" + (" exact match |" if answers else "")
-    columns += " params | tokens/s* | training s* |"
-    head = columns + "\n" + "|---" * (7 + answers) + "|\n"
+    columns += (" sampled reward |" if rewarded else "") + " params | tokens/s* | training s* |"
+    head = columns + "\n" + "|---" * (7 + answers + rewarded) + "|\n"
     marks = {"past-only": " (past-only)", "masked": " (masked)", "classified": " (classifier)"}
 
     def spread(s: dict, key: str, form: str) -> str:
@@ -168,6 +169,7 @@ def markdown(summary: list[dict]) -> str:
         f"| {s['variant'] + marks.get(s['scored'], '')} | {s['seeds']} | {spread(s, 'val_loss', '.4f')} | "
         f"{spread(s, 'val_bpb', '.4f')} |"
         + (f" {spread(s, 'val_exact_match', '.1%')} |" if answers else "")
+        + (f" {spread(s, 'rl_reward', '.3f')} |" if rewarded else "")
         + f" {s['params']:,} | {s['tokens_per_sec']:,.0f} | {s['elapsed_sec']:,.0f} |\n"
         for s in summary
     )
@@ -177,6 +179,11 @@ def markdown(summary: list[dict]) -> str:
             "(exact match: the held-out examples whose every answer token is the most likely one, what greedy "
             "decoding writes)\n"
             if generated
+            else ""
+        )
+        + (
+            "(sampled reward: the mean reward of the answers sampled over the last logging interval)\n"
+            if rewarded
             else ""
         )
         + "(* wall-clock, each run timed alone in its turn: they move with whatever else the machine was doing "
@@ -307,6 +314,7 @@ def compare(
                     "val_exact_match", final.get("val_accuracy", math.nan) if classifier else math.nan
                 ),  # pairs, conversations, a classifier's texts
                 "scored": scored_as(final, loss_key),
+                "rl_reward": next((r["rl_reward"] for r in reversed(records) if "rl_reward" in r), math.nan),
             }
         )
         runs.setdefault(name, []).append(workdir)

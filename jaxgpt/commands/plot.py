@@ -8,7 +8,8 @@ Examples:
 Reads each run's metrics.jsonl and draws, for the loss, train (solid) and val (dashed) loss
 against optimizer steps and against tokens seen, side by side, one colour per run. Another
 `--metric` (tokens_per_sec, lr, grad_norm, mfu, ...) gets the same two panels. Tokens seen
-are step x batch_size x block_size from the run's config.json. `--metric expert_load` draws a
+are step x batch_size x block_size from the run's config.json (train.rl.length for a run that
+learns from rewards, where set: its rows are a prompt and an answer long). `--metric expert_load` draws a
 mixture of experts' router instead: for each MoE layer of each run, every expert's share of
 the assignments against steps, with the even share (1 / experts) dashed, so a router that
 collapses onto a few experts shows as lines leaving it.
@@ -40,6 +41,12 @@ UNITS = {
     "lr": "learning rate",
     "grad_norm": "gradient norm (before clipping)",
     "mfu": "model FLOPs utilisation (fraction of the peak)",
+    "rl_reward": "mean reward of the sampled answers",
+    "rl_exact_match": "sampled answers exactly right (fraction)",
+    "rl_tied_groups": "groups whose rewards all tie (fraction: no signal)",
+    "rl_answer_tokens": "tokens an answer",
+    "train_kl": "KL divergence to the starting model (nats per token)",
+    "val_exact_match": "held-out answers exactly right (fraction)",
 }
 
 
@@ -48,7 +55,8 @@ def tokens_per_step(workdir: Path) -> int:
     if not path.is_file():
         raise UserError(f"{path} not found; pass the workdir of a train.py run")
     config = json.loads(path.read_text())
-    return config["train"]["batch_size"] * config["model"]["block_size"]
+    rl = config["train"].get("rl") or {}  # learning from rewards: rows of train.rl.length, where set
+    return config["train"]["batch_size"] * (rl.get("length") or config["model"]["block_size"])
 
 
 def interval_midpoints(steps: list[int]) -> list[float]:

@@ -163,6 +163,15 @@ class Reinforcement:
         train.steps and train.checkpoint_every are whole batches: a run stops, and resumes, only
         between them.
     clip: PPO's epsilon (0.2 in PPO and GRPO), with updates > 1.
+    draws: prompts drawn and answered a step (0: `prompts`). Where more, the groups whose
+        answers' rewards all tie (every answer right, or every one wrong: no signal, and most of
+        a good model's) are dropped and the step trains on the first `prompts` of the rest, topped
+        up with tied groups where too few have a signal (DAPO's dynamic sampling, Yu et al. 2025,
+        with a fixed number drawn): an update's answers carry what is to be learned.
+    length: the positions of a row of the batch of answers, prompt and answer (0: model.block_size).
+        A row holds one prompt and one answer, so rows as long as the longest of them cost an
+        update no more than it needs (a sum asked and answered is about 45 of a 128-token
+        context); prompts that leave fewer than max_tokens positions are left out.
     """
 
     samples: int = 8
@@ -178,11 +187,17 @@ class Reinforcement:
     every_token: bool = False
     updates: int = 1
     clip: float = 0.2
+    draws: int = 0
+    length: int = 0
 
     def __post_init__(self):
         problems = Problems("train.rl", self)
         problems.positive("samples", "prompts", "max_tokens", "updates", "clip")
-        problems.not_negative("temperature", "tolerance", "kl")
+        problems.not_negative("temperature", "tolerance", "kl", "length", "draws")
+        if self.draws and self.draws < self.prompts:
+            problems.add("draws", f"must be 0 or at least train.rl.prompts={self.prompts}: the groups kept are drawn")
+        if self.length and self.length <= self.max_tokens:
+            problems.add("length", f"must leave room for a prompt before train.rl.max_tokens={self.max_tokens}")
         if not 0 < self.top_p <= 1:
             problems.add("top_p", "must be in (0, 1]")
         problems.one_of("baseline", BASELINES)
@@ -401,6 +416,11 @@ class RunConfig:
     train: TrainConfig
     mesh: MeshConfig = MeshConfig()
 
+    @property
+    def row_length(self) -> int:
+        """The positions of a row of a training batch: model.block_size, or train.rl.length."""
+        return (self.train.rl.length if self.train.rl else 0) or self.model.block_size
+
     def __post_init__(self):
         experts = self.model.moe.experts if self.model.moe else 0
         if self.mesh.expert != 1 and not experts:
@@ -440,6 +460,11 @@ class RunConfig:
             raise ConfigError(
                 "train.multiple_choice scores endings as text continuing text, which an encoder–decoder's decoder "
                 "does not read; leave it empty for a run with model.encoder_layers"
+            )
+        if self.train.rl and self.row_length > self.model.block_size:
+            raise ConfigError(
+                f"train.rl.length={self.train.rl.length} is longer than model.block_size={self.model.block_size}; "
+                "lower it (0: the block size)"
             )
         if self.train.rl and not (self.data.chat and self.model.objective == "next_token"):
             raise ConfigError(

@@ -5,8 +5,8 @@ A step is two compiled programs with the host between them, as TRL and nanochat 
 
   1. sample   train.rl.prompts prompts drawn from the training conversations by (seed, step),
               each answered train.rl.samples times with the KV cache by the current parameters
-              (jaxgpt/model/sampling.py `answer_each`: the prompts of one length together, one
-              compiled loop a prompt length and row count)
+              (jaxgpt/model/sampling.py `answer_each`: every prompt's rows together, padded to
+              the longest prompt, one compiled decoding loop for the whole run)
   2. score    on the host: each answer's reward (jaxgpt/training/rewards.py) and its
               advantage, the reward minus its group's mean (train.rl.baseline="group"),
               divided by the group's standard deviation (train.rl.scale)
@@ -54,17 +54,18 @@ class Rollouts:
         self.teacher_forced, self.run, self.rl, self.tokenizer = teacher_forced, run, rl, tokenizer
         self.end = tokenizer.special_ids[END]
         self.separator = teacher_forced.examples.separator
-        self.length = model.block_size
+        self.length = run.row_length  # a row: one prompt and its answer
         self.prompts = questions(teacher_forced.examples, tokenizer, self.length + 1 - rl.max_tokens)
         if not self.prompts:
             raise UserError(
                 f"no training prompt leaves room for train.rl.max_tokens={rl.max_tokens} answer tokens in "
-                f"model.block_size={model.block_size}; lower max_tokens"
+                f"rows of {self.length} tokens (train.rl.length, or model.block_size); lower max_tokens or raise length"
             )
         self.reward = reward_function(rl.reward, rl.tolerance)
         self.sampling = SamplingConfig(temperature=rl.temperature, top_p=rl.top_p)
-        self.decoder = decoding_model(model)
-        self.rows_a_call = rl.prompts * rl.samples  # the most rows answer_each decodes at once: all of them
+        self.decoder = decoding_model(model, self.length)  # a cache of a row's positions, not the context's
+        self.longest = max(len(p.ids) for p in self.prompts)  # every step's prompts padded to it: one program
+        self.rows_a_call = (rl.draws or rl.prompts) * rl.samples  # the most rows answer_each decodes at once: all
         self.reference = None  # the starting model's parameters, for train.rl.kl (the trainer sets them)
         self._losses = jax.jit(partial(answer_losses, model=model))
         self._reference_losses = self._losses if rl.kl else None
@@ -77,24 +78,17 @@ class Rollouts:
         """Step `step`'s batch (the batch contract's dict, sharded over `mesh`) of answers
         sampled by `params`, its measurements appended to `said`."""
         rl = self.rl
-        jax.block_until_ready(params)  # the update before it done: its time is not the sampling's
-        started = time.perf_counter()
-        chosen = np.random.default_rng((self.run.train.seed, ROLLOUT_STREAM, step)).choice(
-            len(self.prompts), rl.prompts, replace=len(self.prompts) < rl.prompts
-        )
-        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.run.train.seed), ROLLOUT_STREAM), step)
-        prompts = [self.prompts[i] for i in chosen.tolist()]
-        answered = answer_each(
-            self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=self.rows_a_call,
-            max_new_tokens=rl.max_tokens, sampling=self.sampling, eot_id=self.end,
-        )  # fmt: skip
-        groups = list(zip(prompts, answered, strict=True))
-        seconds = time.perf_counter() - started
+        groups, seconds = self.sample(params, step)
         answers = [self.answer(prompt, tokens) for prompt, new in groups for tokens in new]
         sampled = sum(len(tokens) for _, tokens in answers)  # each up to its end of turn: what was asked for
-        rewards = np.asarray(self.reward([a for a, _ in answers]), np.float64).reshape(rl.prompts, rl.samples)
-        advantages = group_advantages(rewards, rl.baseline, rl.scale)
-        batch = self.rows(groups, answers, advantages)
+        rewards = np.asarray(self.reward([a for a, _ in answers]), np.float64).reshape(len(groups), rl.samples)
+        tied = rewards.std(axis=1) == 0  # no signal in them
+        kept = np.arange(rl.prompts)
+        if len(groups) > rl.prompts:  # train.rl.draws: those with a signal first, in the order drawn
+            kept = np.argsort(tied, kind="stable")[: rl.prompts]
+        advantages = group_advantages(rewards[kept], rl.baseline, rl.scale)
+        answers_kept = [answers[g * rl.samples + i] for g in kept for i in range(rl.samples)]
+        batch = self.rows([groups[g] for g in kept], answers_kept, advantages)
         if self._reference_losses is not None:
             batch["reference_losses"] = np.asarray(self._reference_losses(self.reference, batch))
         if rl.updates > 1:  # PPO's ratio's denominator: the policy that sampled them
@@ -105,12 +99,31 @@ class Rollouts:
                 "reward_spread": float(rewards.std(axis=1).mean()),  # within a group: the signal's size
                 "exact_match": float(np.mean([exact(a, 0.0) for a, _ in answers])),
                 "answer_tokens": float(np.mean([len(tokens) for _, tokens in answers])),
-                "tied_groups": float(np.mean(rewards.std(axis=1) == 0)),  # no signal in them
+                "tied_groups": float(tied.mean()),
+                "trained_tied_groups": float(tied[kept].mean()),  # below tied_groups where train.rl.draws drops some
                 "sampled_tokens_per_sec": sampled / seconds,
                 "sampling_sec": seconds,
             }
         )
         return jax.device_put(batch, batch_sharding(mesh))
+
+    def sample(self, params, step: int) -> tuple[list[tuple[Prompt, np.ndarray]], float]:
+        """([(prompt, its (samples, max_tokens) answer tokens)] for step `step`'s draws prompts,
+        drawn by (seed, step), the seconds the sampling took)."""
+        rl = self.rl
+        jax.block_until_ready(params)  # the update before it done: its time is not the sampling's
+        started = time.perf_counter()
+        drawn = rl.draws or rl.prompts
+        chosen = np.random.default_rng((self.run.train.seed, ROLLOUT_STREAM, step)).choice(
+            len(self.prompts), drawn, replace=len(self.prompts) < drawn
+        )
+        key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.run.train.seed), ROLLOUT_STREAM), step)
+        prompts = [self.prompts[i] for i in chosen.tolist()]
+        answered = answer_each(
+            self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=self.rows_a_call,
+            max_new_tokens=rl.max_tokens, sampling=self.sampling, eot_id=self.end, pad_to=self.longest,
+        )  # fmt: skip
+        return list(zip(prompts, answered, strict=True)), time.perf_counter() - started
 
     def answer(self, prompt: Prompt, new: np.ndarray) -> tuple[Answer, np.ndarray]:
         """(the answer as the reward reads it, its tokens: up to and with its end-of-turn token)."""

@@ -138,7 +138,7 @@ def compile_train_step(run: RunConfig, devices, tpu: TpuTarget | None = None) ->
     run = program.run
     analysis, cost = step.memory_analysis(), step.cost_analysis()
     state_bytes, params_bytes = memory.state_bytes(layout)
-    tokens = run.train.batch_size * run.model.block_size
+    tokens = run.train.batch_size * run.row_length
     return StepOnTpu(
         mesh=dict(mesh.shape),
         microbatches=run.train.microbatches,
@@ -182,7 +182,7 @@ def compile_rollout(run: RunConfig, devices):
     step of learning from rewards (compile_train_step compiles the update); returns the compiled
     program."""
     rl = run.train.rl
-    prompt_len = run.model.block_size - rl.max_tokens
+    prompt_len = run.row_length - rl.max_tokens
     return compile_sampling(run, devices, prompt_len, rl.max_tokens, rl.prompts * rl.samples, mesh=run.mesh)
 
 
@@ -205,7 +205,7 @@ def rollout_line(run: RunConfig, tpu: TpuTarget, compiled, needed: int) -> str:
     rl, analysis = run.train.rl, compiled.memory_analysis()
     return (
         f"train.rl's sampling ({rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} tokens after "
-        f"{run.model.block_size - rl.max_tokens}-token prompts): temporaries {analysis.temp_size_in_bytes / 2**20:,.1f}"
+        f"{run.row_length - rl.max_tokens}-token prompts): temporaries {analysis.temp_size_in_bytes / 2**20:,.1f}"
         f" MiB a device (the KV cache among them), with the training state beside them {needed / GiB:.2f} GiB of "
         f"{tpu.hbm_bytes / GiB:.0f} GiB ({needed / tpu.hbm_bytes:.0%})"
     )
@@ -270,7 +270,7 @@ def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) ->
             else "it also counts rematerialised and elementwise work)"
         ),
         f"step time at {mfu:.0%} MFU: {step.seconds_at(tpu, mfu) * 1e3:,.3g} ms "
-        f"({run.train.batch_size * run.model.block_size / step.seconds_at(tpu, mfu):,.0f} tokens/s)",
+        f"({run.train.batch_size * run.row_length / step.seconds_at(tpu, mfu):,.0f} tokens/s)",
     ]
 
 

@@ -252,29 +252,79 @@ def generate_stream(config: ModelConfig, params, prompt: jax.Array, rng: jax.Arr
 
 
 def answer_each(config: ModelConfig, params, prompts, samples: int, rng: jax.Array, *, most_rows: int, **options):
-    """Each prompt (a 1-d array of ids; their lengths may differ) answered `samples` times by
-    `generate` (`options`: its max_new_tokens, sampling and eot_id): a list of (samples,
-    max_new_tokens) arrays, one a prompt, in the prompts' order.
+    """Each prompt (a 1-d array of ids; their lengths may differ) answered `samples` times
+    (`options`: max_new_tokens, sampling, eot_id, and pad_to, the length every prompt is padded
+    to, default the longest given): a list of (samples, max_new_tokens) arrays, one a prompt, in
+    the prompts' order, each row cut as `generate`'s are.
 
-    A compiled decoding loop serves one prompt length and one number of rows, so prompts of one
-    length are answered together, in calls of a power of two times `samples` rows (at most
-    `most_rows`, padded with copies of the first prompt): the compiles are bounded by the lengths
-    met times a few row counts, and a batch of many short prompts costs a few calls, not one a
-    prompt (the loop's steps cost about the same for 8 rows as for 64 on a small model). The
-    call that starts at the group's n-th prompt of length L draws from fold_in(fold_in(rng, L), n)."""
-    per_call = max(1, most_rows // samples)
-    by_length: dict[int, list[int]] = {}
-    for i, prompt in enumerate(prompts):
-        by_length.setdefault(len(prompt), []).append(i)
-    answers: list = [None] * len(prompts)
-    for length, indices in sorted(by_length.items()):
-        for first in range(0, len(indices), per_call):
-            chosen = indices[first : first + per_call]
-            fits = min(per_call, 1 << (len(chosen) - 1).bit_length())  # the least power of two that holds them
-            ids = np.stack([prompts[i] for i in chosen] + [prompts[chosen[0]]] * (fits - len(chosen)))
-            key = jax.random.fold_in(jax.random.fold_in(rng, length), first)
-            new = np.asarray(generate(config, params, jnp.asarray(np.repeat(ids, samples, axis=0), jnp.int32), key,
-                                      **options))  # fmt: skip
-            for n, i in enumerate(chosen):
-                answers[i] = new[n * samples : (n + 1) * samples]
-    return answers
+    The prompts' rows go through `generate_rows` together, padded on the right to one length, in
+    calls of `most_rows` rows (the last padded with copies): one compiled program serves prompts
+    of every length, and a batch of many short prompts costs a few calls, not one a length.
+    Sample j of prompt i draws from fold_in(fold_in(rng, i), j), so what a prompt's answers are
+    does not depend on which prompts are asked with it or how the rows are split into calls."""
+    pad_to = options.pop("pad_to", None) or max(len(p) for p in prompts)
+    rows = [(i, j) for i in range(len(prompts)) for j in range(samples)]
+    ids = np.zeros((len(rows), pad_to), np.int32)
+    lengths = np.zeros(len(rows), np.int32)
+    for r, (i, _) in enumerate(rows):
+        ids[r, : len(prompts[i])], lengths[r] = prompts[i], len(prompts[i])
+    keys = jax.vmap(lambda i, j: jax.random.fold_in(jax.random.fold_in(rng, i), j))(
+        jnp.asarray([i for i, _ in rows]), jnp.asarray([j for _, j in rows])
+    )
+    new = []
+    for first in range(0, len(rows), most_rows):
+        take = np.arange(first, first + most_rows) % len(rows)  # the last call padded with rows from the start
+        out = generate_rows(config, params, jnp.asarray(ids[take]), jnp.asarray(lengths[take]), keys[take], **options)
+        new.append(np.asarray(out)[: len(rows) - first])
+    return list(np.concatenate(new).reshape(len(prompts), samples, -1))
+
+
+@partial(jax.jit, static_argnames=("config", "max_new_tokens", "sampling", "eot_id"))
+def generate_rows(
+    config: ModelConfig,
+    params,
+    prompts: jax.Array,
+    lengths: jax.Array,
+    keys: jax.Array,
+    *,
+    max_new_tokens: int,
+    sampling: SamplingConfig = SamplingConfig(),
+    eot_id: int | None = None,
+) -> jax.Array:
+    """prompts (rows, padded length) int32, row r's first lengths[r] tokens its prompt, and a key
+    a row -> (rows, max_new_tokens) new tokens, one compiled loop, as `generate` would give each
+    row alone (step i of row r drawing from fold_in(keys[r], i)). Each row is a one-row decode
+    with a KV cache of its own, vmapped, as the server's slots are (jaxgpt/serve/slots.py): its
+    prompt prefilled with the padding after it (causal attention keeps the padding out of every
+    real position), its cache's position then set to its length, so that its first new token's
+    keys overwrite the padding's."""
+
+    def prefill_row(prompt, length, key):
+        fresh = init_cache(config, 1)
+        logits, state = GPT(config).apply(
+            {"params": params, "cache": fresh}, prompt[None], decode=True, mutable=["cache"]
+        )
+        last = jax.lax.dynamic_index_in_dim(logits[0], length - 1, keepdims=True)
+        return sample_token(last, jax.random.fold_in(key, 0), sampling)[0], dict(state["cache"], index=length)
+
+    def decode_row(cache, token, key, i):
+        logits, state = GPT(config).apply({"params": params, "cache": cache}, token[None, None], decode=True,
+                                          mutable=["cache"])  # fmt: skip
+        return sample_token(logits[:, -1], jax.random.fold_in(key, i), sampling)[0], state["cache"]
+
+    rows = prompts.shape[0]
+    token, cache = jax.vmap(prefill_row)(prompts, lengths, keys)
+    out = jnp.full((rows, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
+    _, finished = _mask_finished(token, jnp.zeros((rows,), bool), eot_id)
+
+    def keep_going(carry):
+        i, _, _, _, finished = carry
+        return (i < max_new_tokens) & ~finished.all()
+
+    def step(carry):
+        i, token, cache, out, finished = carry
+        new, cache = jax.vmap(decode_row, in_axes=(0, 0, 0, None))(cache, token, keys, i)
+        new, finished = _mask_finished(new, finished, eot_id)
+        return i + 1, new, cache, out.at[:, i].set(new), finished
+
+    return jax.lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, out, finished))[3]

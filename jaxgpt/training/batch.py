@@ -92,7 +92,7 @@ def batch_fields(run) -> dict[str, type]:
 def batch_layout(run, mesh) -> dict:
     """The shapes, dtypes and shardings of `run`'s batches over `mesh` (jax.ShapeDtypeStructs,
     nothing allocated): what a step is compiled for before any batch exists."""
-    shape, where = (run.train.batch_size, run.model.block_size), batch_sharding(mesh)
+    shape, where = (run.train.batch_size, run.row_length), batch_sharding(mesh)
     patch = (run.model.patch_size**2 * run.model.channels,)
     return {
         name: jax.ShapeDtypeStruct(shape + (patch if name == "pixels" else ()), dtype, sharding=where)
