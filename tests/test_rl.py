@@ -140,6 +140,11 @@ def test_the_kl_term_is_k3_against_the_reference_and_zero_at_it():
     )
     k3 = np.exp(-0.3) + 0.3 - 1  # r - log r - 1 at r = e^-0.3
     assert float(measured["kl"]) == pytest.approx(k3, rel=1e-4) and float(loss) == pytest.approx(2 * k3, rel=1e-4)
+    # with kl 0 it is measured (how far the policy has gone) and the loss is the policy gradient's alone
+    untrained, said = scored(
+        model, params, batch | {"reference_losses": reference}, jax.random.key(0), objective=PolicyGradient()
+    )
+    assert float(said["kl"]) == pytest.approx(k3, rel=1e-4) and float(untrained) == 0.0  # advantages all 0
 
 
 def test_later_updates_take_ppos_clipped_surrogate_and_the_first_is_the_policy_gradient():

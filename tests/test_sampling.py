@@ -171,6 +171,37 @@ def test_streaming_yields_the_same_tokens_as_the_compiled_loop():
     np.testing.assert_array_equal(streamed, generate(config, params, prompt, jax.random.key(3), **args))
 
 
+def test_prompts_of_every_length_answered_together_are_each_answered_as_alone():
+    """answer_each pads the prompts on the right into one program (generate_rows): each prompt's
+    answers are `generate`'s for that prompt alone with its own key (greedy: the full forward's
+    argmax), whatever the other prompts' lengths and however the rows are split into calls
+    (sampled at temperature 1, so a misplaced key or a padded key read in attention shows)."""
+    from jaxgpt.model.sampling import answer_each
+
+    config, params = model(position="rope", block_size=32)
+    rng = np.random.default_rng(1)
+    prompts = [rng.integers(0, 48, n).astype(np.int32) for n in (3, 7, 5)]
+    greedy = answer_each(config, params, prompts, 2, jax.random.key(0), most_rows=6, max_new_tokens=6, sampling=GREEDY)
+    for prompt, answers in zip(prompts, greedy, strict=True):
+        alone = greedy_without_cache(config, params, jnp.asarray(prompt[None]), 6)[0]
+        np.testing.assert_array_equal(answers, np.stack([alone, alone]))
+    drawn = SamplingConfig(temperature=1.0)
+    together = answer_each(config, params, prompts, 2, jax.random.key(1), most_rows=6, max_new_tokens=6, sampling=drawn)
+    split = answer_each(config, params, prompts, 2, jax.random.key(1), most_rows=4, max_new_tokens=6, sampling=drawn,
+                        pad_to=12)  # fmt: skip
+    other = [prompts[0], rng.integers(0, 48, 10).astype(np.int32), prompts[2]]
+    beside = answer_each(config, params, other, 2, jax.random.key(1), most_rows=6, max_new_tokens=6, sampling=drawn)
+    for i in range(3):
+        np.testing.assert_array_equal(split[i], together[i])
+    for i in (0, 2):
+        np.testing.assert_array_equal(beside[i], together[i])
+        for j in range(2):  # sample j of prompt i: generate on that prompt alone, its key fold_in(fold_in(rng, i), j)
+            key = jax.random.fold_in(jax.random.fold_in(jax.random.key(1), i), j)
+            alone = generate(config, params, jnp.asarray(prompts[i][None]), key, max_new_tokens=6, sampling=drawn)
+            np.testing.assert_array_equal(together[i][j], np.asarray(alone)[0])
+    assert len({together[i][j].tobytes() for i in range(3) for j in range(2)}) > 3  # the draws differ
+
+
 def test_rows_stop_at_the_end_token():
     config, params = model()
     prompt = jnp.zeros((2, 2), jnp.int32)

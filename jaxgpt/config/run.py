@@ -152,7 +152,8 @@ class Reinforcement:
     scale: divide each advantage by its group's standard deviation (GRPO's; Dr. GRPO leaves
         it out, Liu et al. 2025); with the group baseline only.
     kl: coefficient of the KL divergence to the run's starting model (train.init_from's
-        weights, frozen), the k3 estimate per token (Schulman 2020); 0 for none.
+        weights, frozen), the k3 estimate per token (Schulman 2020), in the loss; 0 for none
+        (it is measured, train_kl, either way).
     every_token: the loss on the prompt's tokens too (the ablation: the policy gradient on
         tokens the model did not choose).
     updates: optimizer steps taken on each batch of answers (GRPO's and PPO's mu), so a batch

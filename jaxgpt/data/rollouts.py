@@ -66,9 +66,8 @@ class Rollouts:
         self.decoder = decoding_model(model, self.length)  # a cache of a row's positions, not the context's
         self.longest = max(len(p.ids) for p in self.prompts)  # every step's prompts padded to it: one program
         self.rows_a_call = (rl.draws or rl.prompts) * rl.samples  # the most rows answer_each decodes at once: all
-        self.reference = None  # the starting model's parameters, for train.rl.kl (the trainer sets them)
+        self.reference = None  # the starting model's parameters, the KL's reference (the trainer sets them)
         self._losses = jax.jit(partial(answer_losses, model=model))
-        self._reference_losses = self._losses if rl.kl else None
         self.said: list[dict] = []  # each rollout's measurements, taken by the trainer's record
 
     def batch(self, run, mesh, index: int, stream: int) -> dict:
@@ -89,8 +88,8 @@ class Rollouts:
         advantages = group_advantages(rewards[kept], rl.baseline, rl.scale)
         answers_kept = [answers[g * rl.samples + i] for g in kept for i in range(rl.samples)]
         batch = self.rows([groups[g] for g in kept], answers_kept, advantages)
-        if self._reference_losses is not None:
-            batch["reference_losses"] = np.asarray(self._reference_losses(self.reference, batch))
+        if self.reference is not None:  # the KL to the starting model: measured, and with train.rl.kl trained
+            batch["reference_losses"] = np.asarray(self._losses(self.reference, batch))
         if rl.updates > 1:  # PPO's ratio's denominator: the policy that sampled them
             batch["sampling_losses"] = np.asarray(self._losses(params, batch))
         self.said.append(
@@ -188,7 +187,7 @@ def group_advantages(rewards: np.ndarray, baseline: str, scale: bool) -> np.ndar
 
 
 def answer_losses(params, batch, *, model):
-    """Each position's cross-entropy under `params` (the reference model's, for train.rl.kl)."""
+    """Each position's cross-entropy under `params` (the starting model's, or the sampling one's)."""
     from jaxgpt.model.transformer import GPT
     from jaxgpt.training.train_step import token_losses
 

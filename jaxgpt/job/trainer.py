@@ -111,7 +111,7 @@ def train_and_evaluate(
         with contextlib.closing(trainer), contextlib.closing(trainer.checkpoints):
             if from_step is not None:
                 trainer.checkpoints.abandon_after(from_step)
-            keep_start = bool(trainer.config.train.rl and trainer.config.train.rl.kl)  # its reference: step 0's model
+            keep_start = bool(trainer.config.train.rl)  # the KL's reference: step 0's model
             start = restore_or_start(  # refuses an incompatible run before anything is written
                 trainer.checkpoints, trainer.state, trainer.config, resolved.dataset.tokenizer, workdir, keep_start,
                 main=main, say=say, warn=warn,

@@ -22,7 +22,7 @@ and for an encoder–decoder (model.encoder_layers), what its encoder reads, (ro
 and for learning from rewards (train.rl; jaxgpt/data/rollouts.py), beside the sampled answers:
 
     advantages        float32  each scored position's advantage, its answer's
-    reference_losses  float32  the starting model's cross-entropy there (train.rl.kl)
+    reference_losses  float32  the starting model's cross-entropy there (the KL's reference)
     sampling_losses   float32  the cross-entropy there of the parameters that sampled the
                                answers (train.rl.updates > 1: PPO's ratio's denominator)
 
@@ -76,7 +76,7 @@ def batch_fields(run) -> dict[str, type]:
     fields = {"inputs": jnp.int32, "targets": jnp.int32}
     if run.train.rl:  # sampled answers, one a row (jaxgpt/data/rollouts.py)
         fields |= {"weights": jnp.float32, "advantages": jnp.float32}
-        fields |= {"reference_losses": jnp.float32} if run.train.rl.kl else {}
+        fields |= {"reference_losses": jnp.float32}
         return fields | ({"sampling_losses": jnp.float32} if run.train.rl.updates > 1 else {})
     if run.data.examples:  # packed examples, the loss on their answers (jaxgpt/data/pairs.py)
         fields["weights"] = jnp.float32

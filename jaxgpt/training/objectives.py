@@ -216,12 +216,12 @@ class PolicyGradient(Objective):
     of the parameters that sampled it, and the loss is PPO's clipped surrogate
     -min(r A, clip(r, 1 - clip, 1 + clip) A), r = pi / pi_sampling (Schulman et al. 2017),
     the share of tokens whose ratio the clip held measured as "clipped". Divided by the batch's
-    answer tokens, as every objective's loss by its weight. With `kl` and the batch's
-    "reference_losses" (the starting model's cross-entropy of the same tokens), each position
-    adds kl x the k3 estimate of KL(pi || reference), r - log r - 1 for r = pi_ref / pi
-    (Schulman 2020), measured as "kl". A batch without advantages (the held-out conversations'
-    reference answers) is scored as the next-token objective scores it: an evaluation of the
-    policy is the decoder's."""
+    answer tokens, as every objective's loss by its weight. With the batch's "reference_losses"
+    (the starting model's cross-entropy of the same tokens) the k3 estimate of KL(pi ||
+    reference), r - log r - 1 for r = pi_ref / pi (Schulman 2020), is measured as "kl" (how far
+    the policy has gone), and with `kl` above 0 each position adds kl times it. A batch without
+    advantages (the held-out conversations' reference answers) is scored as the next-token
+    objective scores it: an evaluation of the policy is the decoder's."""
 
     name: str = "policy_gradient"
     kl: float = 0.0
@@ -239,11 +239,12 @@ class PolicyGradient(Objective):
             measured["clipped"] = ((ratio * advantages > clipped * advantages) * scores).sum()  # the clip's side taken
         else:
             per_position = losses * advantages
-        if "reference_losses" in batch:
+        if "reference_losses" in batch:  # measured whatever `kl`; trained on where it is above 0
             log_ratio = losses - batch["reference_losses"]  # log pi_ref - log pi
             kl = jnp.exp(log_ratio) - log_ratio - 1
             measured["kl"] = (kl * scores).sum()
-            per_position = per_position + self.kl * kl
+            if self.kl:
+                per_position = per_position + self.kl * kl
         return per_position * scores, measured
 
 
