@@ -15,4 +15,5 @@ def get_config():
     config.data.source = "builtin:arithmetic-chat-3"
     config.train.init_from = "runs/sft_arithmetic_3"
     config.train.rl.max_tokens = 24  # "98 + 21 + 94 = 213" and the end of the turn are 19
+    config.train.rl.length = 56  # the longest question (25 tokens) and the longest answer
     return config

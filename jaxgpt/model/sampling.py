@@ -214,10 +214,20 @@ def generate(
     After a row emits eot_id the rest of it is eot_id (callers cut there); the loop ends early
     once every row has ended.
     """
-    batch = prompt.shape[0]
     token, cache = prefill(config, params, prompt, rng, sampling, memory)
-    out = jnp.full((batch, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
-    _, finished = _mask_finished(token, jnp.zeros((batch,), bool), eot_id)
+
+    def next_token(cache, token, i):
+        return decode_step(config, params, cache, token, rng, i, sampling, memory)
+
+    return _decode_loop(token, cache, next_token, max_new_tokens, eot_id)
+
+
+def _decode_loop(token, cache, next_token, max_new_tokens: int, eot_id: int | None) -> jax.Array:
+    """The first new tokens (rows,) and the cache after them -> (rows, max_new_tokens), each step
+    next_token(cache, token, i) -> (token, cache), in one compiled loop that ends once every row
+    has written eot_id (the rest of a row that has is eot_id)."""
+    out = jnp.full((token.shape[0], max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
+    _, finished = _mask_finished(token, jnp.zeros(token.shape, bool), eot_id)
 
     def keep_going(carry):
         i, _, _, _, finished = carry
@@ -225,7 +235,7 @@ def generate(
 
     def step(carry):
         i, token, cache, out, finished = carry
-        new, cache = decode_step(config, params, cache, token, rng, i, sampling, memory)
+        new, cache = next_token(cache, token, i)
         new, finished = _mask_finished(new, finished, eot_id)
         return i + 1, new, cache, out.at[:, i].set(new), finished
 
@@ -312,19 +322,9 @@ def generate_rows(
                                           mutable=["cache"])  # fmt: skip
         return sample_token(logits[:, -1], jax.random.fold_in(key, i), sampling)[0], state["cache"]
 
-    rows = prompts.shape[0]
     token, cache = jax.vmap(prefill_row)(prompts, lengths, keys)
-    out = jnp.full((rows, max_new_tokens), 0 if eot_id is None else eot_id, jnp.int32).at[:, 0].set(token)
-    _, finished = _mask_finished(token, jnp.zeros((rows,), bool), eot_id)
 
-    def keep_going(carry):
-        i, _, _, _, finished = carry
-        return (i < max_new_tokens) & ~finished.all()
+    def next_token(cache, token, i):
+        return jax.vmap(decode_row, in_axes=(0, 0, 0, None))(cache, token, keys, i)
 
-    def step(carry):
-        i, token, cache, out, finished = carry
-        new, cache = jax.vmap(decode_row, in_axes=(0, 0, 0, None))(cache, token, keys, i)
-        new, finished = _mask_finished(new, finished, eot_id)
-        return i + 1, new, cache, out.at[:, i].set(new), finished
-
-    return jax.lax.while_loop(keep_going, step, (jnp.int32(1), token, cache, out, finished))[3]
+    return _decode_loop(token, cache, next_token, max_new_tokens, eot_id)
