@@ -9,10 +9,10 @@ initialisation of the same shape, which rarely ends an answer before train.rl.ma
 samples every token it may: the table says which). Two tables:
 
 1. Sampling alone (jaxgpt/data/rollouts.py `rollout`, on the run's own mesh): each of the first
-   --steps steps' prompts answered train.rl.samples times, once with one decoding call a prompt
-   and once with the prompts of one length together (`answer_each`, what training does), after
-   a first pass over the same steps that compiled every prompt length. Sampled tokens are the
-   answers' own, up to and with their end of turn.
+   --steps steps' prompts (train.rl.draws of them, or train.rl.prompts) answered train.rl.samples
+   times, once with one decoding call a prompt and once with every row in one call (what training
+   does: `answer_each`, the prompts padded to one length), after a first pass over the same steps
+   that compiled both. Sampled tokens are the answers' own, up to and with their end of turn.
 2. A step of training (train.py's engine, `train_and_evaluate`, logging every step): the seconds
    of a step spent sampling (the rollout's, measured after the previous update finished) and the
    rest (the update, and the host's scoring), medians over the steps after the first two.
@@ -48,17 +48,18 @@ def sampling_rates(run, dataset, params, steps: int, say) -> list[dict]:
     mesh = sharding.make_mesh(run.mesh)
     rl, rows = run.train.rl, []
     say(f"{'decoding calls':>34} {'seconds a rollout':>17} {'sampled tokens/s':>16}")
-    ways = (("one a prompt", rl.samples), ("prompts of one length together", rl.prompts * rl.samples))
+    drawn = rl.draws or rl.prompts
+    ways = (("one a prompt", rl.samples), ("every row at once (training's)", drawn * rl.samples))
     for name, rows_a_call in ways:
         rollouts.rows_a_call = rows_a_call
-        for step in range(steps):  # every prompt length this run meets, compiled
+        for step in range(steps):  # compiled, and the answers' lengths the same in the timed pass
             rollouts.rollout(params, step, mesh)
         rollouts.said = []
         started = time.perf_counter()
         for step in range(steps):
             rollouts.rollout(params, step, mesh)
         seconds = time.perf_counter() - started
-        tokens = sum(s["answer_tokens"] * rl.prompts * rl.samples for s in rollouts.said)
+        tokens = sum(s["answer_tokens"] * drawn * rl.samples for s in rollouts.said)
         row = dict(calls=name, rows_a_call=rows_a_call, seconds_a_rollout=seconds / steps)
         rows.append(row | dict(sampled_tokens_per_sec=tokens / seconds, answer_tokens=tokens / steps))
         say(f"{name:>34} {row['seconds_a_rollout']:>17.3f} {rows[-1]['sampled_tokens_per_sec']:>16,.0f}")
@@ -73,7 +74,8 @@ def step_shares(config, steps: int, say) -> dict:
     with tempfile.TemporaryDirectory() as workdir:
         train_and_evaluate(config, workdir, progress=False)
         records = [json.loads(line) for line in (Path(workdir) / "metrics.jsonl").read_text().splitlines()]
-    tokens_per_step = config.train.rl.prompts * config.train.rl.samples * config.model.block_size
+    row_length = config.train.rl.length or config.model.block_size  # RunConfig.row_length
+    tokens_per_step = config.train.rl.prompts * config.train.rl.samples * row_length
     later = [r for r in records if r["step"] > 2]
     step_sec = statistics.median(tokens_per_step / r["tokens_per_sec"] for r in later)
     sampling_sec = statistics.median(r["rl_sampling_sec"] for r in later)

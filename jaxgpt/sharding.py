@@ -160,6 +160,12 @@ def batch_sharding(mesh: Mesh) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH, None))
 
 
+def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
+    """A leading axis of `rows` split over data x fsdp where they divide evenly, else whole on
+    every device: how a rollout's answers are decoded, each device its share of the rows."""
+    return NamedSharding(mesh, PartitionSpec(BATCH) if rows % data_parallel_size(mesh) == 0 else PartitionSpec())
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     """How many ways a batch's rows are split."""
     return math.prod(mesh.shape[axis] for axis in BATCH)

@@ -174,9 +174,12 @@ def test_streaming_yields_the_same_tokens_as_the_compiled_loop():
 def test_prompts_of_every_length_answered_together_are_each_answered_as_alone():
     """answer_each pads the prompts on the right into one program (generate_rows): each prompt's
     answers are `generate`'s for that prompt alone with its own key (greedy: the full forward's
-    argmax), whatever the other prompts' lengths and however the rows are split into calls
-    (sampled at temperature 1, so a misplaced key or a padded key read in attention shows)."""
+    argmax), whatever the other prompts' lengths, however the rows are split into calls and
+    whether a call's rows are split over devices (sampled at temperature 1, so a misplaced key or
+    a padded key read in attention shows)."""
+    from jaxgpt.config import MeshConfig
     from jaxgpt.model.sampling import answer_each
+    from jaxgpt.sharding import make_mesh, rows_sharding
 
     config, params = model(position="rope", block_size=32)
     rng = np.random.default_rng(1)
@@ -191,8 +194,14 @@ def test_prompts_of_every_length_answered_together_are_each_answered_as_alone():
                         pad_to=12)  # fmt: skip
     other = [prompts[0], rng.integers(0, 48, 10).astype(np.int32), prompts[2]]
     beside = answer_each(config, params, other, 2, jax.random.key(1), most_rows=6, max_new_tokens=6, sampling=drawn)
+    four = make_mesh(MeshConfig(data=4), jax.devices()[:4])
+    assert rows_sharding(four, 4).shard_shape((4, 12)) == (1, 12)  # a row a device
+    assert rows_sharding(four, 6).shard_shape((6, 12)) == (6, 12)  # rows that do not divide: on every device
+    on_four = answer_each(config, params, prompts, 2, jax.random.key(1), most_rows=4, max_new_tokens=6,
+                          sampling=drawn, rows_on=rows_sharding(four, 4))  # fmt: skip
     for i in range(3):
         np.testing.assert_array_equal(split[i], together[i])
+        np.testing.assert_array_equal(on_four[i], together[i])
     for i in (0, 2):
         np.testing.assert_array_equal(beside[i], together[i])
         for j in range(2):  # sample j of prompt i: generate on that prompt alone, its key fold_in(fold_in(rng, i), j)

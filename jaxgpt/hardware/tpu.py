@@ -176,14 +176,30 @@ def compile_sampling(run: RunConfig, devices, prompt_len: int, max_new_tokens: i
 
 
 def compile_rollout(run: RunConfig, devices):
-    """Compile train.rl's sampling for `devices`: its prompts x samples rows answered at once, a
-    prompt as long as leaves room for train.rl.max_tokens (the longest a rollout decodes), with
-    the parameters laid out on the run's mesh as its train step holds them. The other half of a
-    step of learning from rewards (compile_train_step compiles the update); returns the compiled
-    program."""
+    """Compile train.rl's sampling for `devices` as a rollout runs it (jaxgpt/data/rollouts.py):
+    `generate_rows` on every row a step draws, (train.rl.draws or prompts) x samples, each row's
+    prompt as long as leaves room for train.rl.max_tokens, its KV cache a row's length (the
+    model `for_decoding` train.rl.length's positions), the parameters laid out on the run's mesh
+    as its train step holds them, the rows split over the mesh's batch axes as a rollout splits
+    them (sharding.rows_sharding: each device decodes its share). The other half of a step of
+    learning from rewards (compile_train_step compiles the update); returns the compiled program."""
+    from jaxgpt.model.sampling import SamplingConfig, for_decoding, generate_rows
+    from jaxgpt.model.transformer import init_params
+
     rl = run.train.rl
-    prompt_len = run.row_length - rl.max_tokens
-    return compile_sampling(run, devices, prompt_len, rl.max_tokens, rl.prompts * rl.samples, mesh=run.mesh)
+    rows, prompt_len = (rl.draws or rl.prompts) * rl.samples, run.row_length - rl.max_tokens
+    mesh = sharding.make_mesh(run.mesh, devices)
+    model = for_decoding(run.model.replace(dtype="float32"), run.row_length)
+    params = sharding.laid_out(jax.eval_shape(partial(init_params, model), jax.random.key(0)), mesh)
+    split = sharding.rows_sharding(mesh, rows)
+    prompts = jax.ShapeDtypeStruct((rows, prompt_len), jnp.int32, sharding=split)
+    lengths = jax.ShapeDtypeStruct((rows,), jnp.int32, sharding=split)
+    keys = jax.ShapeDtypeStruct((rows,), jax.random.key(0).dtype, sharding=split)
+    sampling = SamplingConfig(temperature=rl.temperature, top_p=rl.top_p)
+    lowered = generate_rows.lower(model, params, prompts, lengths, keys, max_new_tokens=rl.max_tokens,
+                                  sampling=sampling)  # fmt: skip
+    with memory.refusals_as_out_of_memory():
+        return lowered.compile()
 
 
 def rollout_bytes(step: StepOnTpu, compiled) -> int:
@@ -204,7 +220,8 @@ def rollout_bytes(step: StepOnTpu, compiled) -> int:
 def rollout_line(run: RunConfig, tpu: TpuTarget, compiled, needed: int) -> str:
     rl, analysis = run.train.rl, compiled.memory_analysis()
     return (
-        f"train.rl's sampling ({rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} tokens after "
+        f"train.rl's sampling ({rl.draws or rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} "
+        f"tokens after "
         f"{run.row_length - rl.max_tokens}-token prompts): temporaries {analysis.temp_size_in_bytes / 2**20:,.1f}"
         f" MiB a device (the KV cache among them), with the training state beside them {needed / GiB:.2f} GiB of "
         f"{tpu.hbm_bytes / GiB:.0f} GiB ({needed / tpu.hbm_bytes:.0%})"
@@ -274,6 +291,9 @@ def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) ->
     ]
 
 
+FEWER_ROWS = "answer fewer rows at once (train.rl.draws or prompts, samples), or shorter ones (train.rl.length)"
+
+
 def check(config, target_name: str, mfu: float, vocab_size: int | None = None, say=print) -> str | None:
     """`python -m jaxgpt check --target`: compile the config's train step for a TPU slice and
     report what it needs of each device. None when it fits; otherwise the one line to fail
@@ -296,7 +316,10 @@ def check(config, target_name: str, mfu: float, vocab_size: int | None = None, s
         needed = step.total_bytes
         if run.train.rl:  # a step of learning from rewards is two programs: the sampling too
             say(f"compiling train.rl's sampling for {tpu.name}...")
-            sampling = compile_rollout(run, devices)
+            try:
+                sampling = compile_rollout(run, devices)
+            except OutOfMemory as error:  # what would shrink it is the rollout's size, not the step's
+                return f"does not fit {tpu.name}: train.rl's sampling: the TPU compiler says {error}; {FEWER_ROWS}"
             say(rollout_line(run, tpu, sampling, rollout_bytes(step, sampling)))
             needed = max(needed, rollout_bytes(step, sampling))
         if needed <= tpu.hbm_bytes:

@@ -263,8 +263,9 @@ def generate_stream(config: ModelConfig, params, prompt: jax.Array, rng: jax.Arr
 
 def answer_each(config: ModelConfig, params, prompts, samples: int, rng: jax.Array, *, most_rows: int, **options):
     """Each prompt (a 1-d array of ids; their lengths may differ) answered `samples` times
-    (`options`: max_new_tokens, sampling, eot_id, and pad_to, the length every prompt is padded
-    to, default the longest given): a list of (samples, max_new_tokens) arrays, one a prompt, in
+    (`options`: max_new_tokens, sampling, eot_id; pad_to, the length every prompt is padded
+    to, default the longest given; rows_on, where a call's rows go, a sharding of their leading
+    axis, default the default device): a list of (samples, max_new_tokens) arrays, one a prompt, in
     the prompts' order, each row cut as `generate`'s are.
 
     The prompts' rows go through `generate_rows` together, padded on the right to one length, in
@@ -273,6 +274,7 @@ def answer_each(config: ModelConfig, params, prompts, samples: int, rng: jax.Arr
     Sample j of prompt i draws from fold_in(fold_in(rng, i), j), so what a prompt's answers are
     does not depend on which prompts are asked with it or how the rows are split into calls."""
     pad_to = options.pop("pad_to", None) or max(len(p) for p in prompts)
+    rows_on = options.pop("rows_on", None)
     rows = [(i, j) for i in range(len(prompts)) for j in range(samples)]
     ids = np.zeros((len(rows), pad_to), np.int32)
     lengths = np.zeros(len(rows), np.int32)
@@ -284,7 +286,8 @@ def answer_each(config: ModelConfig, params, prompts, samples: int, rng: jax.Arr
     new = []
     for first in range(0, len(rows), most_rows):
         take = np.arange(first, first + most_rows) % len(rows)  # the last call padded with rows from the start
-        out = generate_rows(config, params, jnp.asarray(ids[take]), jnp.asarray(lengths[take]), keys[take], **options)
+        placed = (jax.device_put(rows, rows_on) for rows in (ids[take], lengths[take], keys[take]))
+        out = generate_rows(config, params, *placed, **options)
         new.append(np.asarray(out)[: len(rows) - first])
     return list(np.concatenate(new).reshape(len(prompts), samples, -1))
 
