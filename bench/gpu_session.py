@@ -8,6 +8,7 @@ Stages (docs/benchmarks.md records what they printed, with the device named):
   versions     the device's JAX, flax, optax, orbax and the packages requirements.txt names
                (installed, or missing), and one forward and backward pass of a small model
   tiny         the README's first run (`train.py --config configs/tiny.py`), timed, then sample.py
+  rollout      learning from rewards (bench/rollout.py): sampled tokens/s, a step's share sampling
   attention    the `dot_product` kernel (cuDNN flash attention where it runs) against the `xla`
                kernel: outputs and q/k/v gradients in bfloat16 against a float32 reference,
                whether cuDNN was used, and the time of each
@@ -150,6 +151,15 @@ def tiny(dry: bool, workdir: Path) -> dict:
         "tokens_per_sec": [r["tokens_per_sec"] for r in records if "tokens_per_sec" in r][-3:],
         "sample": sample[-400:],
     }
+
+
+def rollout(dry: bool, workdir: Path) -> dict:
+    """Learning from rewards on the accelerator: bench/rollout.py's sampled tokens/s (every row
+    in one call against one call a prompt) and a step's share spent sampling, rl_arithmetic's
+    shape on a fresh initialisation (answers run to train.rl.max_tokens)."""
+    out = workdir / "rollout.json"
+    seconds, _ = python("bench/rollout.py", "--steps", "3" if dry else "10", "--out", str(out))
+    return {"seconds": seconds} | json.loads(out.read_text())
 
 
 def relative_error(x, reference) -> float:
@@ -421,6 +431,7 @@ def tests(dry: bool, workdir: Path) -> dict:
 STAGES = [
     Stage("versions", 90, versions),
     Stage("tiny", 150, tiny),
+    Stage("rollout", 120, rollout),
     Stage("attention", 90, attention),
     Stage("loss", 90, loss),
     Stage("experts", 90, experts),

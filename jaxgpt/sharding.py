@@ -166,6 +166,14 @@ def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
     return NamedSharding(mesh, PartitionSpec(BATCH) if rows % data_parallel_size(mesh) == 0 else PartitionSpec())
 
 
+def rows_beside(params, rows: int) -> NamedSharding | None:
+    """Where rows decoded by `params` go: split over the mesh the parameters are laid out on
+    (rows_sharding), or, for parameters on no mesh, nowhere in particular (None: the default
+    device, where jit moves them beside the parameters)."""
+    where = jax.tree.leaves(params)[0].sharding
+    return rows_sharding(where.mesh, rows) if isinstance(where, NamedSharding) else None
+
+
 def data_parallel_size(mesh: Mesh) -> int:
     """How many ways a batch's rows are split."""
     return math.prod(mesh.shape[axis] for axis in BATCH)

@@ -6,7 +6,8 @@ and the same weights. A cell that cannot be is refused in one line when the conf
 
 The objectives: next-token prediction on a text, masked-token prediction (an encoder), an
 encoder–decoder on text pairs, a decoder on text pairs, conversations, classification of
-labelled texts, and of images (a Vision Transformer). The settings: plain, a
+labelled texts, and of images (a Vision Transformer), and learning from rewards (a chat model's
+sampled answers, scored). The settings: plain, a
 mixture of experts, low-rank adapters, 2 microbatches, the batch split over 2 CPU cores (one
 program per core, as train.py runs on a 2-core machine), scanned layers, a chunked loss, full
 rematerialisation, multi-token prediction. The next-token row is in the quick set (26 s on a
@@ -28,6 +29,7 @@ from jaxgpt.job.checkpoint import load_latest
 from jaxgpt.job.trainer import train_and_evaluate
 
 TIMING = {"tokens_per_sec", "tokens_per_sec_per_device", "mfu", "elapsed_sec"}
+TIMING |= {"rl_sampled_tokens_per_sec", "rl_sampling_sec"}  # a rollout's speed
 
 OBJECTIVES = {
     "next-token": {},
@@ -43,6 +45,16 @@ OBJECTIVES = {
         "model.patch_size": 4,
         "model.block_size": 17,
         "model.position": "learned",
+    },
+    "rewards": {  # learning from rewards: each step's batch is answers the model samples, scored
+        "data.source": "builtin:arithmetic-chat",
+        "data.tokenizer": "byte",
+        "model.block_size": 48,
+        "train.rl.samples": 4,
+        "train.rl.prompts": 2,
+        "train.rl.max_tokens": 8,
+        "train.rl.reward": "number",  # any number within 100 times the answer's size: a signal from the start
+        "train.rl.tolerance": 100.0,
     },
 }
 SETTINGS = {
@@ -112,6 +124,8 @@ def trains_and_resumes_exactly(objective: str, setting: str, tmp_path, request, 
     records = metrics(straight)
     assert [r["step"] for r in records if "val_loss" in r] == [2, 4]
     assert all(np.isfinite(r["val_loss"]) for r in records if "val_loss" in r)
+    if objective == "rewards":  # the answers' rewards differed: a gradient, not a run of zeros
+        assert any(r["grad_norm"] > 0 for r in records)
     assert metrics(stopped) == records
     _, a, _, step_a = load_latest(straight)
     _, b, _, step_b = load_latest(stopped)

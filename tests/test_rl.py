@@ -301,7 +301,7 @@ def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(tmp_path,
     rollouts, _ = data.batch_sources(dataset, run)
     params = init_params(run.model, jax.random.key(3))
     mesh = sharding.make_mesh(run.mesh, jax.devices()[:1])
-    groups, _ = rollouts.sample(params, 1, mesh)
+    groups, _ = rollouts.sample(params, 1)
     rewards = [rollouts.reward([rollouts.answer(prompt, t)[0] for t in new]) for prompt, new in groups]
     signal = [g for g, r in enumerate(rewards) if len(set(r)) > 1]
     assert 2 <= len(signal) < 8, rewards  # the case has both kinds

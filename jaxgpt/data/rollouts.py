@@ -32,7 +32,7 @@ import numpy as np
 from jaxgpt.data.conversations import ASSISTANT, END, USER
 from jaxgpt.errors import UserError
 from jaxgpt.model.sampling import SamplingConfig, answer_each, decoding_model
-from jaxgpt.sharding import batch_sharding, rows_sharding
+from jaxgpt.sharding import batch_sharding, rows_beside
 from jaxgpt.training.rewards import Answer, exact, reward_function
 
 ROLLOUT_STREAM = 3  # the stream the prompts and the answers' keys are drawn from (data's use 0-2)
@@ -77,7 +77,7 @@ class Rollouts:
         """Step `step`'s batch (the batch contract's dict, sharded over `mesh`) of answers
         sampled by `params`, its measurements appended to `said`."""
         rl = self.rl
-        groups, seconds = self.sample(params, step, mesh)
+        groups, seconds = self.sample(params, step)
         answers = [self.answer(prompt, tokens) for prompt, new in groups for tokens in new]
         sampled = sum(len(tokens) for _, tokens in answers)  # each up to its end of turn: what was asked for
         rewards = np.asarray(self.reward([a for a, _ in answers]), np.float64).reshape(len(groups), rl.samples)
@@ -106,10 +106,11 @@ class Rollouts:
         )
         return jax.device_put(batch, batch_sharding(mesh))
 
-    def sample(self, params, step: int, mesh) -> tuple[list[tuple[Prompt, np.ndarray]], float]:
+    def sample(self, params, step: int) -> tuple[list[tuple[Prompt, np.ndarray]], float]:
         """([(prompt, its (samples, max_tokens) answer tokens)] for step `step`'s draws prompts,
-        drawn by (seed, step), the seconds the sampling took), each of `mesh`'s devices decoding
-        its share of the rows."""
+        drawn by (seed, step), the seconds the sampling took), decoded where the parameters are:
+        the rows split over the mesh they are laid out on (not the CPU cores' mesh an update's
+        batch may be split over: the parameters are whole on one device there)."""
         rl = self.rl
         jax.block_until_ready(params)  # the update before it done: its time is not the sampling's
         started = time.perf_counter()
@@ -122,7 +123,7 @@ class Rollouts:
         answered = answer_each(
             self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=self.rows_a_call,
             max_new_tokens=rl.max_tokens, sampling=self.sampling, eot_id=self.end, pad_to=self.longest,
-            rows_on=rows_sharding(mesh, self.rows_a_call),
+            rows_on=rows_beside(params, self.rows_a_call),
         )  # fmt: skip
         return list(zip(prompts, answered, strict=True)), time.perf_counter() - started
 
