@@ -1,11 +1,12 @@
 """Learning from rewards (docs/lab.md "Learning from rewards"): the chat model
 configs/sft_arithmetic.py fine-tuned (train.init_from=runs/sft_arithmetic) answers the training
-conversations' first questions itself, eight answers a question, and learns from which were
-right: the reward is 1 for the exact answer ("37 + 45 = 82"), its advantage the reward minus
-its group's mean over the group's spread (GRPO). Evaluated as the SFT run is, on the held-out
-conversations (val_exact_match); logged beside it, rl_reward and rl_exact_match of the
-sampled answers, the share of groups whose answers all tie (rl_tied_groups: no signal), and
-the sampling's speed.
+conversations' first questions itself, eight answers a question, 64 questions a step, and learns
+from which were right: the reward is 1 for the exact answer ("37 + 45 = 82"), its advantage the
+reward minus its group's mean over the group's spread (GRPO), the step trained on 16 groups,
+those whose answers differ first (a group all right or all wrong carries no signal). Evaluated
+as the SFT run is, on the held-out conversations (val_exact_match); logged beside it, rl_reward
+and rl_exact_match of the sampled answers, the share of groups whose answers all tie
+(rl_tied_groups), train_kl to the SFT model, and the sampling's speed.
 
     python train.py --config configs/arithmetic.py --workdir runs/arithmetic
     python train.py --config configs/sft_arithmetic.py --workdir runs/sft_arithmetic
