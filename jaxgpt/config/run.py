@@ -338,21 +338,7 @@ class TrainConfig:
                 f"does not divide train.batch_size={self.batch_size}; choose microbatches dividing the batch, or 0 to "
                 "let the run choose",
             )
-        if not 0 <= self.min_lr <= self.lr:
-            problems.add("min_lr", f"must be between 0 and train.lr={self.lr}")
-        if not 0 <= self.warmup_steps < self.steps:
-            problems.add("warmup_steps", f"must be >= 0 and below train.steps={self.steps}")
-        if self.decay_steps and not self.warmup_steps < self.decay_steps:
-            problems.add(
-                "decay_steps", f"must be 0 (decay until train.steps) or above train.warmup_steps={self.warmup_steps}"
-            )
-        decay_end = self.decay_steps or self.steps
-        if not 0 <= self.cooldown_steps <= decay_end - self.warmup_steps:
-            problems.add(
-                "cooldown_steps",
-                f"must be between 0 (a cosine decay) and {decay_end - self.warmup_steps}, the steps between the "
-                f"warmup's end ({self.warmup_steps}) and the decay's ({decay_end})",
-            )
+        self._check_schedule(problems)
         problems.below_one("beta1", "beta2", "muon_momentum", "muon_momentum_start")
         if self.rl and self.rl.updates > 1:  # a run stops and resumes between batches of answers alone
             for name in ("steps", "checkpoint_every"):
@@ -369,6 +355,24 @@ class TrainConfig:
         problems.one_of("optimizer", ("adamw", "muon"))
         problems.positive("muon_lr")
         problems.raise_if_any()
+
+    def _check_schedule(self, problems: Problems) -> None:
+        """The learning rate's schedule: warmup, decay and cooldown within the run's steps."""
+        if not 0 <= self.min_lr <= self.lr:
+            problems.add("min_lr", f"must be between 0 and train.lr={self.lr}")
+        if not 0 <= self.warmup_steps < self.steps:
+            problems.add("warmup_steps", f"must be >= 0 and below train.steps={self.steps}")
+        if self.decay_steps and not self.warmup_steps < self.decay_steps:
+            problems.add(
+                "decay_steps", f"must be 0 (decay until train.steps) or above train.warmup_steps={self.warmup_steps}"
+            )
+        decay_end = self.decay_steps or self.steps
+        if not 0 <= self.cooldown_steps <= decay_end - self.warmup_steps:
+            problems.add(
+                "cooldown_steps",
+                f"must be between 0 (a cosine decay) and {decay_end - self.warmup_steps}, the steps between the "
+                f"warmup's end ({self.warmup_steps}) and the decay's ({decay_end})",
+            )
 
 
 @dataclasses.dataclass(frozen=True)
