@@ -127,7 +127,8 @@ def main() -> None:
     rl, model = run.train.rl, run.model
     print(
         f"{machine}; {len(jax.devices())} device(s); model {model.n_layer} layers x {model.d_model} wide, "
-        f"{rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} tokens a step; {origin}"
+        f"{rl.draws or rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} tokens a step, "
+        f"{rl.prompts} of the groups trained; {origin}"
     )
     result = dict(machine=machine, devices=len(jax.devices()), config=run.to_dict(), weights=origin)
     result["sampling"] = sampling_rates(run, dataset, params, STEPS.value, print)
