@@ -11,8 +11,9 @@ sampled answers, scored). The settings: plain, a
 mixture of experts, low-rank adapters, 2 microbatches, the batch split over 2 CPU cores (one
 program per core, as train.py runs on a 2-core machine), scanned layers, a chunked loss, full
 rematerialisation, multi-token prediction. The next-token row is in the quick set (26 s on a
-2-vCPU Zen 5, before the multi-token column's 5 s); the other six rows are slow (336 s together
-on a 2-vCPU Zen 3 before the images row, which added 70 s there with other work beside it),
+2-vCPU Zen 5, before the multi-token column's 5 s); the other rows are slow (336 s together
+on a 2-vCPU Zen 3 before the images row, which added 70 s there with other work beside it, and
+the rewards row, 81 s on a Zen 4 beside a training run),
 each cell's continued run loading the programs its straight run compiled from the compilation cache.
 """
 
