@@ -179,7 +179,7 @@ def test_prompts_of_every_length_answered_together_are_each_answered_as_alone():
     a padded key read in attention shows)."""
     from jaxgpt.config import MeshConfig
     from jaxgpt.model.sampling import answer_each
-    from jaxgpt.sharding import make_mesh, rows_sharding
+    from jaxgpt.sharding import make_mesh, rows_beside, rows_sharding, shardings_like
 
     config, params = model(position="rope", block_size=32)
     rng = np.random.default_rng(1)
@@ -197,6 +197,9 @@ def test_prompts_of_every_length_answered_together_are_each_answered_as_alone():
     four = make_mesh(MeshConfig(data=4), jax.devices()[:4])
     assert rows_sharding(four, 4).shard_shape((4, 12)) == (1, 12)  # a row a device
     assert rows_sharding(four, 6).shard_shape((6, 12)) == (6, 12)  # rows that do not divide: on every device
+    assert rows_beside(params, 4) is None  # parameters on no mesh: the rows are not placed either
+    placed = jax.device_put(params, shardings_like(params, four))
+    assert rows_beside(placed, 4) == rows_sharding(four, 4)  # split over the mesh the parameters are on
     on_four = answer_each(config, params, prompts, 2, jax.random.key(1), most_rows=4, max_new_tokens=6,
                           sampling=drawn, rows_on=rows_sharding(four, 4))  # fmt: skip
     for i in range(3):

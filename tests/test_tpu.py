@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from conftest import attend, needs_libtpu, run_script
+from conftest import ROOT, attend, needs_libtpu, run_script
 
 from jaxgpt import sharding
 from jaxgpt.config_files import base_config, resolve
@@ -213,6 +213,30 @@ def test_check_target_prints_memory_and_fits():
     assert result.returncode == 0, result.stderr
     assert "fits tpu-v6e-1" in result.stdout
     assert "per device: parameters 3.1 MiB + optimizer 6.3 MiB" in result.stdout  # 823k float32 (+ 2 moments)
+
+
+@needs_libtpu
+def test_a_rollout_that_does_not_fit_is_one_line_naming_what_to_shrink(monkeypatch):
+    """The update fits and the sampling does not: the verdict names the rollout's size, not the
+    step's alternatives (which would not shrink it), in one line instead of a traceback."""
+    import runpy
+
+    from jaxgpt import data
+
+    config = runpy.run_path(str(ROOT / "configs/rl_arithmetic.py"))["get_config"]()
+    config.train.init_from = ""
+    config.model.n_layer = 1
+
+    def refused(run, devices):
+        raise tpu.OutOfMemory("the HLO temporaries (20.0G) exceed the available HBM (15.75G)")
+
+    monkeypatch.setattr(tpu, "compile_rollout", refused)
+    verdict = tpu.check(config, "tpu-v5e-8", 0.4, vocab_size=data.vocab_size_for(config), say=lambda line: None)
+    assert verdict == (
+        "does not fit tpu-v5e-8: train.rl's sampling: the TPU compiler says the HLO temporaries (20.0G) exceed the "
+        "available HBM (15.75G); answer fewer rows at once (train.rl.draws or prompts, samples), or shorter ones "
+        "(train.rl.length)"
+    )
 
 
 @needs_libtpu

@@ -221,9 +221,9 @@ def rollout_line(run: RunConfig, tpu: TpuTarget, compiled, needed: int) -> str:
     rl, analysis = run.train.rl, compiled.memory_analysis()
     return (
         f"train.rl's sampling ({rl.draws or rl.prompts} prompts x {rl.samples} answers of up to {rl.max_tokens} "
-        f"tokens after "
-        f"{run.row_length - rl.max_tokens}-token prompts): temporaries {analysis.temp_size_in_bytes / 2**20:,.1f}"
-        f" MiB a device (the KV cache among them), with the training state beside them {needed / GiB:.2f} GiB of "
+        f"tokens after {run.row_length - rl.max_tokens}-token prompts): temporaries "
+        f"{analysis.temp_size_in_bytes / 2**20:,.1f} MiB a device (the KV cache among them), with the training "
+        f"state beside them {needed / GiB:.2f} GiB of "
         f"{tpu.hbm_bytes / GiB:.0f} GiB ({needed / tpu.hbm_bytes:.0%})"
     )
 
@@ -291,9 +291,6 @@ def report_lines(run: RunConfig, tpu: TpuTarget, step: StepOnTpu, mfu: float) ->
     ]
 
 
-FEWER_ROWS = "answer fewer rows at once (train.rl.draws or prompts, samples), or shorter ones (train.rl.length)"
-
-
 def check(config, target_name: str, mfu: float, vocab_size: int | None = None, say=print) -> str | None:
     """`python -m jaxgpt check --target`: compile the config's train step for a TPU slice and
     report what it needs of each device. None when it fits; otherwise the one line to fail
@@ -319,7 +316,10 @@ def check(config, target_name: str, mfu: float, vocab_size: int | None = None, s
             try:
                 sampling = compile_rollout(run, devices)
             except OutOfMemory as error:  # what would shrink it is the rollout's size, not the step's
-                return f"does not fit {tpu.name}: train.rl's sampling: the TPU compiler says {error}; {FEWER_ROWS}"
+                return (
+                    f"does not fit {tpu.name}: train.rl's sampling: the TPU compiler says {error}; answer fewer rows "
+                    "at once (train.rl.draws or prompts, samples), or shorter ones (train.rl.length)"
+                )
             say(rollout_line(run, tpu, sampling, rollout_bytes(step, sampling)))
             needed = max(needed, rollout_bytes(step, sampling))
         if needed <= tpu.hbm_bytes:
