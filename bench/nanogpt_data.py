@@ -31,17 +31,13 @@ README_CPU_RECIPE = (
 )
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout (its train.py at the top)")
-    parser.add_argument("--name", default="jaxgpt_builtin", help="the dataset's folder under data/")
-    args = parser.parse_args()
-    if not (args.nanogpt / "train.py").is_file():
-        raise SystemExit(f"error: {args.nanogpt} has no train.py; give the folder of a nanoGPT checkout")
+def write_dataset(nanogpt: Path, name: str) -> None:
+    """jaxgpt's prepared train and validation split as nanoGPT's dataset `name` in the checkout
+    `nanogpt` (data/NAME/train.bin, val.bin, meta.pkl)."""
     dataset = data.prepare(DataConfig(), progress=False)
     if dataset.train.dtype != np.uint16:
         raise SystemExit(f"error: the corpus's tokens are {dataset.train.dtype}; nanoGPT reads uint16 only")
-    folder = args.nanogpt / "data" / args.name
+    folder = nanogpt / "data" / name
     folder.mkdir(parents=True, exist_ok=True)
     np.asarray(dataset.train).tofile(folder / "train.bin")
     np.asarray(dataset.val).tofile(folder / "val.bin")
@@ -49,6 +45,16 @@ def main() -> None:
     with open(folder / "meta.pkl", "wb") as file:
         pickle.dump({"vocab_size": vocab}, file)
     print(f"wrote {folder}: {dataset.train.size:,} train and {dataset.val.size:,} val tokens, vocabulary {vocab}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout (its train.py at the top)")
+    parser.add_argument("--name", default="jaxgpt_builtin", help="the dataset's folder under data/")
+    args = parser.parse_args()
+    if not (args.nanogpt / "train.py").is_file():
+        raise SystemExit(f"error: {args.nanogpt} has no train.py; give the folder of a nanoGPT checkout")
+    write_dataset(args.nanogpt, args.name)
     print(f"nanoGPT's CPU recipe on it: cd {args.nanogpt} && python train.py {README_CPU_RECIPE} --dataset={args.name}")
 
 

@@ -1,6 +1,7 @@
-"""The two private APIs jaxgpt reads, each where nothing public does the job, and what breaks
-when a release moves them. Both callers fall back quietly (a slower CPU save; JAX's own choice of
-platform), so without this test a move would go unnoticed: it fails and says what moved."""
+"""The three private APIs jaxgpt reads, each where nothing public does the job, and what breaks
+when a release moves them. Every caller falls back quietly (a slower CPU save; JAX's own choice
+of platform; the interpreter's own exit), so without this test a move would go unnoticed: it
+fails and says what moved."""
 
 import importlib
 
@@ -24,3 +25,16 @@ def test_jax_s_look_at_the_pci_bus_is_where_the_platform_choice_finds_it():
     hardware_utils = importlib.import_module("jax._src.hardware_utils")
     chips, _ = hardware_utils.num_available_tpu_chips_and_device_id()
     assert isinstance(chips, int) and isinstance(hardware_utils.has_visible_nvidia_gpu(), bool)
+
+
+def test_atexit_s_run_of_the_exit_handlers_is_where_a_finished_command_calls_it():
+    """jaxgpt/commands/cli.py's run_as_the_process runs the exit handlers itself, then ends the
+    process without the interpreter's teardown (0.23-0.33 s of a one-step run). If this fails,
+    Python moved the call: find it in the installed Python, or every command ends through the
+    interpreter's own exit again (correct, and that much slower)."""
+    import atexit
+
+    ran = []
+    atexit.register(ran.append, "ran")
+    atexit._run_exitfuncs()  # runs (and unregisters) every handler: pytest registers none of its own
+    assert ran == ["ran"]

@@ -185,6 +185,40 @@ def test_output_into_a_closed_pipe_ends_quietly():
     assert process.returncode == 141 and err == b"", err.decode()[-2000:]
 
 
+A_COMMAND_AS_THE_PROCESS = """
+import atexit, sys, threading, time
+from pathlib import Path
+from jaxgpt.commands.cli import run_as_the_process
+
+atexit.register(lambda: Path(sys.argv[1]).write_text("exit handlers ran"))
+
+def main():
+    sys.stdout.write("written, not yet flushed")  # a pipe's stdout is buffered until the exit flushes it
+    if sys.argv[2] == "with a thread":
+        threading.Thread(target=time.sleep, args=(0.5,)).start()
+
+run_as_the_process(main)
+print(" and returned")
+"""
+
+
+def test_a_command_run_as_the_process_ends_with_its_output_flushed_and_exit_handlers_run(tmp_path):
+    """run_as_the_process (train.py, sample.py, `jaxgpt`) skips the interpreter's teardown, not
+    what an exit does for the files: the output flushed, the libraries' exit handlers run. With a
+    thread still running that Python's exit would wait for, it returns and leaves the exit to Python."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    for case, after in (("alone", ""), ("with a thread", " and returned\n")):
+        marker = tmp_path / case.replace(" ", "_")
+        command = [sys.executable, "-c", A_COMMAND_AS_THE_PROCESS, str(marker), case]
+        result = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=60)
+        assert result.returncode == 0 and result.stdout == "written, not yet flushed" + after, result.stderr[-2000:]
+        assert marker.read_text() == "exit handlers ran"
+
+
 def test_one_entry_point_lists_every_command_and_names_the_nearest_to_a_typo():
     listed = run_script("jaxgpt")
     assert listed.returncode == 2 and all(f"  {name} " in listed.stdout for name in COMMANDS), listed.stdout

@@ -6,11 +6,13 @@ and the fix, and exits with status 2; anything else is a bug and keeps its trace
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import functools
 import os
 import re
 import sys
+import threading
 from collections.abc import Callable
 from pathlib import Path
 
@@ -312,6 +314,27 @@ def refuse_an_encoder_decoder(model, where, what_it_lacks: str) -> None:
             f"{where} is an encoder–decoder (model.encoder_layers={model.encoder_layers}), whose decoder answers a "
             f"source: {what_it_lacks}; sample.py --prompt SOURCE, attention-maps and activations take it"
         )
+
+
+def run_as_the_process(main: Callable[[], None]) -> None:
+    """Run a command's main() as the whole process (train.py, sample.py, the `jaxgpt` script),
+    and when it returns end the process without the interpreter's teardown: freeing every
+    module's objects and XLA's client took 0.23-0.33 s of a one-step run's 3.5 s on a 2-core
+    Zen 4, and writes nothing. What an exit does for the files is kept: the libraries' exit
+    handlers run (JAX's, which also leaves a multi-process run's coordinator cleanly; logging's)
+    and the output is flushed. Where a thread that Python's exit would wait for still runs, or a
+    Python release has moved atexit's private call, the exit is left to Python. A main() that
+    raises (an error, --help) exits as usual; main() called in a notebook or a test returns."""
+    main()
+    run_exit_handlers = getattr(atexit, "_run_exitfuncs", None)  # private: what the interpreter calls at exit
+    waited_for = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon]
+    if run_exit_handlers is None or waited_for:
+        return
+    run_exit_handlers()
+    from jaxgpt.commands.interrupt import flush_output
+
+    flush_output()
+    os._exit(0)
 
 
 def command(interrupted: str = "interrupted", starts_jax: bool = True):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import importlib
 import sys
 
-from jaxgpt.commands.cli import USAGE_ERROR
+from jaxgpt.commands.cli import USAGE_ERROR, run_as_the_process
 
 # command -> (module in jaxgpt.commands, what it does)
 COMMANDS = {
@@ -60,4 +60,4 @@ def main() -> None:
         sys.exit(0 if len(sys.argv) >= 2 else USAGE_ERROR)
     module = importlib.import_module(command_module(sys.argv[1]))
     sys.argv = [f"jaxgpt {sys.argv[1]}", *sys.argv[2:]]  # what the command's --help and errors show
-    module.main()
+    run_as_the_process(module.main)

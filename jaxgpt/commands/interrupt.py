@@ -29,7 +29,8 @@ from jaxgpt import interrupts
 INTERRUPTED = 130  # 128 + SIGINT, what a shell reports for a process ended by Ctrl-C
 
 
-def _flush_output() -> None:
+def flush_output() -> None:
+    """stdout and stderr flushed, whatever state they are in."""
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
@@ -72,7 +73,7 @@ def _watch(read_end: int) -> None:
         for signum in os.read(read_end, 64):
             seen += signum == signal.SIGINT
             if signum == signal.SIGINT and ends_at_once(seen, interrupts.taken(), signal.getsignal(signal.SIGINT)):
-                flushing = threading.Thread(target=_flush_output, daemon=True)
+                flushing = threading.Thread(target=flush_output, daemon=True)
                 flushing.start()
                 flushing.join(timeout=1.0)  # what was printed before, unless a stream is stuck
                 os.write(2, f"\n{_watcher['line']}\n".encode())
