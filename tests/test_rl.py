@@ -43,10 +43,10 @@ def test_the_builtin_rewards_score_what_they_say():
     assert near([answer("85"), answer("87")]) == [1.0, 0.0]
 
 
-def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, monkeypatch):
-    (tmp_path / "my_rewards.py").write_text(
-        textwrap.dedent(
-            """
+def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(reward_module):
+    reward_module(
+        "my_rewards",
+        """
             def length(prompt, completion):
                 return len(completion) / 10
             def raises(prompt, completion):
@@ -61,11 +61,8 @@ def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, mo
                 return completion.endswith(reference)
             def keywords(prompt, completion, **columns):
                 return len(columns["reference"])
-            """
-        )
+            """,
     )
-    monkeypatch.chdir(tmp_path)  # the folder the user runs train.py in, wherever train.py is
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder put on it goes with the test
     assert reward_function("my_rewards:length")([answer("12345")]) == [0.5]
     assert reward_function("my_rewards:right")([answer("4"), answer("5")]) == [1.0, 0.0]  # a bool is 1 or 0
     # A reward that names `reference` (or takes **kwargs, as TRL's do) is given the reference answer.
@@ -78,7 +75,6 @@ def test_a_reward_of_your_own_is_called_and_its_faults_are_one_line(tmp_path, mo
         assert "\n" not in str(error.value)
     with pytest.raises(UserError, match="cannot be imported"):
         reward_function("no_such_module:reward")
-    sys.modules.pop("my_rewards")
 
 
 def test_advantages_are_each_reward_against_its_group():
@@ -230,6 +226,8 @@ def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
         resolve(rl_config(clip=0))
     with pytest.raises(ConfigError, match="train.rl.draws=1 must be 0 or at least train.rl.prompts=2"):
         resolve(rl_config(draws=1))
+    with pytest.raises(ConfigError, match="train.rl.missed=1.5 is a share of each step's draws, from 0 to 1"):
+        resolve(rl_config(missed=1.5))
     with pytest.raises(ConfigError, match="train.rl.length=8 must leave room for a prompt"):
         resolve(rl_config(length=8))
     with pytest.raises(ConfigError, match="train.rl.length=64 is longer than model.block_size=48"):
@@ -238,15 +236,31 @@ def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
 
 
 @pytest.fixture
-def digits_reward(tmp_path, monkeypatch):
+def reward_module(tmp_path, monkeypatch):
+    """write(module, source): a module of rewards of your own in the folder the user runs
+    train.py in (the test's own, wherever train.py is), importable as `module:function`; the
+    folder put on sys.path and the module imported go with the test."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    written = []
+
+    def write(module: str, source: str) -> None:
+        (tmp_path / f"{module}.py").write_text(textwrap.dedent(source))
+        written.append(module)
+
+    yield write
+    for module in written:
+        sys.modules.pop(module, None)
+
+
+@pytest.fixture
+def digits_reward(reward_module):
     """A reward a model from scratch finds signal in: the share of the answer that is digits."""
-    (tmp_path / "digit_rewards.py").write_text(
-        "def digits(prompt, completion):\n    return sum(c.isdigit() for c in completion) / max(len(completion), 1)\n"
+    reward_module(
+        "digit_rewards",
+        "def digits(prompt, completion):\n    return sum(c.isdigit() for c in completion) / max(len(completion), 1)\n",
     )
-    monkeypatch.chdir(tmp_path)  # the folder the user runs train.py in, wherever train.py is
-    monkeypatch.setattr(sys, "path", list(sys.path))  # the folder put on it goes with the test
-    yield "digit_rewards:digits"
-    sys.modules.pop("digit_rewards", None)
+    return "digit_rewards:digits"
 
 
 def test_the_batch_is_each_answer_after_its_prompt_scored_on_the_answer(tmp_path, digits_reward):
@@ -283,18 +297,17 @@ def test_the_batch_is_each_answer_after_its_prompt_scored_on_the_answer(tmp_path
     assert set(said) >= {"reward", "reward_spread", "exact_match", "answer_tokens", "tied_groups"}
 
 
-def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(tmp_path, monkeypatch):
+def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(reward_module):
     """train.rl.draws=8 of prompts=2: of the 8 groups answered, those whose rewards all tie are
     dropped and the first 2 of the rest, in the order drawn, make the batch; the measurements
     are of all 8 (a reward that ties for every question but those written with a "+")."""
     from jaxgpt import data, sharding
     from jaxgpt.job.setup import with_vocabulary
 
-    (tmp_path / "parity_rewards.py").write_text(
-        "def parity(prompt, completion):\n    return sum(map(ord, completion)) % 2 if '+' in prompt else 1.0\n"
+    reward_module(
+        "parity_rewards",
+        "def parity(prompt, completion):\n    return sum(map(ord, completion)) % 2 if '+' in prompt else 1.0\n",
     )
-    monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(sys, "path", list(sys.path))
     run = resolve(rl_config(reward="parity_rewards:parity", draws=8, length=40))
     dataset = data.prepare(run.data, progress=False)
     run = with_vocabulary(run, dataset.tokenizer)
@@ -312,7 +325,45 @@ def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(tmp_path,
         np.testing.assert_array_equal(batch["inputs"][row, : len(prompt)], prompt)
     said = rollouts.said[-1]
     assert said["tied_groups"] == 1 - len(signal) / 8 and said["trained_tied_groups"] == 0
-    sys.modules.pop("parity_rewards", None)
+
+
+def test_missed_prompts_are_those_the_starting_model_answers_wrong_and_are_drawn_first(tmp_path, reward_module):
+    """train.rl.missed=0.5: the pool is every training prompt whose greedy answer by the starting
+    model scores below 1 (checked against each prompt decoded alone by `generate`), half of a
+    step's draws come from it, first; with missed=0 a step draws as it always has."""
+    import dataclasses
+
+    from jaxgpt import data
+    from jaxgpt.data.conversations import END
+    from jaxgpt.job.setup import with_vocabulary
+    from jaxgpt.model.sampling import SamplingConfig, generate
+
+    parity = "def parity(prompt, completion):\n    return (sum(map(ord, completion)) + len(prompt)) % 2\n"
+    reward_module("parity_rewards", parity)  # a model from scratch answers every prompt alike: the prompt decides
+    (tmp_path / "sums.txt").write_text("".join(f"What is {a} + {a + 3}?\t{2 * a + 3}\n" for a in range(12)))
+    config = rl_config(reward="parity_rewards:parity", draws=8, missed=0.5, length=40)
+    config.data.source = f"prompts:{tmp_path / 'sums.txt'}"
+    run = resolve(config)
+    dataset = data.prepare(run.data, progress=False)
+    run = with_vocabulary(run, dataset.tokenizer)
+    rollouts, _ = data.batch_sources(dataset, run)
+    rollouts.reference = init_params(run.model, jax.random.key(3))
+    end, greedy = dataset.tokenizer.special_ids[END], SamplingConfig(temperature=0.0)
+    wrong = []
+    for i, prompt in enumerate(rollouts.prompts):
+        new = generate(
+            rollouts.decoder, rollouts.reference, jnp.asarray(prompt.ids)[None], jax.random.key(0),
+            max_new_tokens=8, sampling=greedy, eot_id=end,
+        )  # fmt: skip
+        wrong += [i] if rollouts.reward([rollouts.answer(prompt, np.asarray(new)[0])[0]]) == [0] else []
+    n = len(rollouts.prompts)
+    assert 0 < len(wrong) < n and rollouts.missed().tolist() == wrong
+    drawn = rollouts.draw(4)
+    assert len(drawn) == 8 and set(drawn[:4].tolist()) <= set(wrong)
+    np.testing.assert_array_equal(drawn, rollouts.draw(4))  # a pure function of (seed, step)
+    rollouts.rl = dataclasses.replace(rollouts.rl, missed=0.0)
+    as_before = np.random.default_rng((run.train.seed, 3, 4)).choice(n, 8, replace=n < 8)
+    np.testing.assert_array_equal(rollouts.draw(4), as_before)
 
 
 def metrics(workdir):
