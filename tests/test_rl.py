@@ -226,8 +226,6 @@ def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
         resolve(rl_config(clip=0))
     with pytest.raises(ConfigError, match="train.rl.draws=1 must be 0 or at least train.rl.prompts=2"):
         resolve(rl_config(draws=1))
-    with pytest.raises(ConfigError, match="train.rl.missed=1.5 is a share of each step's draws, from 0 to 1"):
-        resolve(rl_config(missed=1.5))
     with pytest.raises(ConfigError, match="train.rl.length=8 must leave room for a prompt"):
         resolve(rl_config(length=8))
     with pytest.raises(ConfigError, match="train.rl.length=64 is longer than model.block_size=48"):
@@ -325,45 +323,6 @@ def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(reward_mo
         np.testing.assert_array_equal(batch["inputs"][row, : len(prompt)], prompt)
     said = rollouts.said[-1]
     assert said["tied_groups"] == 1 - len(signal) / 8 and said["trained_tied_groups"] == 0
-
-
-def test_missed_prompts_are_those_the_starting_model_answers_wrong_and_are_drawn_first(tmp_path, reward_module):
-    """train.rl.missed=0.5: the pool is every training prompt whose greedy answer by the starting
-    model scores below 1 (checked against each prompt decoded alone by `generate`), half of a
-    step's draws come from it, first; with missed=0 a step draws as it always has."""
-    import dataclasses
-
-    from jaxgpt import data
-    from jaxgpt.data.conversations import END
-    from jaxgpt.job.setup import with_vocabulary
-    from jaxgpt.model.sampling import SamplingConfig, generate
-
-    parity = "def parity(prompt, completion):\n    return (sum(map(ord, completion)) + len(prompt)) % 2\n"
-    reward_module("parity_rewards", parity)  # a model from scratch answers every prompt alike: the prompt decides
-    (tmp_path / "sums.txt").write_text("".join(f"What is {a} + {a + 3}?\t{2 * a + 3}\n" for a in range(12)))
-    config = rl_config(reward="parity_rewards:parity", draws=8, missed=0.5, length=40)
-    config.data.source = f"prompts:{tmp_path / 'sums.txt'}"
-    run = resolve(config)
-    dataset = data.prepare(run.data, progress=False)
-    run = with_vocabulary(run, dataset.tokenizer)
-    rollouts, _ = data.batch_sources(dataset, run)
-    rollouts.reference = init_params(run.model, jax.random.key(3))
-    end, greedy = dataset.tokenizer.special_ids[END], SamplingConfig(temperature=0.0)
-    wrong = []
-    for i, prompt in enumerate(rollouts.prompts):
-        new = generate(
-            rollouts.decoder, rollouts.reference, jnp.asarray(prompt.ids)[None], jax.random.key(0),
-            max_new_tokens=8, sampling=greedy, eot_id=end,
-        )  # fmt: skip
-        wrong += [i] if rollouts.reward([rollouts.answer(prompt, np.asarray(new)[0])[0]]) == [0] else []
-    n = len(rollouts.prompts)
-    assert 0 < len(wrong) < n and rollouts.missed().tolist() == wrong
-    drawn = rollouts.draw(4)
-    assert len(drawn) == 8 and set(drawn[:4].tolist()) <= set(wrong)
-    np.testing.assert_array_equal(drawn, rollouts.draw(4))  # a pure function of (seed, step)
-    rollouts.rl = dataclasses.replace(rollouts.rl, missed=0.0)
-    as_before = np.random.default_rng((run.train.seed, 3, 4)).choice(n, 8, replace=n < 8)
-    np.testing.assert_array_equal(rollouts.draw(4), as_before)
 
 
 def metrics(workdir):

@@ -169,12 +169,6 @@ class Reinforcement:
         a good model's) are dropped and the step trains on the first `prompts` of the rest, topped
         up with tied groups where too few have a signal (DAPO's dynamic sampling, Yu et al. 2025,
         with a fixed number drawn): an update's answers carry what is to be learned.
-    missed: the share of each step's draws taken from the training prompts the run's starting
-        model answers wrong (its greedy answer scoring below 1), the rest drawn from all (0:
-        none). Those prompts are found once, at the first step, by answering every training
-        prompt greedily (a function of the starting weights, so a resumed run finds the same):
-        where a model's errors gather in a corner its training prompts rarely visit (an
-        arithmetic model's small numbers), uniform draws seldom bring a signal from there.
     length: the positions of a row of the batch of answers, prompt and answer (0: model.block_size).
         A row holds one prompt and one answer, so rows as long as the longest of them cost an
         update no more than it needs (a sum asked and answered is about 45 of a 128-token
@@ -195,7 +189,6 @@ class Reinforcement:
     updates: int = 1
     clip: float = 0.2
     draws: int = 0
-    missed: float = 0.0
     length: int = 0
 
     def __post_init__(self):
@@ -208,8 +201,6 @@ class Reinforcement:
             problems.add("length", f"must leave room for a prompt before train.rl.max_tokens={self.max_tokens}")
         if not 0 < self.top_p <= 1:
             problems.add("top_p", "must be in (0, 1]")
-        if not 0 <= self.missed <= 1:
-            problems.add("missed", "is a share of each step's draws, from 0 to 1")
         problems.one_of("baseline", BASELINES)
         if self.reward not in REWARDS and ":" not in self.reward:
             problems.add("reward", f"is one of {', '.join(REWARDS)}, or your own as module:function")

@@ -68,7 +68,6 @@ class Rollouts:
         self.rows_a_call = (rl.draws or rl.prompts) * rl.samples  # the most rows answer_each decodes at once: all
         self.reference = None  # the starting model's parameters, the KL's reference (the trainer sets them)
         self._losses = jax.jit(partial(answer_losses, model=model))
-        self._missed: np.ndarray | None = None  # train.rl.missed's prompts, found at the first step
         self.said: list[dict] = []  # each rollout's measurements, taken by the trainer's record
 
     def batch(self, run, mesh, index: int, stream: int) -> dict:
@@ -104,7 +103,6 @@ class Rollouts:
                 "sampled_tokens_per_sec": sampled / seconds,
                 "sampling_sec": seconds,
             }
-            | ({"missed_prompts": float(len(self.missed()))} if rl.missed else {})
         )
         return jax.device_put(batch, batch_sharding(mesh))
 
@@ -114,46 +112,20 @@ class Rollouts:
         the rows split over the mesh they are laid out on (not the CPU cores' mesh an update's
         batch may be split over: the parameters are whole on one device there)."""
         rl = self.rl
-        prompts = [self.prompts[i] for i in self.draw(step).tolist()]
         jax.block_until_ready(params)  # the update before it done: its time is not the sampling's
         started = time.perf_counter()
+        drawn = rl.draws or rl.prompts
+        chosen = np.random.default_rng((self.run.train.seed, ROLLOUT_STREAM, step)).choice(
+            len(self.prompts), drawn, replace=len(self.prompts) < drawn
+        )
         key = jax.random.fold_in(jax.random.fold_in(jax.random.key(self.run.train.seed), ROLLOUT_STREAM), step)
+        prompts = [self.prompts[i] for i in chosen.tolist()]
         answered = answer_each(
             self.decoder, params, [p.ids for p in prompts], rl.samples, key, most_rows=self.rows_a_call,
             max_new_tokens=rl.max_tokens, sampling=self.sampling, eot_id=self.end, pad_to=self.longest,
             rows_on=rows_beside(params, self.rows_a_call),
         )  # fmt: skip
         return list(zip(prompts, answered, strict=True)), time.perf_counter() - started
-
-    def draw(self, step: int) -> np.ndarray:
-        """Step `step`'s prompts (indices into `prompts`), drawn by (seed, step): train.rl.missed's
-        share of them from the prompts the starting model answers wrong (`missed`), first, and the
-        rest from all."""
-        rl = self.rl
-        drawn = rl.draws or rl.prompts
-        rng = np.random.default_rng((self.run.train.seed, ROLLOUT_STREAM, step))
-        missed = self.missed() if rl.missed else np.zeros(0, np.int64)
-        again = min(round(rl.missed * drawn), drawn) if len(missed) else 0
-        chosen = rng.choice(len(self.prompts), drawn - again, replace=len(self.prompts) < drawn - again)
-        if not again:
-            return chosen
-        return np.concatenate([rng.choice(missed, again, replace=len(missed) < again), chosen])
-
-    def missed(self) -> np.ndarray:
-        """The training prompts (indices) whose greedy answer by the run's starting model (the
-        KL's reference: step 0's weights, whatever step the run resumes at) scores below 1, found
-        the first time asked: every prompt answered once, in the rollouts' own calls."""
-        if self._missed is None:
-            if self.reference is None:
-                raise ValueError("train.rl.missed needs the starting model's weights: set Rollouts.reference first")
-            answered = answer_each(
-                self.decoder, self.reference, [p.ids for p in self.prompts], 1, jax.random.key(0),
-                most_rows=self.rows_a_call, max_new_tokens=self.rl.max_tokens, sampling=SamplingConfig(temperature=0.0),
-                eot_id=self.end, pad_to=self.longest, rows_on=rows_beside(self.reference, self.rows_a_call),
-            )  # fmt: skip
-            greedy = [self.answer(prompt, new[0])[0] for prompt, new in zip(self.prompts, answered, strict=True)]
-            self._missed = np.flatnonzero(np.asarray(self.reward(greedy), np.float64) < 1)
-        return self._missed
 
     def answer(self, prompt: Prompt, new: np.ndarray) -> tuple[Answer, np.ndarray]:
         """(the answer as the reward reads it, its tokens: up to and with its end-of-turn token)."""
