@@ -2,7 +2,7 @@
 float32 and bfloat16 beside PyTorch's (nanoGPT's model rebuilt, bench/torch_reference.py, under
 torch.autocast for bfloat16). Names the CPU and its bfloat16 units.
 
-    python bench/cpu_bfloat16.py [--rounds 2] [--out bench/results/cpu_bfloat16.json]
+    python bench/cpu_bfloat16.py [--rounds 2] [--matmuls_only] [--out bench/results/cpu_bfloat16.json]
 
 Matmuls, each (M, K) @ (K, N) at the shipped configs' shapes, the best of five windows:
   xla float32           float32 operands and result
@@ -11,6 +11,8 @@ Matmuls, each (M, K) @ (K, N) at the shipped configs' shapes, the best of five w
   layer f32 / layer bf16  a layer's three products (forward, and its backward's two), float32
                         against jaxgpt/model/products.py's; GFLOP/s of the three together
   torch float32 / bf16  torch.matmul on the same shapes (where torch is installed)
+  mkl bf16 -> f32       MKL's cblas_gemm_bf16bf16f32 through ctypes, no compiler needed (where
+                        `pip install mkl` put its runtime library beside this Python: about 1.1 GB)
 Steps: bench/train_throughput.py (train.py's step) against bench/torch_reference.py, each in a
 fresh process, the variants in turn, `--rounds` times; medians.
 """
@@ -23,6 +25,7 @@ import statistics
 import subprocess
 import sys
 import time
+from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -81,6 +84,38 @@ def torch_rate(a: np.ndarray, b: np.ndarray, dtype: str) -> float | None:
     return rate(lambda: torch.matmul(a, b), 2 * a.shape[0] * a.shape[1] * b.shape[1])  # eager: done on return
 
 
+def mkl_gemm():
+    """MKL's bfloat16 product with a float32 result, cblas_gemm_bf16bf16f32, from the runtime
+    library the `mkl` wheel installs under this Python's prefix; None where there is none."""
+    import ctypes
+
+    found = sorted(Path(sys.prefix, "lib").glob("libmkl_rt.so*"))
+    if not found:
+        return None
+    gemm = ctypes.CDLL(str(found[0])).cblas_gemm_bf16bf16f32
+    sizes, scalar, pointer = [ctypes.c_int64] * 3, ctypes.c_float, ctypes.c_void_p
+    gemm.argtypes = [ctypes.c_int] * 3 + sizes + [scalar, pointer, ctypes.c_int64, pointer, ctypes.c_int64, scalar]
+    gemm.argtypes += [pointer, ctypes.c_int64]
+    gemm.restype = None
+    return gemm
+
+
+def mkl_rate(a: np.ndarray, b: np.ndarray) -> float | None:
+    gemm = mkl_gemm()
+    if gemm is None:
+        return None
+    (m, k), n = a.shape, b.shape[1]
+    a16, b16 = (np.asarray(jnp.asarray(x, jnp.bfloat16)) for x in (a, b))
+    c = np.zeros((m, n), np.float32)
+    row_major, as_is = 101, 111  # CBLAS's constants
+    run = partial(gemm, row_major, as_is, as_is, m, n, k, 1.0, a16.ctypes.data, k, b16.ctypes.data, n, 0.0)
+    run(c.ctypes.data, n)
+    expected = a16.astype(np.float32) @ b16.astype(np.float32)
+    if not np.allclose(c, expected, rtol=1e-4, atol=1e-3 * np.abs(expected).max()):  # float32 sums, another order
+        raise SystemExit("error: MKL's cblas_gemm_bf16bf16f32 gave another product than numpy's")
+    return rate(lambda: run(c.ctypes.data, n), 2 * m * k * n)
+
+
 def matmul_rates() -> dict:
     f32, bf16 = jnp.float32, jnp.bfloat16
     dn = (((1,), (0,)), ((), ()))
@@ -105,6 +140,7 @@ def matmul_rates() -> dict:
             "layer bf16": jax_rate(layer(products.dot_general), a, b, flops=3 * flops),
             "torch float32": torch_rate(a, b, "float32"),
             "torch bf16": torch_rate(a, b, "bfloat16"),
+            "mkl bf16 -> f32": mkl_rate(a, b),
         }  # fmt: skip
     return rows
 
@@ -138,18 +174,19 @@ def step_rates(rounds: int) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=2)
+    parser.add_argument("--matmuls_only", action="store_true", help="the products' table alone, no steps")
     parser.add_argument("--out", default="bench/results/cpu_bfloat16.json")
     args = parser.parse_args()
     units = ", ".join(products.bfloat16_units()) or "none"
     machine = f"{describe_cpu()}; bfloat16 units: {units}; jax {jax.__version__}"
     matmuls = matmul_rates()
-    steps = step_rates(args.rounds)
+    steps = {} if args.matmuls_only else step_rates(args.rounds)
     print(machine)
     columns = list(next(iter(matmuls.values())))
     print(f"{'matmul GFLOP/s':30s}" + "".join(f"{c:>18s}" for c in columns))
     for name, row in matmuls.items():
         print(f"{name:30s}" + "".join(f"{'-' if v is None else f'{v:,.0f}':>18s}" for v in row.values()))
-    print(f"step tokens/s (medians of {args.rounds} rounds)")
+    print(f"step tokens/s (medians of {args.rounds} rounds)" if steps else "(steps not measured: --matmuls_only)")
     for label, row in steps.items():
         f32 = row["jaxgpt float32"]
         cells = ", ".join(f"{name} {value:,.0f} ({value / f32:.2f}x)" for name, value in row.items())
