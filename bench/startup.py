@@ -18,9 +18,9 @@ evaluation at iteration 0 and two steps, no checkpoint (it saves none before ite
 Every process runs with Python's bytecode cache on, as a user's Python does (an environment that
 sets PYTHONDONTWRITEBYTECODE, as some sandboxes do, recompiles every module at each start:
 +0.3 s for jaxgpt's, little for nanoGPT's three files).
-The table shows medians of the wall and CPU seconds, and each train.py variant's time as a
-multiple of PyTorch's in the same round (the median of those ratios): on a shared 2-core machine
-only side-by-side ratios are trusted.
+The table shows medians of the wall and CPU seconds, and each variant's time as a multiple of
+PyTorch's (and nanoGPT's) in the same round, the median of those ratios: on a shared 2-core
+machine only side-by-side ratios are trusted.
 """
 
 from __future__ import annotations
