@@ -31,10 +31,9 @@ def test_atexit_s_run_of_the_exit_handlers_is_where_a_finished_command_calls_it(
     """jaxgpt/commands/cli.py's run_as_the_process runs the exit handlers itself, then ends the
     process without the interpreter's teardown (0.23-0.33 s of a one-step run). If this fails,
     Python moved the call: find it in the installed Python, or every command ends through the
-    interpreter's own exit again (correct, and that much slower)."""
+    interpreter's own exit again (correct, and that much slower). What it does is tested where
+    it is used (tests/test_train_cli.py): called here, it would run this process's own handlers,
+    JAX's among them."""
     import atexit
 
-    ran = []
-    atexit.register(ran.append, "ran")
-    atexit._run_exitfuncs()  # runs (and unregisters) every handler: pytest registers none of its own
-    assert ran == ["ran"]
+    assert callable(getattr(atexit, "_run_exitfuncs", None)), "atexit._run_exitfuncs moved"
