@@ -16,7 +16,7 @@ and with --nanogpt PATH (a nanoGPT checkout) a fourth, nanoGPT's own train.py: i
 recipe on the same tokens (bench/nanogpt_data.py writes them there) with --max_iters=1, its
 evaluation at iteration 0 and two steps, no checkpoint (it saves none before iteration 1).
 Every process runs with Python's bytecode cache on, as a user's Python does (an environment that
-sets PYTHONDONTWRITEBYTECODE, as some sandboxes do, recompiles every module at each start:
+sets PYTHONDONTWRITEBYTECODE, as some sandboxes do, recompiles the checkout's modules at each start:
 about 0.1 s of CPU for jaxgpt's 70 a run imports, little for nanoGPT's three files).
 The table shows medians of the wall and CPU seconds, and each variant's time as a multiple of
 PyTorch's (and nanoGPT's) in the same round, the median of those ratios: on a shared 2-core
