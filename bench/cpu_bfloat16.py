@@ -20,12 +20,12 @@ fresh process, the variants in turn, `--rounds` times; medians.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import statistics
 import subprocess
 import sys
 import time
-from functools import partial
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -84,6 +84,7 @@ def torch_rate(a: np.ndarray, b: np.ndarray, dtype: str) -> float | None:
     return rate(lambda: torch.matmul(a, b), 2 * a.shape[0] * a.shape[1] * b.shape[1])  # eager: done on return
 
 
+@functools.cache
 def mkl_gemm():
     """MKL's bfloat16 product with a float32 result, cblas_gemm_bf16bf16f32, from the runtime
     library the `mkl` wheel installs under this Python's prefix; None where there is none."""
@@ -108,7 +109,7 @@ def mkl_rate(a: np.ndarray, b: np.ndarray) -> float | None:
     a16, b16 = (np.asarray(jnp.asarray(x, jnp.bfloat16)) for x in (a, b))
     c = np.zeros((m, n), np.float32)
     row_major, as_is = 101, 111  # CBLAS's constants
-    run = partial(gemm, row_major, as_is, as_is, m, n, k, 1.0, a16.ctypes.data, k, b16.ctypes.data, n, 0.0)
+    run = functools.partial(gemm, row_major, as_is, as_is, m, n, k, 1.0, a16.ctypes.data, k, b16.ctypes.data, n, 0.0)
     run(c.ctypes.data, n)
     expected = a16.astype(np.float32) @ b16.astype(np.float32)
     if not np.allclose(c, expected, rtol=1e-4, atol=1e-3 * np.abs(expected).max()):  # float32 sums, another order

@@ -33,7 +33,10 @@ README_CPU_RECIPE = (
 
 def write_dataset(nanogpt: Path, name: str) -> None:
     """jaxgpt's prepared train and validation split as nanoGPT's dataset `name` in the checkout
-    `nanogpt` (data/NAME/train.bin, val.bin, meta.pkl)."""
+    `nanogpt` (data/NAME/train.bin, val.bin, meta.pkl); one line and an exit where the folder is
+    not a nanoGPT checkout."""
+    if not (nanogpt / "train.py").is_file():
+        raise SystemExit(f"error: {nanogpt} has no train.py; give the folder of a nanoGPT checkout")
     dataset = data.prepare(DataConfig(), progress=False)
     if dataset.train.dtype != np.uint16:
         raise SystemExit(f"error: the corpus's tokens are {dataset.train.dtype}; nanoGPT reads uint16 only")
@@ -52,8 +55,6 @@ def main() -> None:
     parser.add_argument("nanogpt", type=Path, help="a nanoGPT checkout (its train.py at the top)")
     parser.add_argument("--name", default="jaxgpt_builtin", help="the dataset's folder under data/")
     args = parser.parse_args()
-    if not (args.nanogpt / "train.py").is_file():
-        raise SystemExit(f"error: {args.nanogpt} has no train.py; give the folder of a nanoGPT checkout")
     write_dataset(args.nanogpt, args.name)
     print(f"nanoGPT's CPU recipe on it: cd {args.nanogpt} && python train.py {README_CPU_RECIPE} --dataset={args.name}")
 
