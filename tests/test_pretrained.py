@@ -166,6 +166,36 @@ def test_any_other_override_is_refused_before_the_data_is_prepared(llama_32, tmp
     assert not (tmp_path / "run").exists() and not cache_folder(resolve(config).data).exists()
 
 
+def test_a_run_starts_from_the_kept_checkpoint_init_step_names(trained_small_run, llama_32, tmp_path):
+    """train.init_step=10 starts from the source run's checkpoint of step 10, not its newest (20):
+    after one step at lr 1e-9 each weight is step 10's within 1e-8 (Adam's first step moves a
+    weight by about lr), while steps 10 and 20 differ by far more. A step the run does not keep,
+    a step without init_from, and a step with Hugging Face weights are each refused in one line,
+    before a workdir is made."""
+    from conftest import small_run_config
+
+    config = small_run_config(
+        steps=1, eval_every=1, checkpoint_every=1, eval_batches=1, lr=1e-9, min_lr=0.0, warmup_steps=0
+    )
+    config.train.update(init_from=str(trained_small_run), init_step=10)
+    train_and_evaluate(config, tmp_path / "run", progress=False)
+    _, started, _, _ = load_latest(tmp_path / "run")
+    _, at_10, _, _ = load_latest(trained_small_run, step=10)
+    _, at_20, _, _ = load_latest(trained_small_run)
+    jax.tree.map(lambda got, want: np.testing.assert_allclose(got, want, rtol=0, atol=1e-8), started, at_10)
+    assert max(jax.tree.leaves(jax.tree.map(lambda a, b: float(jnp.abs(a - b).max()), at_10, at_20))) > 1e-3
+    config.train.init_step = 15
+    with pytest.raises(UserError, match=r"train.init_step=15: .* keeps no checkpoint of step 15; it keeps 10, 20"):
+        train_and_evaluate(config, tmp_path / "refused", progress=False)
+    with pytest.raises(UserError, match="train.init_step=10 needs train.init_from"):
+        config.train.update(init_from="", init_step=10)
+        train_and_evaluate(config, tmp_path / "refused", progress=False)
+    folder, _ = llama_32
+    with pytest.raises(UserError, match=r"train.init_step=10 chooses a checkpoint of a jaxgpt run.* is not one"):
+        train_and_evaluate(llama_tiny_from(folder, tmp_path, init_step=10), tmp_path / "refused", progress=False)
+    assert not (tmp_path / "refused").exists()
+
+
 def test_learned_positions_are_not_stretched(tmp_path):
     """GPT-2's learned table has a row per position: its block_size is the weights' (32 here,
     where configs/tiny.py says 128), and a block_size given on purpose is refused."""

@@ -275,6 +275,8 @@ class TrainConfig:
         except that block_size may change where no parameter has its length (any position
         kind but learned) and rope_theta / rope_scaling may change: a context extension. A
         new run with a fresh optimizer, in its own workdir; config.json records the origin.
+    init_step: with init_from a jaxgpt run, the step of the kept checkpoint to start from (a
+        model caught partway through its training); 0 for its newest.
     lab: what the heads and layers do, measured at every evaluation on fixed probes (jaxgpt/lab/watch.py):
         comma-separated, of induction, previous_token, entropy, logit_lens, dla, norms, probe, or "all";
         logged as lab_<measure> (a list per block of a value per head, or a value per layer
@@ -318,6 +320,7 @@ class TrainConfig:
     muon_momentum_warmup: int = 0
     muon_momentum_start: float = 0.85
     init_from: str = ""
+    init_step: int = 0
     lab: str = ""
     tensorboard: bool = True
     wandb_project: str = ""
@@ -330,6 +333,9 @@ class TrainConfig:
         problems.positive("steps", "batch_size", "eval_every", "eval_batches", "log_every", "checkpoint_every")
         problems.positive("keep_checkpoints", "lr")
         problems.one_of("checkpoint_schedule", CHECKPOINT_SCHEDULES)
+        newest = "(0: init_from's newest checkpoint)"
+        if problems.whole_number("init_step", newest) and self.init_step and not self.init_from:
+            problems.add("init_step", "needs train.init_from, the run whose checkpoint of that step to start from")
         if unknown := sorted({m.strip() for m in self.lab.split(",") if m.strip()} - {*LAB_MEASURES, "all"}):
             problems.add("lab", f"names {', '.join(unknown)}; choose from {', '.join(LAB_MEASURES)}, or all")
         if self.microbatches < 0 or (self.microbatches and self.batch_size % self.microbatches):

@@ -1,6 +1,7 @@
 """A run that starts from trained weights (train.init_from): a jaxgpt run's workdir (its newest
-checkpoint), or a Hugging Face folder (or a Hub name, online); and what a resumed run keeps of
-its own when its sources have moved on (its model, its tokenizer).
+checkpoint, or the kept one of train.init_step), or a Hugging Face folder (or a Hub name,
+online); and what a resumed run keeps of its own when its sources have moved on (its model, its
+tokenizer).
 
 The model is the weights' model. Every field that says what the weights compute — sizes,
 positions and their base and scaling, norms and their epsilon, activation, tying, biases, the
@@ -275,9 +276,20 @@ def check_init_from_run(run: RunConfig) -> None:
     this model, read from what is saved beside them (its tokenizer was compared by
     with_source_vocabulary). A Hugging Face folder's files were read by with_source_architecture;
     its weights' values are checked when they are loaded."""
-    source = run.train.init_from
+    source, step = run.train.init_from, run.train.init_step
     if source and is_run(source):
         refuse_unless_fits(source, run.model, source_model(source), grows=run.data.chat)
+        kept = sorted(int(p.name) for p in (Path(source) / "checkpoints").iterdir() if p.name.isdigit())
+        if step and step not in kept:
+            raise UserError(
+                f"train.init_step={step}: {source} keeps no checkpoint of step {step}; it keeps "
+                f"{', '.join(map(str, kept)) or 'none'} (or 0 for its newest)"
+            )
+    elif source and step:
+        raise UserError(
+            f"train.init_step={step} chooses a checkpoint of a jaxgpt run, and train.init_from={source!r} is not "
+            "one; leave init_step at 0"
+        )
 
 
 def refuse_another_tokenizer(source: str, theirs, ours) -> None:
@@ -291,12 +303,12 @@ def refuse_another_tokenizer(source: str, theirs, ours) -> None:
 
 def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
     """`state` with its random parameters replaced by the weights `source` names: a workdir
-    of a jaxgpt run (its newest checkpoint), or Hugging Face weights. The optimizer's zero
-    moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
+    of a jaxgpt run (its newest checkpoint, or train.init_step's), or Hugging Face weights. The
+    optimizer's zero moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
     from jaxgpt.model.transformer import grow_vocabulary, stack_blocks, unstack_blocks
 
     if is_run(source):
-        run, params, their_tokenizer, step = load_latest(Path(source))
+        run, params, their_tokenizer, step = load_latest(Path(source), step=config.train.init_step or None)
         pretrained, origin = run.model, f"{source} (step {step})"
     else:
         from jaxgpt.hf import load_pretrained
