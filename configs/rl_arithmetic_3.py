@@ -5,7 +5,11 @@ configs/rl_arithmetic.py does on sums of two.
 
     python train.py --config configs/arithmetic.py --workdir runs/arithmetic
     python train.py --config configs/sft_arithmetic_3.py --workdir runs/sft_arithmetic_3
-    python train.py --config configs/rl_arithmetic_3.py --workdir runs/rl_arithmetic_3"""
+    python train.py --config configs/rl_arithmetic_3.py --workdir runs/rl_arithmetic_3
+
+From the 1,000-step SFT model RL gains 1-2 points; from inside the phase change of a longer SFT
+run (--config.train.init_from=runs/sft_arithmetic_3_long --config.train.init_step=3000, or its
+newest checkpoint) it gained 11-16 points in 300 steps on the seeds that had begun one (section 21)."""
 
 from configs import rl_arithmetic
 
