@@ -335,6 +335,13 @@ def _not_a_leftover_read(record: logging.LogRecord) -> bool:
 logging.getLogger("asyncio").addFilter(_not_a_leftover_read)
 
 
+def saved_steps(workdir: Path) -> list[int]:
+    """The steps of the checkpoint folders in `workdir`/checkpoints, from their names alone
+    (orbax not opened: a check before any slow work); [] where there are none."""
+    directory = Path(workdir) / "checkpoints"
+    return sorted(int(p.name) for p in directory.iterdir() if p.name.isdigit()) if directory.is_dir() else []
+
+
 def recorded_config(workdir: Path) -> dict:
     """The configuration a run's newest readable checkpoint records, for a workdir that lost
     its config.json: the run resumes with it, and training writes config.json anew."""

@@ -36,7 +36,7 @@ import jax
 from jaxgpt.config import ModelConfig, RunConfig, run_config_from_dict
 from jaxgpt.config.model import fields_of_kind
 from jaxgpt.errors import UserError
-from jaxgpt.job.checkpoint import load_latest, recorded_config
+from jaxgpt.job.checkpoint import load_latest, recorded_config, saved_steps
 from jaxgpt.tokenizers import (
     TOKENIZERS,
     base_tokenizer,
@@ -86,10 +86,8 @@ def resumed_model(workdir: Path, source: str) -> ModelConfig | None:
     """The model of the run `workdir` holds, where it started from the same weights and has a
     checkpoint to continue from: a resume keeps its own architecture (the source's when it
     started, extended as it was then), and needs the source no more."""
-    saved, checkpoints = workdir / "config.json", workdir / "checkpoints"
-    if not source or not saved.is_file() or not checkpoints.is_dir():
-        return None
-    if not any(p.name.isdigit() for p in checkpoints.iterdir()):
+    saved = workdir / "config.json"
+    if not source or not saved.is_file() or not saved_steps(workdir):
         return None
     try:
         run = run_config_from_dict(json.loads(saved.read_text()))
@@ -105,14 +103,13 @@ def kept_tokenizer(workdir: Path, run: RunConfig):
     gives the same tokenizer (or the tokenizer is named, not a folder), and the corpus is
     prepared as before. So a resume never tokenizes with another vocabulary."""
     saved, kept = workdir / "config.json", workdir / "tokenizer.json"
-    checkpoints = workdir / "checkpoints"
-    if run.data.tokenizer in TOKENIZERS or not (saved.is_file() and kept.is_file() and checkpoints.is_dir()):
+    if run.data.tokenizer in TOKENIZERS or not (saved.is_file() and kept.is_file()):
         return None
     try:
         trained_with = json.loads(saved.read_text())["data"]["tokenizer"]
     except (ValueError, KeyError, TypeError):  # a damaged config.json: the resume itself says so
         return None
-    if trained_with != run.data.tokenizer or not any(p.name.isdigit() for p in checkpoints.iterdir()):
+    if trained_with != run.data.tokenizer or not saved_steps(workdir):
         return None
     theirs = base_tokenizer(load_tokenizer(kept))
     source = Path(run.data.tokenizer) / "tokenizer.json"
@@ -279,7 +276,7 @@ def check_init_from_run(run: RunConfig) -> None:
     source, step = run.train.init_from, run.train.init_step
     if source and is_run(source):
         refuse_unless_fits(source, run.model, source_model(source), grows=run.data.chat)
-        kept = sorted(int(p.name) for p in (Path(source) / "checkpoints").iterdir() if p.name.isdigit())
+        kept = saved_steps(Path(source))
         if step and step not in kept:
             raise UserError(
                 f"train.init_step={step}: {source} keeps no checkpoint of step {step}; it keeps "
@@ -304,7 +301,8 @@ def refuse_another_tokenizer(source: str, theirs, ours) -> None:
 def start_from_pretrained(state, config: RunConfig, source: str, tokenizer=None):
     """`state` with its random parameters replaced by the weights `source` names: a workdir
     of a jaxgpt run (its newest checkpoint, or train.init_step's), or Hugging Face weights. The
-    optimizer's zero moments do not depend on the parameters' values. Returns (state, where the weights came from)."""
+    optimizer's zero moments do not depend on the parameters' values. Returns (state, where the
+    weights came from)."""
     from jaxgpt.model.transformer import grow_vocabulary, stack_blocks, unstack_blocks
 
     if is_run(source):
