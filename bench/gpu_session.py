@@ -4,11 +4,20 @@ measure, in priority order, each stage in its own process under its own time lim
     python bench/gpu_session.py --out DIR [--only tiny,attention] [--deadline 480]
     JAX_PLATFORMS=cpu python bench/gpu_session.py --out DIR --dry-run   # the same stages, small
 
-Stages (docs/benchmarks.md records what they printed, with the device named):
+Stages (docs/benchmarks.md records what they printed, with the device named), in the order a
+lease runs them (STAGES: the first call `--only versions,tests,objectives --deadline 540`):
   versions     the device's JAX, flax, optax, orbax and the packages requirements.txt names
                (installed, or missing), and one forward and backward pass of a small model
-  tiny         the README's first run (`train.py --config configs/tiny.py`), timed, then sample.py
+  tests        the tests marked `gpu` (pytest -m gpu) on the GPU backend
+  objectives   each family and objective train.py trains (decoder, Llama-style, MoE, encoder,
+               encoder-decoder, text pairs, conversations, classification, images, and the lab's
+               measures while training) on the GPU and on the same machine's CPU, float32
+               matmuls at full precision: every logged number side by side
+  imports      Qwen3 and Gemma 3 from transformers' random models: logits on the GPU against
+               transformers' on the CPU (tests/test_hf.py's cases)
   rollout      learning from rewards (bench/rollout.py): sampled tokens/s, a step's share sampling
+  serve        jaxgpt serve (bench/serve.py): aggregate tokens/s at 16 concurrent clients
+  tiny         the README's first run (`train.py --config configs/tiny.py`), timed, then sample.py
   attention    the `dot_product` kernel (cuDNN flash attention where it runs) against the `xla`
                kernel: outputs and q/k/v gradients in bfloat16 against a float32 reference,
                whether cuDNN was used, and the time of each
@@ -20,9 +29,10 @@ Stages (docs/benchmarks.md records what they printed, with the device named):
                bench/train_throughput.py, one process per setting: tokens/s and MFU
   determinism  --xla_gpu_deterministic_ops=true: two straight runs bit-identical, and a run
                stopped and resumed bit-identical to the straight one; without it, two runs
-  families     each family train.py trains (decoder, Llama-style, MoE, encoder) on the GPU and on
-               the same machine's CPU, float32 matmuls at full precision: losses side by side
-  tests        the tests marked `gpu` (pytest -m gpu) on the GPU backend
+
+The machine's image lacks some of the pinned packages (ml-collections, tensorboardX, datasets,
+fastapi, uvicorn, and jaxgpt's flax, optax and orbax versions): `bash bench/gpu_wheels.sh` here
+downloads them into .whl/ (gitignored) for the device call to carry and install first.
 
 Results go to DIR/gpu_session.json, rewritten as each stage ends (a stage cut off by its limit
 or by --deadline is recorded as such), and every stage's output to DIR/gpu_session.log. The last
@@ -288,6 +298,9 @@ GPT2_SETTINGS = [
     ("shipped: dot_product, remat none, unrolled, batch 64", [], {}),
     ("shipped before 2026-11-27: xla, remat dots, scanned, batch 64", BEFORE, {}),
     ("shipped, batch 96", ["--config.train.batch_size=96"], {}),
+    # no bias to add or to take the gradient of (the MLP's and q/k/v's were 10.2 ms of elementwise
+    # work in the profile): the modern recipe's choice, measured as a speed, not a loss
+    ("shipped, no biases", ["--config.model.bias=false"], {}),
     PROFILE,
     (
         "shipped, deterministic ops, no compilation cache",
@@ -386,38 +399,114 @@ def determinism(dry: bool, workdir: Path) -> dict:
     return result
 
 
-FAMILIES = ["tiny", "llama_tiny", "moe_tiny", "encoder_tiny"]
+# Each family and each objective train.py trains, as the composition matrix's rows are
+# (tests/test_composition.py): (what it is, its config, overrides).
+OBJECTIVES = [
+    ("decoder, GPT-2 style", "tiny", []),
+    ("decoder, Llama style", "llama_tiny", []),
+    ("mixture of experts", "moe_tiny", []),
+    ("encoder, masked tokens", "encoder_tiny", []),
+    ("encoder-decoder", "seq2seq_reverse", []),
+    ("decoder on text pairs", "dates", []),
+    ("conversations", "sft_arithmetic", ["--config.train.init_from="]),  # from scratch: no base run there
+    ("classification", "brackets", []),
+    ("images, a Vision Transformer", "vit_digits", []),
+    ("the lab's measures while training", "tiny", ["--config.train.lab=all"]),
+]
+EXCEPT_LOGGED = ("step", "tokens_per_sec", "elapsed_sec", "mfu", "sec", "time")  # the clock's, not the math's
 
 
-def families(dry: bool, workdir: Path) -> dict:
-    """Each family's losses on this machine's accelerator and on its CPU, float32 throughout
-    (full-precision matmuls, so no TF32 rounding on the GPU): they should agree to float32
-    rounding compounded over the steps, far under the losses' step-to-step movement."""
-    steps = 10 if dry else 30
-    results = {}
-    for name in FAMILIES[:1] if dry else FAMILIES:
-        runs = {}
-        for where, env in [("accelerator", {}), ("cpu", {"JAX_PLATFORMS": "cpu"})]:
-            args = ["train.py", "--config", f"configs/{name}.py", "--workdir", str(workdir / name / where), "--quiet"]
-            args += [f"--config.train.{key}={value}" for key, value in [("steps", steps), ("eval_every", steps)]]
-            args += ["--config.train.log_every=5"]
-            python(*args, env={"JAX_DEFAULT_MATMUL_PRECISION": "highest", **env})
-            runs[where] = logged_losses(workdir / name / where)
-        gpu, cpu = runs["accelerator"], runs["cpu"]
-        results[name] = {
-            "max_relative_difference": max(abs(gpu[s] - cpu[s]) / abs(cpu[s]) for s in cpu),
-            "losses": runs,
+def logged_values(workdir: Path) -> dict[str, float]:
+    """Every number the run logged, "key@step": the losses, the evaluations, the lab's measures
+    (a list a block flattened), not its timings."""
+    from jaxgpt.job.metrics import read_metrics
+
+    values = {}
+    for record in read_metrics(workdir):
+        for key, value in record.items():
+            if any(part in key for part in EXCEPT_LOGGED):
+                continue
+            flat = [value] if isinstance(value, (int, float)) else []
+            if isinstance(value, list):
+                flat = [float(v) for v in _flatten(value)]
+            for i, v in enumerate(flat):
+                values[f"{key}{f'[{i}]' if len(flat) > 1 else ''}@{record['step']}"] = float(v)
+    return values
+
+
+def _flatten(value):
+    for item in value:
+        yield from _flatten(item) if isinstance(item, list) else [item]
+
+
+def objectives(dry: bool, workdir: Path) -> dict:
+    """Each family and objective (OBJECTIVES) trained a few steps on this machine's accelerator
+    and on its CPU, float32 throughout (full-precision matmuls, so no TF32 rounding on the GPU),
+    every logged number side by side: they should agree to float32 rounding compounded over the
+    steps, far under the losses' step-to-step movement (7.9e-8 relative over 30 steps on an H200,
+    2026-11-27). Four processes at once: the GPU's runs share it, the CPU's have 16 cores."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    steps = 4 if dry else 10
+    cases = OBJECTIVES[:2] if dry else OBJECTIVES
+
+    def train(case: int, where: str) -> dict[str, float]:
+        _, config, overrides = cases[case]
+        run = workdir / str(case) / where
+        args = ["train.py", "--config", f"configs/{config}.py", "--workdir", str(run), "--quiet", *overrides]
+        args += [f"--config.train.steps={steps}", f"--config.train.eval_every={steps}", "--config.train.log_every=2"]
+        args += ["--config.train.eval_batches=2", f"--config.train.checkpoint_every={steps}"]
+        env = {"JAX_DEFAULT_MATMUL_PRECISION": "highest", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
+        python(*args, env=env | ({"JAX_PLATFORMS": "cpu"} if where == "cpu" else {}))
+        return logged_values(run)
+
+    def compare(case: int) -> dict:
+        _, config, overrides = cases[case]
+        with ThreadPoolExecutor(2) as both:  # the accelerator's run beside the CPU's
+            accelerator, cpu = both.map(lambda where: _caught(train, case, where), ("accelerator", "cpu"))
+        row = {"config": config, "overrides": overrides}
+        if isinstance(accelerator, str) or isinstance(cpu, str):
+            return row | {"error": accelerator if isinstance(accelerator, str) else cpu}
+        shared = sorted(set(accelerator) & set(cpu))
+        differences = {k: abs(accelerator[k] - cpu[k]) / max(abs(cpu[k]), 1e-6) for k in shared}
+        worst = max(differences, key=differences.get) if differences else None
+        return row | {
+            "values_compared": len(shared),
+            "only_on_one": sorted(set(accelerator) ^ set(cpu))[:10],
+            "max_relative_difference": differences.get(worst),
+            "where": worst,
+            # a measure near 0 (a head's attribution, an entropy) shows a large relative difference
+            # from a small absolute one: both are kept
+            "max_absolute_difference": max((abs(accelerator[k] - cpu[k]) for k in shared), default=None),
+            "train_loss": {"accelerator": _losses(accelerator), "cpu": _losses(cpu)},
         }
+
+    results = {}
+    with ThreadPoolExecutor(2) as pool:  # two cases at once: four processes
+        for case, row in zip(range(len(cases)), pool.map(compare, range(len(cases))), strict=True):
+            results[cases[case][0]] = row
+            print(json.dumps({"result": results}), flush=True)  # kept if the stage is cut off later
     return results
 
 
-def tests(dry: bool, workdir: Path) -> dict:
-    """The `gpu` tests on the accelerator (the CPU backend stays beside it: a few tests measure
-    the host), eight workers sharing the GPU (their compiles are the CPU's work), none of them
-    taking most of its memory up front."""
+def _caught(fn, *args):
+    try:
+        return fn(*args)
+    except (RuntimeError, subprocess.TimeoutExpired) as e:  # one case's failure is its row's, not the stage's
+        return str(e)[-800:]
+
+
+def _losses(values: dict[str, float]) -> dict[str, float]:
+    return {k: v for k, v in values.items() if k.startswith("train_loss@")}
+
+
+def pytest_on_accelerator(selection: list[str], dry: bool, workers: int) -> dict:
+    """pytest of `selection` on the accelerator (the CPU backend stays beside it: a few tests
+    measure the host), `workers` workers sharing the GPU (their compiles are the CPU's work),
+    none of them taking most of its memory up front; in a dry run, only collected."""
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-    args = ["-m", "pytest", "-q", "-m", "gpu and not slow", "-p", "no:cacheprovider", "-p", "no:benchmark", "-rfEs"]
-    args += ["--collect-only"] if dry else ["-n", "8"]
+    args = ["-m", "pytest", "-q", *selection, "-p", "no:cacheprovider", "-p", "no:benchmark", "-rfEs"]
+    args += ["--collect-only"] if dry else ["-n", str(workers)]
     done = subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
     output = done.stdout + done.stderr
     print(output, flush=True)
@@ -428,17 +517,47 @@ def tests(dry: bool, workdir: Path) -> dict:
     return {"exit": done.returncode, "summary": summary[-1] if summary else "", "failures": failures}
 
 
+def tests(dry: bool, workdir: Path) -> dict:
+    """The tests marked `gpu` (docs/testing.md names the files), eight workers."""
+    return pytest_on_accelerator(["-m", "gpu and not slow"], dry, workers=8)
+
+
+def imports(dry: bool, workdir: Path) -> dict:
+    """Qwen3 and Gemma 3 read from transformers' own random models (tests/test_hf.py): jaxgpt's
+    logits on the accelerator at full float32 precision against transformers' on the CPU, and
+    the KV-cache decoder against `generate`. Needs transformers and torch (the GPU image has
+    both; the test file skips in one line without them)."""
+    return pytest_on_accelerator(["tests/test_hf.py", "-m", "not slow", "-k", "qwen3 or gemma3"], dry, workers=4)
+
+
+def serve(dry: bool, workdir: Path) -> dict:
+    """`jaxgpt serve` on the accelerator (bench/serve.py): aggregate tokens/s of the batched
+    server at 1 and 16 concurrent clients against one slot with the requests one at a time,
+    configs/tiny.py's model with random weights. Needs fastapi and uvicorn (bench/gpu_wheels.sh)."""
+    out = workdir / "serve.json"
+    size = ["--requests", "8", "--max_tokens", "8", "--clients", "1,4", "--slots", "4", "--rounds", "1"] if dry else []
+    size = size or ["--requests", "64", "--max_tokens", "64", "--clients", "1,16", "--rounds", "2"]
+    seconds, _ = python("bench/serve.py", *size, "--max_seconds", "90", "--out", str(out))
+    return {"seconds": seconds} | json.loads(out.read_text())
+
+
+# In the order a lease should run them: what the tests and the capabilities built since the last
+# lease say on a GPU first, then speed. A lease is about 15 minutes of device time
+# in all, the machine's start included, at most 10 minutes a command: the first call runs
+# `--only versions,tests,objectives --deadline 540`, a second the rest for what time is left.
 STAGES = [
-    Stage("versions", 90, versions),
-    Stage("tiny", 150, tiny),
-    Stage("rollout", 120, rollout),
+    Stage("versions", 60, versions),
+    Stage("tests", 240, tests),
+    Stage("objectives", 240, objectives),
+    Stage("imports", 90, imports),
+    Stage("rollout", 90, rollout),
+    Stage("serve", 120, serve),
+    Stage("tiny", 120, tiny),
     Stage("attention", 90, attention),
     Stage("loss", 90, loss),
     Stage("experts", 90, experts),
     Stage("gpt2", 480, gpt2),
     Stage("determinism", 180, determinism),
-    Stage("families", 240, families),
-    Stage("tests", 240, tests),
 ]
 
 

@@ -19,6 +19,8 @@ from jaxgpt.job.trainer import train_and_evaluate
 from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.training.train_step import eval_step, scored
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 CLASSES = 3
 
 

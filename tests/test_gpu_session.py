@@ -1,12 +1,14 @@
 """bench/gpu_session.py, the plan for a short GPU lease, rehearsed on the CPU at toy sizes: a
 script that first runs on a rented GPU must not fail there on a typo. Each stage runs in its own
-process and records what it found in gpu_session.json. The stages that train (tiny, gpt2,
-determinism, families: a dozen train.py processes, 178 s of the slow set's CI time) are
-rehearsed by hand before a lease (`JAX_PLATFORMS=cpu python bench/gpu_session.py --out DIR
---dry-run`, about 2.5 minutes), not in CI; their commands are train.py's and
-bench/train_throughput.py's, which the suite tests."""
+process and records what it found in gpu_session.json. The stages that train or serve (tiny,
+objectives, serve, gpt2, determinism: dozens of train.py processes and a server, minutes of the
+slow set's CI time) are rehearsed by hand before a lease (`JAX_PLATFORMS=cpu python
+bench/gpu_session.py --out DIR --dry-run`, a few minutes), not in CI; their commands are
+train.py's and bench/train_throughput.py's, which the suite tests, and bench/serve.py's."""
 
+import importlib.util
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -22,9 +24,9 @@ def dry_run(out: Path, *stages: str) -> dict:
     return json.loads((out / "gpu_session.json").read_text())["stages"]
 
 
-@pytest.mark.slow  # 31 s of five fresh processes; the script changes rarely, the quick set runs often
+@pytest.mark.slow  # 31 s of six fresh processes; the script changes rarely, the quick set runs often
 def test_the_quick_stages_run_and_report(tmp_path):
-    stages = dry_run(tmp_path, "versions", "attention", "loss", "experts", "tests")
+    stages = dry_run(tmp_path, "versions", "attention", "loss", "experts", "tests", "imports")
     assert {name: record["status"] for name, record in stages.items()} == dict.fromkeys(stages, "ok")
     versions = stages["versions"]["result"]
     assert versions["backend"] == "cpu" and versions["smoke_grad_finite"]
@@ -39,3 +41,5 @@ def test_the_quick_stages_run_and_report(tmp_path):
     ways = {row["way"]: row for row in stages["experts"]["result"]["rows"]}  # checked against float64 first
     assert len(ways) == 3 and ways["grouped (jax.lax.ragged_dot)"]["rows_computed"] == 512
     assert "tests collected" in stages["tests"]["result"]["summary"]  # the `gpu` marker selects some
+    if importlib.util.find_spec("transformers"):  # Qwen3's and Gemma 3's cases (without it the file skips)
+        assert re.match(r"[1-9]\d*/\d+ tests collected", stages["imports"]["result"]["summary"])

@@ -6,11 +6,14 @@ Trained, evaluated and resumed with the engine's settings in tests/test_composit
 
 import jax
 import numpy as np
+import pytest
 
 from jaxgpt.config import ModelConfig
 from jaxgpt.model.transformer import GPT, init_params
 from jaxgpt.training.batch import segment_positions
 from jaxgpt.training.train_step import scored
+
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
 
 MODEL = ModelConfig(vocab_size=32, block_size=12, n_layer=2, n_head=4, d_model=32, mtp_weight=0.5)
 

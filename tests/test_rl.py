@@ -22,6 +22,8 @@ from jaxgpt.training.objectives import NEXT_TOKEN, PolicyGradient
 from jaxgpt.training.rewards import Answer, reward_function
 from jaxgpt.training.train_step import scored, token_losses
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 
 def answer(completion, reference="37 + 45 = 82", finished=True):
     return Answer("What is 37 + 45?", completion, reference, finished)

@@ -22,6 +22,8 @@ from jaxgpt.lab import watch as W
 from jaxgpt.model.sites import CACHE
 from jaxgpt.model.transformer import GPT, init_params
 
+pytestmark = pytest.mark.gpu  # also run on the GPU backend by bench/gpu_session.py
+
 # float32 sums of a few hundred O(1) products in another order: ~1e-6
 CLOSE = dict(rtol=1e-5, atol=1e-5)
 
