@@ -535,16 +535,18 @@ def serve(dry: bool, workdir: Path) -> dict:
     server at 1 and 16 concurrent clients against one slot with the requests one at a time,
     configs/tiny.py's model with random weights. Needs fastapi and uvicorn (bench/gpu_wheels.sh)."""
     out = workdir / "serve.json"
-    size = ["--requests", "8", "--max_tokens", "8", "--clients", "1,4", "--slots", "4", "--rounds", "1"] if dry else []
-    size = size or ["--requests", "64", "--max_tokens", "64", "--clients", "1,16", "--rounds", "2"]
+    if dry:
+        size = ["--requests", "8", "--max_tokens", "8", "--clients", "1,4", "--slots", "4", "--rounds", "1"]
+    else:
+        size = ["--requests", "64", "--max_tokens", "64", "--clients", "1,16", "--rounds", "2"]
     seconds, _ = python("bench/serve.py", *size, "--max_seconds", "90", "--out", str(out))
     return {"seconds": seconds} | json.loads(out.read_text())
 
 
 # In the order a lease should run them: what the tests and the capabilities built since the last
-# lease say on a GPU first, then speed. A lease is about 15 minutes of device time
-# in all, the machine's start included, at most 10 minutes a command: the first call runs
-# `--only versions,tests,objectives --deadline 540`, a second the rest for what time is left.
+# lease say on a GPU first, then speed. A lease is about 15 minutes of device time in all, the
+# machine's start included, at most 10 minutes a command: the first call runs `--only
+# versions,tests,objectives --deadline 540`, a second the rest for what time is left.
 STAGES = [
     Stage("versions", 60, versions),
     Stage("tests", 240, tests),
