@@ -88,6 +88,12 @@ def python(*args: str, env: dict | None = None, timeout: float | None = None) ->
     return seconds, done.stdout + done.stderr
 
 
+def printed_before(timeout: subprocess.TimeoutExpired) -> str:
+    """What a process ended at its time limit had printed (bytes on POSIX, even in text mode)."""
+    parts = (timeout.stdout, timeout.stderr)
+    return "".join(p.decode(errors="replace") if isinstance(p, bytes) else (p or "") for p in parts)
+
+
 def logged_losses(workdir: Path) -> dict[int, float]:
     from jaxgpt.job.metrics import read_metrics
 
@@ -168,7 +174,8 @@ def rollout(dry: bool, workdir: Path) -> dict:
     in one call against one call a prompt) and a step's share spent sampling, rl_arithmetic's
     shape on a fresh initialisation (answers run to train.rl.max_tokens)."""
     out = workdir / "rollout.json"
-    seconds, _ = python("bench/rollout.py", "--steps", "3" if dry else "10", "--out", str(out))
+    # within the stage's limit, so that no child outlives a stage ended at its limit
+    seconds, _ = python("bench/rollout.py", "--steps", "3" if dry else "10", "--out", str(out), timeout=85)
     return {"seconds": seconds} | json.loads(out.read_text())
 
 
@@ -457,7 +464,7 @@ def objectives(dry: bool, workdir: Path) -> dict:
         args += [f"--config.train.steps={steps}", f"--config.train.eval_every={steps}", "--config.train.log_every=2"]
         args += ["--config.train.eval_batches=2", f"--config.train.checkpoint_every={steps}"]
         env = {"JAX_DEFAULT_MATMUL_PRECISION": "highest", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
-        python(*args, env=env | ({"JAX_PLATFORMS": "cpu"} if where == "cpu" else {}))
+        python(*args, env=env | ({"JAX_PLATFORMS": "cpu"} if where == "cpu" else {}), timeout=180)  # ended if hung
         return logged_values(run)
 
     def compare(case: int) -> dict:
@@ -500,26 +507,37 @@ def _losses(values: dict[str, float]) -> dict[str, float]:
     return {k: v for k, v in values.items() if k.startswith("train_loss@")}
 
 
-def pytest_on_accelerator(selection: list[str], dry: bool, workers: int) -> dict:
+def pytest_on_accelerator(selection: list[str], dry: bool, workers: int, seconds: int) -> dict:
     """pytest of `selection` on the accelerator (the CPU backend stays beside it: a few tests
     measure the host), `workers` workers sharing the GPU (their compiles are the CPU's work),
-    none of them taking most of its memory up front; in a dry run, only collected."""
+    none of them taking most of its memory up front; in a dry run, only collected. Ended after
+    `seconds` (inside the stage's limit, so that no pytest outlives its stage), what it printed kept."""
     env = {"JAX_PLATFORMS": os.environ.get("JAX_PLATFORMS") or "cuda,cpu", "XLA_PYTHON_CLIENT_PREALLOCATE": "false"}
     args = ["-m", "pytest", "-q", *selection, "-p", "no:cacheprovider", "-p", "no:benchmark", "-rfEs"]
     args += ["--collect-only"] if dry else ["-n", str(workers)]
-    done = subprocess.run([sys.executable, *args], cwd=ROOT, env={**os.environ, **env}, capture_output=True, text=True)
-    output = done.stdout + done.stderr
+    try:
+        done = subprocess.run(
+            [sys.executable, *args],
+            cwd=ROOT,
+            env={**os.environ, **env},
+            capture_output=True,
+            text=True,
+            timeout=seconds,
+        )
+        output, returncode = done.stdout + done.stderr, done.returncode
+    except subprocess.TimeoutExpired as e:
+        output, returncode = printed_before(e), f"ended after {seconds} s"
     print(output, flush=True)
     lines = output.strip().splitlines()
     failures = [line for line in lines if line.startswith(("FAILED", "ERROR", "SKIPPED"))]
     # pytest's last word ("177 passed, 1 skipped in 153.57s"), not the warnings after it
     summary = [line for line in lines if re.search(r"\d+ (passed|failed|skipped|error|tests? collected)", line)]
-    return {"exit": done.returncode, "summary": summary[-1] if summary else "", "failures": failures}
+    return {"exit": returncode, "summary": summary[-1] if summary else "", "failures": failures}
 
 
 def tests(dry: bool, workdir: Path) -> dict:
     """The tests marked `gpu` (docs/testing.md names the files), eight workers."""
-    return pytest_on_accelerator(["-m", "gpu and not slow"], dry, workers=8)
+    return pytest_on_accelerator(["-m", "gpu and not slow"], dry, workers=8, seconds=225)
 
 
 def imports(dry: bool, workdir: Path) -> dict:
@@ -527,7 +545,9 @@ def imports(dry: bool, workdir: Path) -> dict:
     logits on the accelerator at full float32 precision against transformers' on the CPU, and
     the KV-cache decoder against `generate`. Needs transformers and torch (the GPU image has
     both; the test file skips in one line without them)."""
-    return pytest_on_accelerator(["tests/test_hf.py", "-m", "not slow", "-k", "qwen3 or gemma3"], dry, workers=4)
+    return pytest_on_accelerator(
+        ["tests/test_hf.py", "-m", "not slow", "-k", "qwen3 or gemma3"], dry, workers=4, seconds=80
+    )
 
 
 def serve(dry: bool, workdir: Path) -> dict:
@@ -539,7 +559,7 @@ def serve(dry: bool, workdir: Path) -> dict:
         size = ["--requests", "8", "--max_tokens", "8", "--clients", "1,4", "--slots", "4", "--rounds", "1"]
     else:
         size = ["--requests", "64", "--max_tokens", "64", "--clients", "1,16", "--rounds", "2"]
-    seconds, _ = python("bench/serve.py", *size, "--max_seconds", "90", "--out", str(out))
+    seconds, _ = python("bench/serve.py", *size, "--max_seconds", "90", "--out", str(out), timeout=115)
     return {"seconds": seconds} | json.loads(out.read_text())
 
 
@@ -604,8 +624,7 @@ def run_all(out: Path, names: list[str], dry: bool, deadline: float) -> dict:
                 )
                 output, status = done.stdout + done.stderr, "ok" if done.returncode == 0 else f"exit {done.returncode}"
             except subprocess.TimeoutExpired as e:
-                output = (e.stdout or b"").decode(errors="replace") + (e.stderr or b"").decode(errors="replace")
-                status = f"cut off at {limit:.0f} s"
+                output, status = printed_before(e), f"cut off at {limit:.0f} s"
             log.write(output)
             log.flush()
             record = {"status": status, "seconds": round(time.monotonic() - began, 1)}

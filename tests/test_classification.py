@@ -116,6 +116,7 @@ def labelled_file(tmp_path, count: int = 600):
     return path
 
 
+@pytest.mark.slow  # learning: 250 steps, ~10 s a case on 2 cores; the quick set trains it in tests/test_composition.py
 @pytest.mark.parametrize("causal", [True, False], ids=["decoder", "encoder"])
 def test_train_py_learns_to_classify_and_reports_the_confusion_matrix(causal, tmp_path):
     """The engine trains it: a decoder reading the last token and an encoder reading the first
