@@ -175,7 +175,7 @@ def rollout(dry: bool, workdir: Path) -> dict:
     shape on a fresh initialisation (answers run to train.rl.max_tokens)."""
     out = workdir / "rollout.json"
     # within the stage's limit, so that no child outlives a stage ended at its limit
-    seconds, _ = python("bench/rollout.py", "--steps", "3" if dry else "10", "--out", str(out), timeout=85)
+    seconds, _ = python("bench/rollout.py", "--steps", "3" if dry else "10", "--out", str(out), timeout=115)
     return {"seconds": seconds} | json.loads(out.read_text())
 
 
@@ -572,7 +572,7 @@ STAGES = [
     Stage("tests", 240, tests),
     Stage("objectives", 240, objectives),
     Stage("imports", 90, imports),
-    Stage("rollout", 90, rollout),
+    Stage("rollout", 120, rollout),
     Stage("serve", 120, serve),
     Stage("tiny", 120, tiny),
     Stage("attention", 90, attention),
