@@ -3,7 +3,7 @@
 # transformers; Python 3.12; no package index there): the pins of requirements.txt its image
 # lacks or holds at other versions, and what those need that it lacks (read from each wheel's
 # Requires-Dist against the image's package list, 2026-12-07). Run here, where pip reaches an
-# index; the device call carries .whl/ (gitignored, 7 MB) and starts with
+# index; the device call carries .whl/ (gitignored, 6.4 MB) and starts with
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
 #       --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site || exit;
 # then runs bench/gpu_session.py (its docstring says in what order).
@@ -12,8 +12,9 @@ cd "$(dirname "$0")/.."
 
 pinned() { grep -E "^$1==" requirements.txt | cut -d' ' -f1; }
 wanted=(
-    "$(pinned ml-collections)" "$(pinned tensorboardX)" "$(pinned datasets)" "$(pinned ml-dtypes)"
+    "$(pinned ml-collections)" "$(pinned tensorboardX)" "$(pinned datasets)"
     "$(pinned flax)" "$(pinned optax)" "$(pinned orbax-checkpoint)"
+    # not ml-dtypes: the pin is for jax 0.10's start-up, and the image's JAX 0.11.2 brings its own
     "$(pinned fastapi)" "$(pinned uvicorn)"  # jaxgpt serve, bench/serve.py
     dill==0.4.1 multiprocess==0.70.19  # datasets'
     starlette==1.10.0 pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0  # fastapi's
