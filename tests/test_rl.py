@@ -228,6 +228,8 @@ def test_a_config_says_in_one_line_what_learning_from_rewards_needs():
         resolve(rl_config(clip=0))
     with pytest.raises(ConfigError, match="train.rl.draws=1 must be 0 or at least train.rl.prompts=2"):
         resolve(rl_config(draws=1))
+    with pytest.raises(ConfigError, match="train.rl.turns='last' is not one of 'first', 'every'"):
+        resolve(rl_config(turns="last"))
     with pytest.raises(ConfigError, match="train.rl.length=8 must leave room for a prompt"):
         resolve(rl_config(length=8))
     with pytest.raises(ConfigError, match="train.rl.length=64 is longer than model.block_size=48"):
@@ -325,6 +327,43 @@ def test_drawing_more_prompts_trains_on_the_groups_with_a_signal_first(reward_mo
         np.testing.assert_array_equal(batch["inputs"][row, : len(prompt)], prompt)
     said = rollouts.said[-1]
     assert said["tied_groups"] == 1 - len(signal) / 8 and said["trained_tied_groups"] == 0
+
+
+def test_every_turn_of_a_conversation_is_a_prompt_read_after_the_turns_before_it():
+    """train.rl.turns="every": each question of a training conversation is a prompt, read after
+    the conversation before it with its reference answers; the first turns' prompts are
+    turns="first"'s, and each reference is its own question's sum, written out."""
+    import re
+
+    from jaxgpt import data
+    from jaxgpt.job.setup import with_vocabulary
+
+    def prompts(turns):
+        config = rl_config(turns=turns, max_tokens=16)
+        config.model.block_size = 128  # a third turn's prompt fits
+        run = resolve(config)
+        dataset = data.prepare(run.data, progress=False)
+        rollouts, _ = data.batch_sources(dataset, with_vocabulary(run, dataset.tokenizer))
+        return rollouts.prompts, dataset.tokenizer
+
+    first, tokenizer = prompts("first")
+    every, _ = prompts("every")
+    end = tokenizer.special_ids["<|end|>"]
+    starts = [i for i, p in enumerate(every) if (tokenizer.special_ids["<|user|>"] == p.ids).sum() == 1]
+    assert len(starts) == len(first)  # each conversation's first prompt, in order
+    for i, prompt in zip(starts, first):
+        np.testing.assert_array_equal(every[i].ids, prompt.ids)
+        assert (every[i].text, every[i].reference) == (prompt.text, prompt.reference)
+    turn_counts = np.diff(starts + [len(every)])
+    assert set(turn_counts.tolist()) == {1, 2, 3} and len(every) == turn_counts.sum()
+    for i, j in zip(starts, starts[1:] + [len(every)]):
+        for before, after in zip(every[i : j - 1], every[i + 1 : j]):  # turn k, then turn k + 1
+            answered = np.concatenate([before.ids, tokenizer.encode(before.reference), [end]])
+            np.testing.assert_array_equal(after.ids[: len(answered)], answered)
+            assert tokenizer.decode(after.ids[len(answered) :].tolist()).count(after.text) == 1
+    for prompt in every:
+        numbers = [int(n) for n in re.findall(r"\d+", prompt.text)]
+        assert prompt.reference == " + ".join(map(str, numbers)) + f" = {sum(numbers)}", prompt
 
 
 def metrics(workdir):

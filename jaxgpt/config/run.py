@@ -164,6 +164,10 @@ class Reinforcement:
         train.steps and train.checkpoint_every are whole batches: a run stops, and resumes, only
         between them.
     clip: PPO's epsilon (0.2 in PPO and GRPO), with updates > 1.
+    turns: which of a training conversation's questions are prompts: "first", or "every" (each
+        read after the conversation before it, its earlier answers the references: a chat model
+        answers later turns too, and the held-out conversations score them; such prompts are
+        longer, so raise `length` to fit them).
     draws: prompts drawn and answered a step (0: `prompts`). Where more, the groups whose
         answers' rewards all tie (every answer right, or every one wrong: no signal, and most of
         a good model's) are dropped and the step trains on the first `prompts` of the rest, topped
@@ -188,6 +192,7 @@ class Reinforcement:
     every_token: bool = False
     updates: int = 1
     clip: float = 0.2
+    turns: str = "first"
     draws: int = 0
     length: int = 0
 
@@ -202,6 +207,7 @@ class Reinforcement:
         if not 0 < self.top_p <= 1:
             problems.add("top_p", "must be in (0, 1]")
         problems.one_of("baseline", BASELINES)
+        problems.one_of("turns", TURNS)
         if self.reward not in REWARDS and ":" not in self.reward:
             problems.add("reward", f"is one of {', '.join(REWARDS)}, or your own as module:function")
         if self.baseline == "group" and self.samples < 2:
@@ -210,6 +216,7 @@ class Reinforcement:
 
 
 BASELINES = ("group", "none")
+TURNS = ("first", "every")
 REWARDS = ("exact", "number", "format")
 
 

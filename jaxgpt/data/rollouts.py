@@ -17,7 +17,9 @@ A step is two compiled programs with the host between them, as TRL and nanochat 
 The batch of step s is a pure function of the parameters at step s and (seed, s), so a resumed
 run samples what the uninterrupted one sampled: resuming is exact as for any run. A prompt is a
 conversation's first question and its reference answer the first answer (what "exact" and
-"number" compare with); prompts whose answer cannot fit the context are left out.
+"number" compare with), or with train.rl.turns="every" each of its questions, read after the
+conversation before it as written (the earlier answers the references, as fine-tuning reads
+them); prompts whose answer cannot fit the row are left out.
 """
 
 from __future__ import annotations
@@ -55,7 +57,9 @@ class Rollouts:
         self.end = tokenizer.special_ids[END]
         self.separator = teacher_forced.examples.separator
         self.length = run.row_length  # a row: one prompt and its answer
-        self.prompts = questions(teacher_forced.examples, tokenizer, self.length + 1 - rl.max_tokens)
+        self.prompts = questions(
+            teacher_forced.examples, tokenizer, self.length + 1 - rl.max_tokens, every_turn=rl.turns == "every"
+        )
         if not self.prompts:
             raise UserError(
                 f"no training prompt leaves room for train.rl.max_tokens={rl.max_tokens} answer tokens in "
@@ -157,24 +161,26 @@ class Rollouts:
         }
 
 
-def questions(conversations, tokenizer, room_before: int) -> list[Prompt]:
-    """first_questions of prompts at most `room_before` tokens long."""
+def questions(conversations, tokenizer, room_before: int, every_turn: bool = False) -> list[Prompt]:
+    """Each conversation's first question (`every_turn`: each of its questions, after the
+    conversation before it) as a prompt at most `room_before` tokens long, with its answer."""
     markers, prompts = conversations.markers, []
     for i in range(len(conversations)):
         unit = conversations.unit(i)
-        assistant = np.flatnonzero(unit == markers[ASSISTANT])
-        if not len(assistant) or assistant[0] + 1 > room_before:
-            continue
-        start = assistant[0] + 1
-        ends = np.flatnonzero(unit[start:] == markers[END])
-        answer = unit[start : start + (ends[0] if len(ends) else len(unit) - start)]
-        turn = unit[: assistant[0]]
-        users = np.flatnonzero(turn == markers[USER])
-        question = turn[users[0] + 1 :] if len(users) else turn[1:]
-        question = question[question != markers[END]]
-        prompts.append(
-            Prompt(unit[:start].copy(), tokenizer.decode(question.tolist()), tokenizer.decode(answer.tolist()))
-        )
+        assistants = np.flatnonzero(unit == markers[ASSISTANT])
+        for at in assistants[: None if every_turn else 1].tolist():
+            start = at + 1
+            if start > room_before:
+                break  # the later turns' prompts are longer still
+            ends = np.flatnonzero(unit[start:] == markers[END])
+            answer = unit[start : start + (ends[0] if len(ends) else len(unit) - start)]
+            turn = unit[:at]
+            users = np.flatnonzero(turn == markers[USER])
+            question = turn[users[-1] + 1 :] if len(users) else turn[1:]
+            question = question[question != markers[END]]
+            prompts.append(
+                Prompt(unit[:start].copy(), tokenizer.decode(question.tolist()), tokenizer.decode(answer.tolist()))
+            )
     return prompts
 
 
