@@ -114,7 +114,7 @@ def measure(config, vocab_size: int, steps: int, repeats: int, compile_only: boo
     step_sec = statistics.median(times)
     tokens_per_sec = batch * seq / step_sec
     devices = prepared.mesh.devices.flatten().tolist()
-    peak, source = peak_flops(devices)
+    peak, source = peak_flops(devices, run.model.dtype)
     return {
         "devices": len(devices),
         "cores": prepared.cores,

@@ -63,6 +63,25 @@ def test_the_peak_is_the_same_at_every_start_and_an_idle_measurement_is_only_its
     assert peak == 160e9 and "idle matmul measured 222" in source and machine.measured == 2
 
 
+@pytest.mark.parametrize(
+    "flags, per_cycle, named",
+    [
+        ("", 32, "no bfloat16 units"),  # products converted and computed at float32's rate
+        (" avx512f avx512_bf16", 64, "AVX512-BF16"),  # Zen 4: a 512-bit dot product of 32 pairs a cycle
+        (" avx512f avx512_bf16 amx_bf16 amx_tile", 1024, "AMX-BF16"),  # 16 x 32 x 16 products, 16 cycles
+    ],
+)
+def test_a_bfloat16_run_on_a_cpu_is_measured_against_its_bfloat16_units(machine, monkeypatch, flags, per_cycle, named):
+    """2 cores x 2.5 GHz x the units' bfloat16 FLOPs per cycle; float32's figure is unchanged,
+    and the idle float32 matmul is still the check of the clock (222 > float32's 160)."""
+    monkeypatch.setattr(peak_flops, "cpuinfo", lambda: ZEN3 | {"flags": ZEN3["flags"] + flags})
+    machine(222e9, idle=True)
+    peak, source = peak_flops.cpu_peak_flops("bfloat16")
+    assert peak == 2 * 2.5e9 * per_cycle and f"{per_cycle} bfloat16 FLOP/cycle" in source and named in source
+    assert "idle float32 matmul measured 222" in source and "faster than this clock" in source
+    assert peak_flops.cpu_peak_flops("float32")[0] == 160e9
+
+
 def test_without_a_computed_peak_the_best_idle_measurement_is_the_peak_and_measured_at_every_start(
     machine, monkeypatch
 ):

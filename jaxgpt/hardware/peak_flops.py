@@ -124,15 +124,32 @@ def float32_flops_per_cycle(info: dict[str, str]) -> tuple[int, str] | None:
     return None
 
 
-def computed_cpu_peak() -> tuple[float, str] | None:
-    """(FLOP/s, how): physical cores x clock x float32 FLOPs per cycle. It does not depend on
+def flops_per_cycle(info: dict[str, str], dtype: str = "float32") -> tuple[int, str] | None:
+    """FLOPs one x86 core can issue per cycle in products of `dtype`. A bfloat16 run computes
+    its projections' products on bfloat16 units where the CPU has them (jaxgpt/model/products.py):
+    AMX's tiles, 1,024 FLOPs a cycle (a 16 x 32 by 32 x 16 product every 16 cycles), or
+    AVX512-BF16's dot products, two bfloat16 pairs where float32 has one number; without them
+    its products run at float32's rate. None where float32's is unknown."""
+    float32 = float32_flops_per_cycle(info)
+    if dtype != "bfloat16" or float32 is None:
+        return float32
+    flags = set(info.get("flags", "").split())
+    if "amx_bf16" in flags:
+        return 1024, "AMX-BF16 tiles"
+    if "avx512_bf16" in flags:
+        return 2 * float32[0], f"AVX512-BF16 dot products: twice float32's {float32[0]}, {float32[1]}"
+    return float32[0], f"no bfloat16 units: float32's rate, {float32[1]}"
+
+
+def computed_cpu_peak(dtype: str = "float32") -> tuple[float, str] | None:
+    """(FLOP/s, how): physical cores x clock x `dtype`'s FLOPs per cycle. It does not depend on
     what else the machine is doing; None where the clock or the instruction set is unknown."""
-    clock, per_cycle = cpu_clock_hz(), float32_flops_per_cycle(cpuinfo())
+    clock, per_cycle = cpu_clock_hz(), flops_per_cycle(cpuinfo(), dtype)
     if clock is None or per_cycle is None:
         return None
     cores = physical_cores()
     return cores * clock[0] * per_cycle[0], (
-        f"{cores} cores x {clock[0] / 1e9:.2f} GHz ({clock[1]}) x {per_cycle[0]} float32 FLOP/cycle ({per_cycle[1]})"
+        f"{cores} cores x {clock[0] / 1e9:.2f} GHz ({clock[1]}) x {per_cycle[0]} {dtype} FLOP/cycle ({per_cycle[1]})"
     )
 
 
@@ -189,22 +206,24 @@ def idle_measured_cpu_peak(once: bool = False) -> float:
 
 
 @functools.cache
-def cpu_peak_flops() -> tuple[float, str]:
-    """(FLOP/s, where from): the ceiling training FLOPs are compared against on CPU.
+def cpu_peak_flops(dtype: str = "float32") -> tuple[float, str]:
+    """(FLOP/s, where from): the ceiling a run computing in `dtype` compares its training FLOPs
+    against on CPU.
 
     The reference is computed from the hardware (cores x clock x FLOPs per cycle), so it is the
-    same at every start on a machine, the first included, whatever else runs. A matmul measured
-    while the machine was idle is shown beside it as a check, never used in its place: where it
-    beats the computed figure, the cores run faster than the clock the OS reports (a VM hiding
-    its boost clock), and the line says so. Only where no clock or instruction set is known is
-    the best idle measurement the reference (then it may rise from one start to the next).
-    As a check it is measured only until one idle measurement is on record, so later starts
-    spend no second on it."""
-    computed = computed_cpu_peak()
+    same at every start on a machine, the first included, whatever else runs. A float32 matmul
+    measured while the machine was idle is shown beside it as a check, never used in its place:
+    where it beats float32's computed figure, the cores run faster than the clock the OS reports
+    (a VM hiding its boost clock), and the line says so. Only where no clock or instruction set
+    is known is the best idle measurement the reference (then it may rise from one start to the
+    next). As a check it is measured only until one idle measurement is on record, so later
+    starts spend no second on it."""
+    computed, float32 = computed_cpu_peak(dtype), computed_cpu_peak()
     measured = idle_measured_cpu_peak(once=computed is not None)
-    check = f"; idle matmul measured {measured / 1e9:,.0f}" if measured else "; no idle matmul measurement yet"
+    matmul = "idle matmul" if dtype == "float32" else "idle float32 matmul"
+    check = f"; {matmul} measured {measured / 1e9:,.0f}" if measured else f"; no {matmul} measurement yet"
     if computed:
-        faster = ", faster than this clock allows: MFU against it reads high" if measured > computed[0] else ""
+        faster = ", faster than this clock allows: MFU against it reads high" if measured > float32[0] else ""
         return computed[0], computed[1] + check + faster
     if measured:
         return measured, "float32 matmul measured on this machine while idle (no clock or FLOPs per cycle known)"
@@ -227,16 +246,19 @@ def matmul_flops(size: int = 1024, windows: int = 5, seconds: float = 0.2) -> fl
     return best
 
 
-def peak_flops(devices=None) -> tuple[float, str]:
-    """(peak FLOP/s of all `devices` together, where the number comes from).
+def peak_flops(devices=None, dtype: str = "float32") -> tuple[float, str]:
+    """(peak FLOP/s of all `devices` together for a run computing in `dtype`, where the number
+    comes from).
 
     On CPU the fake devices of --xla_force_host_platform_device_count share the same cores,
-    so the machine's peak is the ceiling whatever their number.
+    so the machine's peak is the ceiling whatever their number, and a bfloat16 run's is its
+    bfloat16 units'. An accelerator's is its datasheet's dense bfloat16 peak, the convention
+    MFU is quoted in, whatever the run's dtype.
     """
     devices = devices or jax.devices()
     kind = devices[0].device_kind
     if devices[0].platform == "cpu":
-        return cpu_peak_flops()
+        return cpu_peak_flops(dtype)
     for name, flops in DATASHEET_PEAK_FLOPS:
         if name.lower() in kind.lower():
             return flops * len(devices), f"datasheet bfloat16 peak of {len(devices)} x {kind}"

@@ -222,8 +222,8 @@ def place_run(resolved: ResolvedRun, say) -> PlacedRun:
         step.compile(resolved.layout, batch_layout(program.run, step.batch_mesh))
         return time.perf_counter() - started
 
-    peak, source = peak_flops(mesh.devices.flatten().tolist())
     run = program.run
+    peak, source = peak_flops(mesh.devices.flatten().tolist(), run.model.dtype)
     return PlacedRun(
         program=program,
         mesh=mesh,
