@@ -352,6 +352,31 @@ def test_pass_at_k_is_the_chance_that_k_of_n_answers_hold_a_right_one():
         assert pass_at(n, c, k) == pytest.approx(sum(any(s) for s in subsets) / len(subsets), abs=1e-12)
 
 
+def test_the_evaluate_command_asks_pass_at_k_of_first_questions_or_of_every_turn(chat_run, monkeypatch, capsys):
+    """`evaluate --pass_at K` hands the held-out first questions to pass@k, and with --turns every
+    each turn's question after the turns before it (train.rl.turns=every's prompts), the first
+    --prompts of them; the line says which and how many it asked."""
+    from jaxgpt.commands import evaluate
+    from jaxgpt.lab import pass_at_k
+
+    asked = []
+
+    def measure(decoder, params, tokenizer, prompts, reward, **kw):
+        asked.append(prompts)
+        return pass_at_k.PassAtK(len(prompts), kw["samples"], {1: 0.5, 2: 0.75}, 0.5, 0.5, 3.0)
+
+    monkeypatch.setattr(pass_at_k, "measure", measure)
+    user = chat_tokenizer(ByteTokenizer()).special_ids[USER]
+    for turns, said in (("first", "6 held-out first questions"), ("every", "6 held-out questions of every turn")):
+        evaluate.main(["--workdir", str(chat_run / "sft"), "--pass_at", "2", "--prompts", "6", "--turns", turns])
+        line = next(line for line in capsys.readouterr().out.splitlines() if "pass@" in line)
+        assert said in line and "pass@1 50.0%, pass@2 75.0%; greedy 50.0%" in line, line
+    first, every = asked
+    users = [int((p.ids == user).sum()) for p in every]
+    assert [int((p.ids == user).sum()) for p in first] == [1] * 6 and max(users) > 1, users
+    assert every[0].text == first[0].text and len(every) == 6
+
+
 def test_pass_at_k_answers_each_prompt_as_decoding_it_alone_would(chat_run):
     """Greedy answers batched by prompt length, several prompts and samples a call and padded,
     are each prompt's greedy answer decoded alone (the sampler's own loop, one prompt a call):

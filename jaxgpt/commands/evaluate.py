@@ -23,8 +23,9 @@ ALiBi and no positions at all are evaluated at any length.
 A run trained on text pairs (data.source pairs:PATH or builtin:dates) is scored on every
 held-out pair instead: the loss on the answers, the share of their tokens right, and the share
 of answers greedy decoding writes exactly. With --pass_at K a run trained on conversations (or
-from rewards) also answers its held-out first questions K times at --temperature and once
-greedily, scored by its train.rl.reward: pass@1 ... pass@K (jaxgpt/lab/pass_at_k.py).
+from rewards) also answers its held-out first questions (--turns every: every turn's question, after
+the turns before it) K times at --temperature and once greedily, scored by its train.rl.reward:
+pass@1 ... pass@K (jaxgpt/lab/pass_at_k.py).
 
 Prints a row per run and length (the loss within the trained length and beyond it) and draws
 loss against position at each run's longest length beside mean loss against length, one
@@ -405,7 +406,8 @@ def answers_line(name: str, workdir: Path, step: int | None, say=print) -> str:
 
 
 def pass_at_line(name: str, workdir: Path, f) -> str:
-    """pass@1 ... pass@k of a chat run's model on its held-out first questions, scored by its
+    """pass@1 ... pass@k of a chat run's model on its held-out first questions (--turns every:
+    every turn's, as train.rl.turns=every asks them), scored by its
     train.rl.reward (exact, for a run trained without one): jaxgpt/lab/pass_at_k.py."""
     from jaxgpt import data
     from jaxgpt.data.batches import example_splits
@@ -426,11 +428,12 @@ def pass_at_line(name: str, workdir: Path, f) -> str:
     reward, max_tokens = (rl.reward, rl.max_tokens) if rl else ("exact", 32)
     got = pass_at_k.measure(
         decoding_model(run.model), params, tokenizer,
-        questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens)[: f.prompts],
+        questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens, every_turn=f.turns == "every")[: f.prompts],
         reward_function(reward, rl.tolerance if rl else 0.0), samples=f.pass_at, temperature=f.temperature,
         passing=f.passing, max_tokens=max_tokens, end=tokenizer.special_ids[END], seed=run.train.seed,
     )  # fmt: skip
-    asked = f"{got.prompts:,} held-out first questions, {got.samples} answers each at temperature {f.temperature:g}"
+    which = "first questions" if f.turns == "first" else "questions of every turn (each after the turns before it)"
+    asked = f"{got.prompts:,} held-out {which}, {got.samples} answers each at temperature {f.temperature:g}"
     passes = ", ".join(f"pass@{k} {v:.1%}" for k, v in got.pass_at.items())
     said = [passes, f"greedy {got.greedy:.1%}", f"mean reward {got.mean_reward:.3f}", f"{got.answer_tokens:.1f} tokens"]
     return f"{name}: step {step}, {asked} ({reward} reward, passing at {f.passing:g}): " + "; ".join(said)
@@ -594,6 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_integer("pass_at", 0, "A chat run: also pass@k with this many answers a prompt.", flag_values=f)
     flags.DEFINE_float("temperature", 1.0, "The temperature --pass_at samples at.", flag_values=f)
     flags.DEFINE_integer("prompts", 500, "The held-out prompts --pass_at answers (the first ones).", flag_values=f)
+    flags.DEFINE_enum("turns", "first", ["first", "every"], "--pass_at's prompts: which turns' questions.", flag_values=f)
     flags.DEFINE_float("passing", 1.0, "The reward at which --pass_at counts an answer right.", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
