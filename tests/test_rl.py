@@ -351,13 +351,13 @@ def test_every_turn_of_a_conversation_is_a_prompt_read_after_the_turns_before_it
     end = tokenizer.special_ids["<|end|>"]
     starts = [i for i, p in enumerate(every) if (tokenizer.special_ids["<|user|>"] == p.ids).sum() == 1]
     assert len(starts) == len(first)  # each conversation's first prompt, in order
-    for i, prompt in zip(starts, first):
+    for i, prompt in zip(starts, first, strict=True):
         np.testing.assert_array_equal(every[i].ids, prompt.ids)
         assert (every[i].text, every[i].reference) == (prompt.text, prompt.reference)
     turn_counts = np.diff(starts + [len(every)])
     assert set(turn_counts.tolist()) == {1, 2, 3} and len(every) == turn_counts.sum()
-    for i, j in zip(starts, starts[1:] + [len(every)]):
-        for before, after in zip(every[i : j - 1], every[i + 1 : j]):  # turn k, then turn k + 1
+    for i, j in zip(starts, starts[1:] + [len(every)], strict=True):
+        for before, after in zip(every[i : j - 1], every[i + 1 : j], strict=True):  # turn k, then k + 1
             answered = np.concatenate([before.ids, tokenizer.encode(before.reference), [end]])
             np.testing.assert_array_equal(after.ids[: len(answered)], answered)
             assert tokenizer.decode(after.ids[len(answered) :].tolist()).count(after.text) == 1

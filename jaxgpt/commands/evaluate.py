@@ -426,9 +426,9 @@ def pass_at_line(name: str, workdir: Path, f) -> str:
     _, held_out = example_splits(data.prepare(run.data, progress=False), run)
     rl = run.train.rl
     reward, max_tokens = (rl.reward, rl.max_tokens) if rl else ("exact", 32)
+    prompts = questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens, every_turn=f.turns == "every")
     got = pass_at_k.measure(
-        decoding_model(run.model), params, tokenizer,
-        questions(held_out, tokenizer, run.model.block_size + 1 - max_tokens, every_turn=f.turns == "every")[: f.prompts],
+        decoding_model(run.model), params, tokenizer, prompts[: f.prompts],
         reward_function(reward, rl.tolerance if rl else 0.0), samples=f.pass_at, temperature=f.temperature,
         passing=f.passing, max_tokens=max_tokens, end=tokenizer.special_ids[END], seed=run.train.seed,
     )  # fmt: skip
@@ -597,7 +597,7 @@ def main(argv: list[str] | None = None) -> None:
     flags.DEFINE_integer("pass_at", 0, "A chat run: also pass@k with this many answers a prompt.", flag_values=f)
     flags.DEFINE_float("temperature", 1.0, "The temperature --pass_at samples at.", flag_values=f)
     flags.DEFINE_integer("prompts", 500, "The held-out prompts --pass_at answers (the first ones).", flag_values=f)
-    flags.DEFINE_enum("turns", "first", ["first", "every"], "--pass_at's prompts: which turns' questions.", flag_values=f)
+    flags.DEFINE_enum("turns", "first", ["first", "every"], "--pass_at's prompts: whose questions.", flag_values=f)
     flags.DEFINE_float("passing", 1.0, "The reward at which --pass_at counts an answer right.", flag_values=f)
     cli.parse_flags(argv, __doc__, f)
     cli.require(f, "workdir", what="the run to evaluate (repeat --workdir to compare runs)")
