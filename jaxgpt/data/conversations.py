@@ -12,6 +12,7 @@
                              ("What is 37 + 45 + 12?" -> "37 + 45 + 12 = 94")
     builtin:arithmetic       sums written out, "37 + 45 = 82" a line: a text stream, what a
                              base model learns arithmetic from before it learns to chat
+    builtin:arithmetic-balanced  the same with numbers of one digit and of two equally often
 
 The template: each message is its role's marker, its content and the end-of-turn marker,
 
@@ -153,10 +154,18 @@ def sum_question(template: str, numbers: list[int]) -> str:
     return template.format(plus=" + ".join(text), words=" plus ".join(text), listed=listed, tight="+".join(text))
 
 
-def arithmetic_sums(count: int = 20_000, seed: int = 0, largest: int = 99) -> list[str]:
-    """`count` sums of two numbers from 0 to `largest`, "37 + 45 = 82" each: the same list every time."""
+def arithmetic_sums(count: int = 20_000, seed: int = 0, largest: int = 99, balanced: bool = False) -> list[str]:
+    """`count` sums of two numbers from 0 to `largest`, "37 + 45 = 82" each: the same list every
+    time. Drawn uniformly, or with `balanced` each number's count of digits first, uniformly
+    (numbers of one digit half the time where `largest` is 99, not a tenth: a sum below 20 is
+    then a line in four, not one in fifty)."""
     rng = np.random.default_rng(seed)
-    return [sum_line(a, b) for a, b in rng.integers(0, largest + 1, (count, 2)).tolist()]
+    if not balanced:
+        return [sum_line(a, b) for a, b in rng.integers(0, largest + 1, (count, 2)).tolist()]
+    digits = rng.integers(1, len(str(largest)) + 1, (count, 2))
+    lowest = np.where(digits == 1, 0, 10 ** (digits - 1))
+    numbers = rng.integers(lowest, np.minimum(10**digits, largest + 1))
+    return [sum_line(a, b) for a, b in numbers.tolist()]
 
 
 def arithmetic_conversations(
@@ -184,9 +193,13 @@ BUILTIN_CONVERSATIONS = {
 }
 
 
+# Text streams of sums written out, a base model's reading before it learns to chat.
+BUILTIN_SUMS = {"arithmetic": arithmetic_sums, "arithmetic-balanced": partial(arithmetic_sums, balanced=True)}
+
+
 def builtin_documents(name: str) -> list[str]:
-    """builtin:arithmetic's lines or a builtin conversation set's conversations."""
-    return BUILTIN_CONVERSATIONS[name]() if name in BUILTIN_CONVERSATIONS else arithmetic_sums()
+    """A builtin stream of sums' lines or a builtin conversation set's conversations."""
+    return (BUILTIN_CONVERSATIONS | BUILTIN_SUMS)[name]()
 
 
 @dataclasses.dataclass(frozen=True)

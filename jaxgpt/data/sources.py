@@ -16,7 +16,8 @@ labels:PATH, builtin:brackets
                      (jaxgpt/data/labels.py).
 chat:PATH.jsonl, prompts:PATH, builtin:arithmetic-chat, builtin:arithmetic-chat-3
                      conversations, a document each as the chat template renders it;
-builtin:arithmetic   and sums written out to pretrain on (jaxgpt/data/conversations.py).
+builtin:arithmetic, builtin:arithmetic-balanced
+                     and sums written out to pretrain on (jaxgpt/data/conversations.py).
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from jaxgpt.config import BUILTIN_SOURCES, DataConfig
-from jaxgpt.data.conversations import builtin_documents, read_conversations, read_prompts
+from jaxgpt.data.conversations import BUILTIN_SUMS, builtin_documents, read_conversations, read_prompts
 from jaxgpt.data.labels import bracket_examples, read_labelled
 from jaxgpt.data.pairs import builtin_pairs, read_pairs
 from jaxgpt.errors import UserError
@@ -66,7 +67,7 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
     if kind == "labels" and rest:
         docs = read_labelled(rest)[1]
         return docs, len(docs)
-    if kind == "builtin" and rest in (*BUILTIN_SOURCES["chat"], "arithmetic"):
+    if kind == "builtin" and rest in (*BUILTIN_SOURCES["chat"], *BUILTIN_SUMS):
         docs = builtin_documents(rest)
         return docs, len(docs)
     if kind == "chat" and rest:
@@ -81,7 +82,7 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
         return _read_hub(rest, config.text_column), None
     raise UserError(
         f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, "
-        "builtin:arithmetic, text:PATH (file, directory or glob), hf:NAME[:CONFIG], for text pairs pairs:PATH or "
+        "builtin:arithmetic(-balanced), text:PATH (file, directory or glob), hf:NAME[:CONFIG], for text pairs pairs:PATH or "
         "builtin:dates, reverse or sort, for labelled texts labels:PATH or builtin:brackets, or for conversations "
         "chat:PATH.jsonl, prompts:PATH, builtin:arithmetic-chat or builtin:arithmetic-chat-3"
     )
