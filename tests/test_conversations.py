@@ -322,7 +322,7 @@ def test_the_builtin_conversations_answer_their_sums(name, addends, most_turns):
     assert asked_forms == {f"What is {plus}?", f"{words}?", f"Add {listed}.", f"Compute {tight}", f"what's {plus}"}
 
 
-@pytest.mark.parametrize("name, one_digit, below_20", [("arithmetic", 0.10, 0.021), ("arithmetic-balanced", 0.5, 0.281)])
+@pytest.mark.parametrize("name, one_digit, below_20", [("arithmetic", 0.1, 0.021), ("arithmetic-balanced", 0.5, 0.281)])
 def test_the_builtin_sums_are_right_and_balanced_draws_numbers_of_one_digit_half_the_time(name, one_digit, below_20):
     """builtin:arithmetic draws both numbers from 0 to 99 (a tenth of one digit; a sum below 20 is
     210 of the 10,000 pairs); builtin:arithmetic-balanced draws each number's length first, one

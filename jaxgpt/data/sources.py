@@ -82,9 +82,10 @@ def read_documents(config: DataConfig, progress: bool = True) -> tuple[Iterable[
         return _read_hub(rest, config.text_column), None
     raise UserError(
         f"unknown data.source {config.source!r}; use builtin:python-docs, builtin:repeated-random, "
-        "builtin:arithmetic(-balanced), text:PATH (file, directory or glob), hf:NAME[:CONFIG], for text pairs pairs:PATH or "
-        "builtin:dates, reverse or sort, for labelled texts labels:PATH or builtin:brackets, or for conversations "
-        "chat:PATH.jsonl, prompts:PATH, builtin:arithmetic-chat or builtin:arithmetic-chat-3"
+        "builtin:arithmetic(-balanced), text:PATH (file, directory or glob), hf:NAME[:CONFIG], "
+        "for text pairs pairs:PATH or builtin:dates, reverse or sort, for labelled texts labels:PATH or "
+        "builtin:brackets, or for conversations chat:PATH.jsonl, prompts:PATH, builtin:arithmetic-chat or "
+        "builtin:arithmetic-chat-3"
     )
 
 
