@@ -322,21 +322,28 @@ def test_the_builtin_conversations_answer_their_sums(name, addends, most_turns):
     assert asked_forms == {f"What is {plus}?", f"{words}?", f"Add {listed}.", f"Compute {tight}", f"what's {plus}"}
 
 
-@pytest.mark.parametrize("name, one_digit, below_20", [("arithmetic", 0.1, 0.021), ("arithmetic-balanced", 0.5, 0.281)])
+@pytest.mark.parametrize(
+    "name, one_digit, below_20", [("arithmetic", 0.1, 210 / 10_000), ("arithmetic-balanced", 0.5, 1 / 4 + 55 / 1800)]
+)
 def test_the_builtin_sums_are_right_and_balanced_draws_numbers_of_one_digit_half_the_time(name, one_digit, below_20):
     """builtin:arithmetic draws both numbers from 0 to 99 (a tenth of one digit; a sum below 20 is
     210 of the 10,000 pairs); builtin:arithmetic-balanced draws each number's length first, one
     digit or two, then the number (a half of one digit; a sum below 20: both of one digit, 1/4,
     or one of each with the two-digit one below 20 - the sum short of 20, 1/2 x 55/900). Shares
-    within 4 standard deviations of 40,000 numbers (0.01) and of 20,000 lines (0.013)."""
+    within 4 standard deviations of a share p of n draws, 4 sqrt(p (1 - p) / n): 40,000 numbers,
+    20,000 lines."""
     lines = data.conversations.builtin_documents(name)
     assert len(lines) == 20_000 and lines == data.conversations.builtin_documents(name)  # the same every time
     pairs = [[int(n) for n in line.split(" = ")[0].split(" + ")] for line in lines]
     assert all(line == f"{a} + {b} = {a + b}" for line, (a, b) in zip(lines, pairs, strict=True))
     numbers = np.array(pairs).ravel()
     assert numbers.min() == 0 and numbers.max() == 99
-    assert abs(np.mean(numbers < 10) - one_digit) < 0.01
-    assert abs(np.mean(np.array(pairs).sum(axis=1) < 20) - below_20) < 0.013
+
+    def within(share, p, n):
+        return abs(share - p) < 4 * np.sqrt(p * (1 - p) / n)
+
+    assert within(np.mean(numbers < 10), one_digit, len(numbers))
+    assert within(np.mean(np.array(pairs).sum(axis=1) < 20), below_20, len(pairs))
     assert source_kind(f"builtin:{name}") == "stream"
 
 

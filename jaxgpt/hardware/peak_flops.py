@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.hardware.machine import cache_root, keep
+from jaxgpt.model.products import BFLOAT16_UNITS
 
 # Dense bfloat16 peak FLOP/s per device from the vendors' datasheets (no sparsity). Matched
 # against jax's device_kind by substring, first match wins.
@@ -134,9 +135,10 @@ def flops_per_cycle(info: dict[str, str], dtype: str = "float32") -> tuple[int, 
     if dtype != "bfloat16" or float32 is None:
         return float32
     flags = set(info.get("flags", "").split())
-    if "amx_bf16" in flags:
+    units = {name for flag, name in BFLOAT16_UNITS.items() if flag in flags}  # what products.py multiplies on
+    if "AMX" in units:
         return 1024, "AMX-BF16 tiles"
-    if "avx512_bf16" in flags:
+    if "AVX512-BF16" in units:
         return 2 * float32[0], f"AVX512-BF16 dot products: twice float32's {float32[0]}, {float32[1]}"
     return float32[0], f"no bfloat16 units: float32's rate, {float32[1]}"
 
