@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 
 from jaxgpt.hardware.machine import cache_root, keep
-from jaxgpt.model.products import BFLOAT16_UNITS
+from jaxgpt.model.products import units_among
 
 # Dense bfloat16 peak FLOP/s per device from the vendors' datasheets (no sparsity). Matched
 # against jax's device_kind by substring, first match wins.
@@ -134,8 +134,7 @@ def flops_per_cycle(info: dict[str, str], dtype: str = "float32") -> tuple[int, 
     float32 = float32_flops_per_cycle(info)
     if dtype != "bfloat16" or float32 is None:
         return float32
-    flags = set(info.get("flags", "").split())
-    units = {name for flag, name in BFLOAT16_UNITS.items() if flag in flags}  # what products.py multiplies on
+    units = units_among(set(info.get("flags", "").split()))  # what products.py multiplies on
     if "AMX" in units:
         return 1024, "AMX-BF16 tiles"
     if "AVX512-BF16" in units:

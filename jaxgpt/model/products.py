@@ -50,6 +50,11 @@ def traced_for(platform: str):
 BFLOAT16_UNITS = {"amx_bf16": "AMX", "avx512_bf16": "AVX512-BF16"}
 
 
+def units_among(flags) -> tuple[str, ...]:
+    """The bfloat16 units that a CPU's /proc/cpuinfo flags name, by BFLOAT16_UNITS' names."""
+    return tuple(name for flag, name in BFLOAT16_UNITS.items() if flag in flags)
+
+
 @functools.cache
 def bfloat16_units() -> tuple[str, ...]:
     """The bfloat16 units this machine's CPU has (Intel's AMX or AVX512-BF16, AMD's AVX512-BF16
@@ -59,7 +64,7 @@ def bfloat16_units() -> tuple[str, ...]:
     except OSError:
         return ()
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return tuple(name for flag, name in BFLOAT16_UNITS.items() if flag in flags)
+    return units_among(flags)
 
 
 def cpu_has_bfloat16_units() -> bool:
